@@ -1,0 +1,90 @@
+// Configuration of a layer: the fleet (EP group and capacity), the recipe (numerics contract of
+// SPEC §3.1), and how ranks find each other. Validation is pure: unsupported_reasons() lists
+// every reason a configuration cannot run, and nothing is allocated before it comes back empty.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moe_ep/tensor.h"
+
+namespace moe_ep {
+
+enum class Recipe : uint8_t {
+  kNvfp4,       // NVFP4 weights and activations (E2M1 + E4M3 per 16), fp32 alphas
+  kMxfp4Mxfp8,  // MXFP4 weights, MXFP8 activations (UE8M0 per 32), weight applied in fc1
+  kMxfp4Bf16,   // MXFP4 weights, bf16 activations
+  kBf16,        // bf16 weights and activations
+};
+
+const char* recipe_name(Recipe r);
+std::optional<Recipe> parse_recipe(const std::string& name);  // "nvfp4", "mxfp4_mxfp8", ...
+
+// Per-recipe storage facts (SPEC §3.1 checkpoint layout).
+struct RecipeTraits {
+  bool weights_4bit;      // w13/w2 are packed E2M1 bytes (else bf16 elements)
+  int weight_block;       // elements per weight scale (16 or 32; 0 for bf16)
+  bool e4m3_scales;       // scale bytes are E4M3 (else UE8M0)
+  bool topk_in_fc1_forced;  // the recipe always applies the top-k weight in fc1
+};
+RecipeTraits recipe_traits(Recipe r);
+
+enum class Backend : uint8_t { kAuto, kCPU, kCUDA };
+const char* backend_name(Backend b);
+
+struct FleetParams {
+  int num_experts = 0;          // E, all ranks together (EPLB copies included)
+  int max_tokens_per_rank = 0;  // capacity of the default workspace
+  int hidden_size = 0;          // H
+};
+
+struct RecipeConfig {
+  Recipe recipe = Recipe::kBf16;
+  int intermediate_size = 0;  // I
+  int top_k = 0;              // K
+  std::optional<float> swiglu_limit;
+  bool apply_topk_in_fc1 = false;
+  bool do_finalize = true;
+  float input_norm_const = 1.0f;  // nvfp4 only
+  DType activation_dtype = DType::kBF16;
+  DType combine_dtype = DType::kBF16;
+  // Features of some checkpoints that this library does not run; listed so that
+  // unsupported_reasons() can say so instead of computing something else.
+  bool has_expert_bias = false;
+  bool has_custom_swiglu_alpha_beta = false;
+};
+
+class CpuFleet;  // in-process fleet of W CPU ranks (src/reference/cpu_fleet.h)
+
+// Makes a fleet for `world_size` CPU ranks in this process; every rank's layer shares it.
+std::shared_ptr<CpuFleet> make_cpu_fleet(int world_size);
+
+struct Bootstrap {
+  int world_size = 1;  // W
+  int rank = 0;
+  Backend backend = Backend::kAuto;  // kAuto: CUDA when a GPU and the CUDA backend are present
+  int device = 0;                    // CUDA ordinal of this rank
+  void* nccl_comm = nullptr;         // a caller's ncclComm_t, or
+  std::optional<std::array<char, 128>> nccl_unique_id;  // an ncclUniqueId shared by all ranks
+  std::shared_ptr<CpuFleet> cpu_fleet;                   // CPU backend with W > 1
+  int64_t timeout_ms = 30000;         // every wait on a peer gives up after this
+  int64_t warmup_timeout_ms = 120000;  // the same for construction, warmup and destroy
+};
+
+struct LayerConfig {
+  FleetParams fleet;
+  RecipeConfig recipe;
+};
+
+// Every reason this configuration cannot run on `backend` (empty when it can).
+std::vector<std::string> unsupported_reasons(const LayerConfig& config, int world_size,
+                                             Backend backend = Backend::kCPU);
+
+// Backend that kAuto resolves to in this process.
+Backend resolve_backend(Backend requested);
+
+}  // namespace moe_ep

@@ -1,0 +1,126 @@
+// The MoE-EP layer object (SPEC §4): one per MoE layer and rank. Construction, workspaces and
+// destroy are collective over the EP group; forward is collective too (every rank calls it with
+// the same workspace, also with T = 0).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe_ep/config.h"
+#include "moe_ep/status.h"
+#include "moe_ep/tensor.h"
+
+namespace moe_ep {
+
+// Weights of this rank's E_local experts as the checkpoint stores them (SPEC §3.1):
+//   4-bit recipes: w13 u8 [E_local, 2I, H/2], w2 u8 [E_local, H, I/2],
+//                  w13_scale u8 [E_local, 2I, H/g], w2_scale u8 [E_local, H, I/g]
+//   bf16 recipe:   w13 bf16 [E_local, 2I, H], w2 bf16 [E_local, H, I], no scales.
+// Rows [0, I) of w13 are gate, rows [I, 2I) are up. Copied at construction.
+struct WeightPack {
+  TensorView w13, w2, w13_scale, w2_scale;
+};
+
+// Per-expert fp32 [E_local] epilogue vectors (nvfp4). Left out: 1.0 for every expert.
+struct EpilogueVectors {
+  TensorView fc1_alpha, fc2_alpha, fc1_norm_const;
+};
+
+// A workspace profile: created collectively, in the same order on all ranks.
+struct WorkspaceId {
+  int index = 0;
+  bool operator==(const WorkspaceId& o) const { return index == o.index; }
+};
+
+struct ForwardInputs {
+  TensorView hidden_states;  // bf16 [T, H], T <= workspace capacity
+  TensorView topk_ids;       // i32 [T, K], values in [0, E) or -1 (empty slot)
+  TensorView topk_weights;   // f32 [T, K]
+  // Per-call epilogue vectors; each left out falls back to the layer's own.
+  EpilogueVectors epilogue;
+  std::optional<WorkspaceId> workspace;  // default workspace when left out
+  void* stream = nullptr;                // cudaStream_t for the CUDA backend
+};
+
+struct UnfinalizedOutput {
+  Tensor rows;     // bf16 [T*K, H]: row t*K+k is y[t,k] (weighted if the recipe did it in fc1)
+  Tensor weights;  // f32 [T, K]: ones if the weight was applied in fc1, else topk_weights
+  Tensor indices;  // i32 [T, K]: row of each slot in `rows`, -1 for an empty slot
+};
+
+// Byte views [E_local, bytes_per_expert] of exactly the memory the kernels read.
+struct KernelWeights {
+  TensorView fc1_weight, fc1_scale, fc2_weight, fc2_scale;  // scales absent for bf16
+};
+
+struct ExpertWeightViews {
+  KernelWeights weights;
+  TensorView fc1_alpha, fc2_alpha, fc1_norm_const;  // f32 [E_local]
+};
+
+class LayerBackend;  // src/layer/backend.h
+
+class MegaLayer {
+ public:
+  // Collective over the EP group. Throws moe_ep::Error (with every reason) when the
+  // configuration or the weights are rejected.
+  MegaLayer(const Bootstrap& bootstrap, const LayerConfig& config, const WeightPack& weights,
+            const EpilogueVectors& epilogue = {});
+  ~MegaLayer();  // calls destroy(); never throws
+  MegaLayer(const MegaLayer&) = delete;
+  MegaLayer& operator=(const MegaLayer&) = delete;
+
+  // --- forward ---------------------------------------------------------------------------
+  // Finalized output into caller memory `out` bf16 [T, H].
+  void forward(const ForwardInputs& in, const TensorView& out);
+  // Finalized output, owned by the caller.
+  Tensor forward(const ForwardInputs& in);
+  // Finalized output as a zero-copy view of the workspace, valid in stream order until the
+  // next call that uses the same workspace.
+  TensorView forward_view(const ForwardInputs& in);
+  // Only on a layer built with do_finalize = false.
+  UnfinalizedOutput forward_unfinalized(const ForwardInputs& in);
+
+  // --- workspaces -------------------------------------------------------------------------
+  WorkspaceId default_workspace() const;
+  WorkspaceId create_workspace(int capacity);  // collective
+  int workspace_capacity(WorkspaceId ws) const;
+  size_t workspace_bytes(WorkspaceId ws) const;
+  // The smallest workspace whose capacity holds `max_tokens_any_rank` (the largest T of any
+  // rank in this call; the caller knows it, e.g. from its scheduler).
+  WorkspaceId select_workspace(int max_tokens_any_rank) const;
+  // The same, with the largest T found by a collective over the group.
+  WorkspaceId select_workspace_collective(int local_tokens);
+
+  void warmup(std::optional<WorkspaceId> ws = std::nullopt);
+
+  // --- weights (EPLB) ---------------------------------------------------------------------
+  KernelWeights kernel_weights();
+  ExpertWeightViews expert_weight_views();
+
+  // --- lifetime ---------------------------------------------------------------------------
+  void destroy();  // collective, idempotent
+  bool destroyed() const;
+
+  // --- properties as vLLM reads them ------------------------------------------------------
+  const LayerConfig& config() const { return config_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int num_local_experts() const { return config_.fleet.num_experts / world_size_; }
+  Backend backend() const { return backend_kind_; }
+  DType topk_indices_dtype() const { return DType::kI32; }
+  bool output_is_reduced() const { return true; }
+  bool is_monolithic() const { return false; }
+  bool can_overlap_shared_experts() const { return true; }
+
+ private:
+  LayerBackend& live(const char* what);
+
+  LayerConfig config_;
+  int rank_ = 0, world_size_ = 1;
+  Backend backend_kind_ = Backend::kCPU;
+  std::unique_ptr<LayerBackend> impl_;
+};
+
+}  // namespace moe_ep
