@@ -1,0 +1,36 @@
+// Weight preparation: fp32 master weights -> the packed per-expert checkpoint tensors of a
+// recipe (SPEC §3.1 layout), with the nvfp4 epilogue alphas that undo the per-expert global
+// scales. Tests, the CLI and the benchmarks build their layers with this.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moe_ep/config.h"
+#include "moe_ep/layer.h"
+
+namespace moe_ep {
+
+struct PackedExperts {
+  Recipe recipe = Recipe::kBf16;
+  int num_experts = 0, hidden = 0, inter = 0;
+  // 4-bit recipes: packed E2M1 and scale bytes. bf16: w13/w2 hold bf16 bits (2 bytes each),
+  // scales are empty.
+  std::vector<uint8_t> w13, w2, w13_scale, w2_scale;
+  std::vector<float> fc1_alpha, fc2_alpha, fc1_norm_const;  // [num_experts]; 1 unless nvfp4
+
+  // Views of the whole pack, or of experts [first, first + count) (one rank's share).
+  WeightPack view(int first = 0, int count = -1) const;
+  EpilogueVectors epilogue_view(int first = 0, int count = -1) const;
+};
+
+// w13: fp32 [E, 2I, H] (rows [0, I) gate, [I, 2I) up); w2: fp32 [E, H, I].
+// nvfp4: each expert's tensor gets a global scale gs = amax / (6 * 448) so its block scales use
+// the E4M3 range; fc1_alpha = gs13 / input_norm_const and fc2_alpha = gs2 / fc1_norm_const, so
+// alpha * acc is the true dot product. fc1_norm_const (per expert) may be null (all 1).
+PackedExperts pack_expert_weights(Recipe recipe, const float* w13, const float* w2,
+                                  int num_experts, int hidden, int inter,
+                                  float input_norm_const = 1.0f,
+                                  const float* fc1_norm_const = nullptr);
+
+}  // namespace moe_ep
