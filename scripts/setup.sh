@@ -34,3 +34,11 @@ if [ ! -f .deps/cutlass/include/cutlass/cutlass.h ]; then
   cp -r "$src/include" .deps/cutlass/include
   [ -d "$src/tools/util/include" ] && cp -r "$src/tools/util/include/." .deps/cutlass/include/
 fi
+
+# GoogleTest from Debian, copied beside CUTLASS so it can travel to the GPU machine (whose image
+# has no GoogleTest); CMake is pointed at it there with -DGTEST_ROOT=.deps/gtest.
+if [ ! -f .deps/gtest/lib/libgtest.a ]; then
+  mkdir -p .deps/gtest/lib .deps/gtest/include
+  cp -r /usr/include/gtest /usr/include/gmock .deps/gtest/include/
+  cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a .deps/gtest/lib/
+fi

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
+# benchmarks, write logs and JSON to $OUT (or ./gpu-out).
+#   scripts/gpu_round.sh [build] [test] [bench] [cli]     (default: all)
+#   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
+# Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+steps="${*:-build test bench cli}"
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+# NVLink multicast stays off on these machines (DEVICE.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
+[ -n "$NCCL_DIR" ] && export LD_LIBRARY_PATH="$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}"
+BUILD=${BUILD_DIR:-build-gpu}
+JOBS=$(nproc)
+status=0
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv \
+  >"$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+if has build; then
+  echo "== build ($BUILD, $JOBS jobs)"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON \
+    ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
+    -DCUTLASS_DIR="$PWD/.deps/cutlass/include" >"$OUT/configure.log" 2>&1 ||
+    { tail -30 "$OUT/configure.log"; exit 1; }
+  cmake --build "$BUILD" -j "$JOBS" >"$OUT/build.log" 2>&1 ||
+    { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+  echo "build ok"
+fi
+
+if has test; then
+  echo "== GPU tests"
+  "$BUILD/tests/moe_ep_gpu_tests" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
+    --gtest_output=json:"$OUT/gpu_tests.json" >"$OUT/gpu_tests.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|tests ran|Failure|error" \
+    "$OUT/gpu_tests.log" | head -60
+fi
+
+if has bench; then
+  echo "== benchmarks"
+  for b in "$BUILD"/bench/*; do
+    [ -x "$b" ] && [ -f "$b" ] || continue
+    name=$(basename "$b")
+    "$b" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1 || status=1
+    tail -25 "$OUT/$name.log"
+  done
+fi
+exit $status
