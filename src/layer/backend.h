@@ -22,7 +22,8 @@ struct ValidatedForward {
   TensorView weights;  // f32 [T, K] contiguous
   EpilogueVectors epilogue;
   int workspace = 0;
-  int tokens = 0;
+  int tokens = 0;                       // rows of x (an upper bound when num_tokens is set)
+  const int32_t* num_tokens = nullptr;  // device-side valid count, see ForwardInputs
   void* stream = nullptr;
 };
 

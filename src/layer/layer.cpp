@@ -176,6 +176,7 @@ ValidatedForward validate_inputs(const MegaLayer& layer, LayerBackend& b, const 
   v.epilogue = in.epilogue;
   v.tokens = int(T);
   v.stream = in.stream;
+  v.num_tokens = in.num_tokens;
   return v;
 }
 
