@@ -1,21 +1,417 @@
-// The CUDA layer backend. Until its kernels land, a CUDA build reports that the layer does not
-// run on the GPU yet (the quantize kernels under src/kernels/ are built and tested on their own).
+// The CUDA layer backend, EP = 1 (docs/gpu_kernels.md): weights preprocessed once into the
+// resident layout of src/kernels/moe, one workspace allocation per capacity, and a forward of
+// four stream-ordered launches with no host synchronization (graph-capturable).
+//
+// Bad ids cannot be found on the host without a sync: the forward skips such a slot and sets a
+// sticky error word in host-mapped memory; the next host call on the layer (forward, warmup,
+// create_workspace, kernel_weights, destroy) throws it as kInvalidArgument once the faulty
+// forward has finished on the device.
 #include <cuda_runtime.h>
 
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/workspace_layout.h"
+#include "kernels/moe/moe_launch.h"
 #include "layer/backend.h"
 #include "moe_ep/status.h"
+#include "reference/cpu_math.h"
 
 namespace moe_ep {
+namespace {
 
-bool cuda_backend_usable() { return false; }
+constexpr int kMaxLocalExperts = 1024;
 
-std::vector<std::string> cuda_backend_unsupported_reasons(const LayerConfig&, int) {
-  return {"the CUDA layer backend is not implemented in this build yet"};
+[[noreturn]] void cuda_fail(cudaError_t err, const std::string& what) {
+  throw Error(ErrorCode::kBackend, "moe_ep cuda: " + what + " failed: " + cudaGetErrorName(err) +
+                                       " (" + cudaGetErrorString(err) + ")");
 }
 
-std::unique_ptr<LayerBackend> make_cuda_backend(const Bootstrap&, const LayerConfig&,
-                                                const WeightPack&, const EpilogueVectors&) {
-  throw Error(ErrorCode::kUnsupported, "the CUDA layer backend is not implemented yet");
+void check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess) cuda_fail(err, what);
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  void allocate(size_t n, const char* what) {
+    release();
+    if (n == 0) return;
+    check(cudaMalloc(&ptr, n),
+          std::string("cudaMalloc of ") + std::to_string(n) + " bytes for " + what);
+    bytes = n;
+  }
+  void release() {
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+struct Workspace {
+  int capacity = 0;
+  WorkspaceLayout layout;
+  DeviceBuffer mem;
+  size_t xq_off = 0, h_off = 0, pairs_off = 0, tiles_off = 0, num_tiles_off = 0, counts_off = 0;
+};
+
+class CudaBackend final : public LayerBackend {
+ public:
+  CudaBackend(const Bootstrap& boot, const LayerConfig& cfg, const WeightPack& w,
+              const EpilogueVectors& epi)
+      : cfg_(cfg), dev_{DeviceKind::kCUDA, boot.device} {
+    check(cudaSetDevice(boot.device), "cudaSetDevice(" + std::to_string(boot.device) + ")");
+    const int H = cfg.fleet.hidden_size, I = cfg.recipe.intermediate_size;
+    El_ = cfg.fleet.num_experts / boot.world_size;
+    rs_ = kern::resident_shape(cfg.recipe.recipe, H, I);
+    try {
+      load_weights(w);
+      load_vector(epi.fc1_alpha, fc1_alpha_, "fc1_alpha");
+      load_vector(epi.fc2_alpha, fc2_alpha_, "fc2_alpha");
+      load_vector(epi.fc1_norm_const, fc1_nc_, "fc1_norm_const");
+      check(cudaHostAlloc(reinterpret_cast<void**>(&err_host_), sizeof(kern::DeviceError),
+                          cudaHostAllocMapped),
+            "cudaHostAlloc of the error word");
+      std::memset(err_host_, 0, sizeof(kern::DeviceError));
+      check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_host_, 0),
+            "cudaHostGetDevicePointer");
+      check(kern::set_kernel_attributes(cfg.recipe.recipe), "setting kernel attributes");
+      create_workspace(cfg.fleet.max_tokens_per_rank);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaBackend() override { release(); }
+
+  Device device() const override { return dev_; }
+
+  int create_workspace(int capacity) override {
+    check_device_error();
+    select_device();
+    auto ws = std::make_unique<Workspace>();
+    ws->capacity = capacity;
+    const int H = cfg_.fleet.hidden_size, K = cfg_.recipe.top_k, I = cfg_.recipe.intermediate_size;
+    const ActFormat act = act_format(cfg_.recipe.recipe, H);
+    ws->layout = WorkspaceLayout::make(1, capacity, H, K, act.data_bytes, act.scale_bytes);
+    auto al = [](size_t v) { return WorkspaceLayout::align_up(v, WorkspaceLayout::kAlign); };
+    size_t off = ws->layout.total_bytes;
+    const size_t rows = size_t(capacity) * K;
+    ws->xq_off = off;
+    off = al(off + size_t(capacity) * H * 2);
+    ws->h_off = off;
+    off = al(off + rows * I * 2);
+    ws->pairs_off = off;
+    off = al(off + rows * 4);
+    ws->tiles_off = off;
+    off = al(off + size_t(kern::max_tiles(int(rows), El_, 16)) * sizeof(kern::TileInfo));
+    ws->num_tiles_off = off;
+    off = al(off + 4);
+    ws->counts_off = off;
+    off = al(off + size_t(El_) * 4);
+    ws->mem.allocate(off, "a workspace");
+    workspaces_.push_back(std::move(ws));
+    return int(workspaces_.size()) - 1;
+  }
+
+  int workspace_capacity(int ws) const override { return get_ws(ws).capacity; }
+  size_t workspace_bytes(int ws) const override { return get_ws(ws).mem.bytes; }
+
+  void warmup(int ws) override {
+    check_device_error();
+    select_device();
+    get_ws(ws);
+    check(kern::set_kernel_attributes(cfg_.recipe.recipe), "loading the kernels");
+    check(cudaDeviceSynchronize(), "warmup synchronize");
+    check_device_error();
+  }
+
+  void forward(const ValidatedForward& in, const ForwardTargets& out) override {
+    check_device_error();
+    select_device();
+    const Workspace& ws = get_ws(in.workspace);
+    unsigned char* base = ws.mem.as<unsigned char>();
+    kern::ForwardArgs a;
+    const auto& rc = cfg_.recipe;
+    a.recipe = rc.recipe;
+    a.H = cfg_.fleet.hidden_size;
+    a.I = rc.intermediate_size;
+    a.K = rc.top_k;
+    a.local_experts = El_;
+    a.num_experts = cfg_.fleet.num_experts;
+    a.expert_base = 0;
+    a.tokens = in.tokens;
+    a.num_tokens = in.num_tokens;
+    a.x = in.x.ptr<uint16_t>();
+    a.x_stride = in.x.strides[0];
+    a.ids = in.ids.ptr<int32_t>();
+    a.topk_weights = in.weights.ptr<float>();
+    a.input_norm_const = rc.input_norm_const;
+    a.swiglu_limit = rc.swiglu_limit ? *rc.swiglu_limit : -1.0f;
+    a.weight_in_fc1 = applies_weight_in_fc1(rc);
+    a.fc1_alpha = in.epilogue.fc1_alpha.defined() ? in.epilogue.fc1_alpha.ptr<float>()
+                                                  : fc1_alpha_.as<float>();
+    a.fc2_alpha = in.epilogue.fc2_alpha.defined() ? in.epilogue.fc2_alpha.ptr<float>()
+                                                  : fc2_alpha_.as<float>();
+    a.fc1_norm_const = in.epilogue.fc1_norm_const.defined()
+                           ? in.epilogue.fc1_norm_const.ptr<float>()
+                           : fc1_nc_.as<float>();
+    a.w1 = w1_.as<uint8_t>();
+    a.s1 = s1_.as<uint8_t>();
+    a.w2 = w2_.as<uint8_t>();
+    a.s2 = s2_.as<uint8_t>();
+    a.rs = rs_;
+    a.xq = reinterpret_cast<uint16_t*>(base + ws.xq_off);
+    a.h = reinterpret_cast<uint16_t*>(base + ws.h_off);
+    a.sorted_pairs = reinterpret_cast<int32_t*>(base + ws.pairs_off);
+    a.tiles = reinterpret_cast<kern::TileInfo*>(base + ws.tiles_off);
+    a.num_tiles = reinterpret_cast<int32_t*>(base + ws.num_tiles_off);
+    a.counts = reinterpret_cast<int32_t*>(base + ws.counts_off);
+    if (out.out.defined()) {
+      a.y_rows = reinterpret_cast<uint16_t*>(base + ws.layout.combine_off);
+      a.out = out.out.ptr<uint16_t>();
+    } else {
+      a.y_rows = out.rows.ptr<uint16_t>();
+      a.weights_out = out.weights.ptr<float>();
+      a.indices_out = out.indices.ptr<int32_t>();
+    }
+    a.error = err_dev_;
+    a.tile_n = kern::choose_tile_n(in.tokens, a.K, El_);
+    check(kern::launch_forward(a, static_cast<cudaStream_t>(in.stream), stage_events_),
+          "launching the forward");
+  }
+
+  TensorView workspace_output(int ws, int tokens) override {
+    const Workspace& w = get_ws(ws);
+    return TensorView::contiguous(w.mem.as<unsigned char>() + w.layout.out_off, DType::kBF16,
+                                  {tokens, cfg_.fleet.hidden_size}, dev_);
+  }
+
+  KernelWeights kernel_weights() override {
+    check_device_error();
+    KernelWeights k;
+    k.fc1_weight = bytes_view(w1_, rs_.fc1_bytes);
+    k.fc2_weight = bytes_view(w2_, rs_.fc2_bytes);
+    if (rs_.fc1_scale_bytes) {
+      k.fc1_scale = bytes_view(s1_, rs_.fc1_scale_bytes);
+      k.fc2_scale = bytes_view(s2_, rs_.fc2_scale_bytes);
+    }
+    return k;
+  }
+
+  ExpertWeightViews expert_weight_views() override {
+    ExpertWeightViews v;
+    v.weights = kernel_weights();
+    v.fc1_alpha = TensorView::contiguous(fc1_alpha_.ptr, DType::kF32, {El_}, dev_);
+    v.fc2_alpha = TensorView::contiguous(fc2_alpha_.ptr, DType::kF32, {El_}, dev_);
+    v.fc1_norm_const = TensorView::contiguous(fc1_nc_.ptr, DType::kF32, {El_}, dev_);
+    return v;
+  }
+
+  int allreduce_max(int value) override { return value; }  // W = 1
+
+  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape) override {
+    select_device();
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    const size_t bytes = size_t(n) * dtype_size(dtype);
+    void* p = nullptr;
+    if (bytes)
+      check(cudaMalloc(&p, bytes), "cudaMalloc of an output (" + std::to_string(bytes) + " bytes)");
+    std::shared_ptr<void> storage(p, [](void* q) {
+      if (q) cudaFree(q);
+    });
+    TensorView v = TensorView::contiguous(p, dtype, {1}, dev_);
+    v.ndim = int(shape.size());
+    int d = 0;
+    for (int64_t s : shape) v.shape[d++] = s;
+    int64_t stride = 1;
+    for (int i = v.ndim - 1; i >= 0; --i) {
+      v.strides[i] = stride;
+      stride *= v.shape[i];
+    }
+    return Tensor(storage, v);
+  }
+
+  void destroy() override {
+    select_device();
+    const cudaError_t err = cudaDeviceSynchronize();
+    std::string pending;
+    if (err_host_ && err_host_->code) pending = device_error_message();
+    release();
+    check(err, "synchronize at destroy");
+    if (!pending.empty()) throw Error(ErrorCode::kInvalidArgument, pending);
+  }
+
+  // For the benchmark: 5 events recorded around the stages of every forward (null: none).
+  void set_stage_events(cudaEvent_t* ev) { stage_events_ = ev; }
+
+ private:
+  void select_device() {
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != dev_.index)
+      check(cudaSetDevice(dev_.index), "cudaSetDevice");
+  }
+
+  const Workspace& get_ws(int ws) const {
+    if (ws < 0 || ws >= int(workspaces_.size()))
+      throw Error(ErrorCode::kInvalidArgument, "workspace " + std::to_string(ws) +
+                                                   " does not exist (the layer has " +
+                                                   std::to_string(workspaces_.size()) + ")");
+    return *workspaces_[ws];
+  }
+
+  TensorView bytes_view(const DeviceBuffer& b, size_t per_expert) const {
+    return TensorView::contiguous(b.ptr, DType::kU8, {El_, int64_t(per_expert)}, dev_);
+  }
+
+  std::string device_error_message() const {
+    const volatile kern::DeviceError* e = err_host_;
+    const int K = cfg_.recipe.top_k;
+    return "moe_ep cuda: an earlier forward on cuda:" + std::to_string(dev_.index) +
+           " saw topk_ids[" + std::to_string(e->index / K) + ", " + std::to_string(e->index % K) +
+           "] = " + std::to_string(e->value) +
+           ", out of range [-1, E = " + std::to_string(e->limit) +
+           "); that slot was skipped, so that call's output is wrong";
+  }
+
+  void check_device_error() {
+    if (!err_host_) return;
+    volatile kern::DeviceError* e = err_host_;
+    if (e->code == 0) return;
+    const std::string msg = device_error_message();
+    e->code = 0;
+    throw Error(ErrorCode::kInvalidArgument, msg);
+  }
+
+  // Host or device checkpoint tensor -> device pointer (copies host data into `tmp`).
+  const uint8_t* on_device(const TensorView& v, DeviceBuffer& tmp, const char* name) {
+    if (v.device.kind == DeviceKind::kCUDA) {
+      if (v.device.index != dev_.index)
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string(name) + " is on cuda:" + std::to_string(v.device.index) +
+                        ", the layer runs on cuda:" + std::to_string(dev_.index));
+      return static_cast<const uint8_t*>(v.data);
+    }
+    tmp.allocate(v.nbytes(), name);
+    if (v.nbytes())
+      check(cudaMemcpy(tmp.ptr, v.data, v.nbytes(), cudaMemcpyHostToDevice),
+            std::string("copying ") + name + " to the device");
+    return tmp.as<uint8_t>();
+  }
+
+  void load_weights(const WeightPack& w) {
+    const Recipe r = cfg_.recipe.recipe;
+    const int H = cfg_.fleet.hidden_size, I = cfg_.recipe.intermediate_size;
+    const bool four_bit = recipe_traits(r).weights_4bit;
+    w1_.allocate(rs_.fc1_bytes * El_, "fc1 weights");
+    w2_.allocate(rs_.fc2_bytes * El_, "fc2 weights");
+    if (four_bit) {
+      s1_.allocate(rs_.fc1_scale_bytes * El_, "fc1 scales");
+      s2_.allocate(rs_.fc2_scale_bytes * El_, "fc2 scales");
+    }
+    for (int fc = 1; fc <= 2; ++fc) {
+      DeviceBuffer tw, ts;
+      const TensorView& wv = fc == 1 ? w.w13 : w.w2;
+      const TensorView& sv = fc == 1 ? w.w13_scale : w.w2_scale;
+      const uint8_t* raw = on_device(wv, tw, fc == 1 ? "w13" : "w2");
+      const uint8_t* raw_s =
+          four_bit ? on_device(sv, ts, fc == 1 ? "w13_scale" : "w2_scale") : nullptr;
+      std::string why;
+      check(kern::preprocess_weights(r, fc == 1, El_, H, I, raw, raw_s,
+                                     (fc == 1 ? w1_ : w2_).as<uint8_t>(),
+                                     (fc == 1 ? s1_ : s2_).as<uint8_t>(), nullptr, &why),
+            "preprocessing the weights");
+      tw.release();
+      ts.release();
+      if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, why);
+    }
+  }
+
+  void load_vector(const TensorView& v, DeviceBuffer& dst, const char* name) {
+    std::vector<float> ones(El_, 1.0f);
+    dst.allocate(size_t(El_) * 4, name);
+    if (!v.defined()) {
+      check(cudaMemcpy(dst.ptr, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice), name);
+      return;
+    }
+    const cudaMemcpyKind kind =
+        v.device.kind == DeviceKind::kCUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    check(cudaMemcpy(dst.ptr, v.data, size_t(El_) * 4, kind), name);
+  }
+
+  void release() {
+    for (auto& ws : workspaces_) ws->mem.release();
+    workspaces_.clear();
+    for (DeviceBuffer* b : {&w1_, &w2_, &s1_, &s2_, &fc1_alpha_, &fc2_alpha_, &fc1_nc_})
+      b->release();
+    if (err_host_) cudaFreeHost(err_host_);
+    err_host_ = nullptr;
+    err_dev_ = nullptr;
+  }
+
+  LayerConfig cfg_;
+  Device dev_;
+  int El_ = 0;
+  kern::ResidentShape rs_{};
+  DeviceBuffer w1_, w2_, s1_, s2_, fc1_alpha_, fc2_alpha_, fc1_nc_;
+  kern::DeviceError* err_host_ = nullptr;
+  kern::DeviceError* err_dev_ = nullptr;
+  std::vector<std::unique_ptr<Workspace>> workspaces_;
+  cudaEvent_t* stage_events_ = nullptr;
+};
+
+int device_count() {
+  static const int n = [] {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return c;
+  }();
+  return n;
+}
+
+}  // namespace
+
+bool cuda_backend_usable() { return device_count() > 0; }
+
+std::vector<std::string> cuda_backend_unsupported_reasons(const LayerConfig& config,
+                                                          int world_size) {
+  std::vector<std::string> r;
+  if (world_size > 1)
+    r.push_back("multi-GPU EP (W = " + std::to_string(world_size) +
+                ") is not implemented in the CUDA backend yet");
+  const int n = device_count();
+  if (n == 0) {
+    r.push_back("no CUDA device is present");
+  } else {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.major != 9)
+      r.push_back("CUDA device " + std::to_string(dev) + " (" + prop.name + ") is sm_" +
+                  std::to_string(prop.major * 10 + prop.minor) +
+                  "; the kernels are built for sm_90a (Hopper)");
+  }
+  if (world_size >= 1 && config.fleet.num_experts / world_size > kMaxLocalExperts)
+    r.push_back("E_local = " + std::to_string(config.fleet.num_experts / world_size) +
+                " local experts exceed the CUDA backend's limit " +
+                std::to_string(kMaxLocalExperts));
+  return r;
+}
+
+std::unique_ptr<LayerBackend> make_cuda_backend(const Bootstrap& boot, const LayerConfig& config,
+                                                const WeightPack& weights,
+                                                const EpilogueVectors& epilogue) {
+  return std::make_unique<CudaBackend>(boot, config, weights, epilogue);
 }
 
 }  // namespace moe_ep

@@ -22,7 +22,9 @@ inline v8 load8(const float* p) {
 }
 
 // The one lane reduction of every dot product.
-inline float hsum(v8 v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+inline float hsum(v8 v) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
 
 // R weight rows x C activation rows, each dot accumulated lane-wise in i order (no FMA: the
 // build has -ffp-contract=off), so the result is the same as dot_fixed of each pair.
@@ -63,10 +65,13 @@ float dot_fixed(const float* a, const float* b, int n) {
 
 ActFormat act_format(Recipe r, int H) {
   switch (r) {
-    case Recipe::kNvfp4: return {H / 2, H / kNvfp4Block};
-    case Recipe::kMxfp4Mxfp8: return {H, H / kMxBlock};
+    case Recipe::kNvfp4:
+      return {H / 2, H / kNvfp4Block};
+    case Recipe::kMxfp4Mxfp8:
+      return {H, H / kMxBlock};
     case Recipe::kMxfp4Bf16:
-    case Recipe::kBf16: return {2 * H, 0};
+    case Recipe::kBf16:
+      return {2 * H, 0};
   }
   return {};
 }
@@ -77,9 +82,13 @@ void encode_activation(const RecipeConfig& rc, const ActFormat& f, const uint16_
     case Recipe::kNvfp4:
       fmt::quantize_row_nvfp4(x, H, rc.input_norm_const, row, row + f.data_bytes);
       break;
-    case Recipe::kMxfp4Mxfp8: fmt::quantize_row_mxfp8(x, H, row, row + f.data_bytes); break;
+    case Recipe::kMxfp4Mxfp8:
+      fmt::quantize_row_mxfp8(x, H, row, row + f.data_bytes);
+      break;
     case Recipe::kMxfp4Bf16:
-    case Recipe::kBf16: std::memcpy(row, x, size_t(H) * 2); break;
+    case Recipe::kBf16:
+      std::memcpy(row, x, size_t(H) * 2);
+      break;
   }
 }
 

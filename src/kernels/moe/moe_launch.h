@@ -1,0 +1,42 @@
+// Host entry points of the single-GPU MoE forward (src/kernels/moe). Every function enqueues
+// on `stream` and returns the CUDA error of its launches; nothing synchronizes except
+// preprocess_weights, which runs once at construction.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/moe/moe_params.h"
+
+namespace moe_ep::kern {
+
+// Raises the dynamic shared-memory limit of every kernel of `recipe` (once, before capture).
+cudaError_t set_kernel_attributes(Recipe recipe);
+
+// The whole forward: prepare (quantize x + route, one launch), fc1, fc2, finalize (when
+// args.out is set). With `stage_events` (5 events) it records one before each stage and one at
+// the end (for the benchmark's per-stage times).
+cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t stream,
+                           cudaEvent_t* stage_events = nullptr);
+
+// The grouped GEMMs of one recipe (the per-recipe instantiation files).
+cudaError_t launch_gemms_nvfp4(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev);
+cudaError_t launch_gemms_mxfp4_mxfp8(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev);
+cudaError_t launch_gemms_mxfp4_bf16(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev);
+cudaError_t launch_gemms_bf16(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev);
+cudaError_t set_gemm_attributes_nvfp4();
+cudaError_t set_gemm_attributes_mxfp4_mxfp8();
+cudaError_t set_gemm_attributes_mxfp4_bf16();
+cudaError_t set_gemm_attributes_bf16();
+
+// Checkpoint-layout weights of `num_experts` experts (device memory) -> the resident layout
+// (moe_params.h). `fc1` picks the gate/up interleave (rows = 2I) or fc2 (rows = H, padded).
+// Scale bytes are checked: NaN (E4M3 0x7F/0xFF, UE8M0 0xFF) and UE8M0 above 191 (2^64) are
+// reported in `*why` (empty when all are fine). Synchronizes.
+cudaError_t preprocess_weights(Recipe recipe, bool fc1, int num_experts, int H, int I,
+                               const uint8_t* raw, const uint8_t* raw_scale, uint8_t* out,
+                               uint8_t* out_scale, cudaStream_t stream, std::string* why);
+
+}  // namespace moe_ep::kern

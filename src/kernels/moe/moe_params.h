@@ -1,0 +1,124 @@
+// Host/device description of the single-GPU MoE forward (EP = 1): the kernel-resident weight
+// layout, the routing tiles, and the arguments of one forward. Plain C++ (no device code), so
+// the backend (.cpp) and the kernels (.cu) share it.
+//
+// Kernel-resident weights (docs/gpu_kernels.md): per expert, a matrix of M rows (fc1: 2I gate+up
+// rows, fc2: H rows padded to a multiple of 128) and K columns is cut into M-tiles of 128 rows
+// (8 fragments of 16 rows) and K-chunks of 64; block (mtile, chunk, frag) holds the 16x64
+// fragment in the order the mma.sync A operand wants it per lane, so every lane reads its own
+// 16 bytes (4-bit) or 64 bytes (bf16) per chunk. fc1 fragment f of M-tile j is gate (f even) or
+// up (f odd) rows j*64 + (f/2)*16 .. +16, so one warp holds matching gate and up rows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "moe_ep/config.h"
+
+namespace moe_ep::kern {
+
+constexpr int kKChunk = 64;     // K per pipeline stage
+constexpr int kFragRows = 16;   // rows of one mma.sync A fragment
+constexpr int kTileFrags = 8;   // fragments per M-tile (2 per warp)
+constexpr int kTileRows = 128;  // weight rows per CTA
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kFc1TileH = 64;  // h columns produced by one fc1 CTA (64 gate + 64 up rows)
+
+// One routing tile: `rows` consecutive entries of the expert-sorted pair list.
+struct TileInfo {
+  int expert;  // local expert
+  int start;   // first index into sorted_pairs
+  int rows;    // 1..tile_n
+};
+
+// Bytes of one 16x64 fragment block and of its scales.
+inline int frag_bytes(Recipe r) { return r == Recipe::kBf16 ? 16 * 64 * 2 : 16 * 64 / 2; }
+inline int frag_scale_bytes(Recipe r) {
+  switch (r) {
+    case Recipe::kNvfp4:
+      return 16 * 4;  // one E4M3 per 16 along K
+    case Recipe::kMxfp4Mxfp8:
+    case Recipe::kMxfp4Bf16:
+      return 16 * 2;  // one UE8M0 per 32 along K
+    case Recipe::kBf16:
+      return 0;
+  }
+  return 0;
+}
+
+struct ResidentShape {
+  int fc1_mtiles, fc1_chunks, fc2_mtiles, fc2_chunks;
+  size_t fc1_bytes, fc1_scale_bytes, fc2_bytes, fc2_scale_bytes;  // per expert
+};
+
+inline ResidentShape resident_shape(Recipe r, int H, int I) {
+  ResidentShape s;
+  s.fc1_mtiles = I / kFc1TileH;
+  s.fc1_chunks = H / kKChunk;
+  s.fc2_mtiles = (H + kTileRows - 1) / kTileRows;
+  s.fc2_chunks = I / kKChunk;
+  const size_t fb = size_t(frag_bytes(r)), sb = size_t(frag_scale_bytes(r));
+  const size_t f1 = size_t(s.fc1_mtiles) * s.fc1_chunks * kTileFrags;
+  const size_t f2 = size_t(s.fc2_mtiles) * s.fc2_chunks * kTileFrags;
+  s.fc1_bytes = f1 * fb;
+  s.fc1_scale_bytes = f1 * sb;
+  s.fc2_bytes = f2 * fb;
+  s.fc2_scale_bytes = f2 * sb;
+  return s;
+}
+
+// Tokens per routing tile: 16 while experts see few rows (decode: a weight stream), 64 when
+// they see many (prefill: more MMA work per weight byte).
+inline int choose_tile_n(int tokens, int top_k, int local_experts) {
+  const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
+  return mean_rows <= 24.0 ? 16 : 64;
+}
+
+// Upper bound of the number of routing tiles (what the grids are sized for).
+inline int max_tiles(int pairs, int local_experts, int tile_n) {
+  const int touched = pairs < local_experts ? pairs : local_experts;
+  return pairs / tile_n + touched;
+}
+
+// Error word in host-mapped memory that a forward sets when it sees a bad input it could not
+// reject on the host (an expert id out of range). The first error wins.
+struct DeviceError {
+  int code;   // 0: none; 1: topk id out of range
+  int index;  // flat index t*K + k
+  int value;  // the offending id
+  int limit;  // E
+};
+
+struct ForwardArgs {
+  Recipe recipe = Recipe::kBf16;
+  int H = 0, I = 0, K = 0, local_experts = 0, num_experts = 0, expert_base = 0;
+  int tokens = 0;                       // rows of x (T, an upper bound with num_tokens)
+  const int32_t* num_tokens = nullptr;  // device int32, optional
+  const uint16_t* x = nullptr;          // bf16 [T, H], row stride x_stride elements
+  int64_t x_stride = 0;
+  const int32_t* ids = nullptr;  // [T, K]
+  const float* topk_weights = nullptr;
+  float input_norm_const = 1.0f;
+  float swiglu_limit = -1.0f;  // < 0: no clamp
+  bool weight_in_fc1 = false;
+  const float *fc1_alpha = nullptr, *fc2_alpha = nullptr, *fc1_norm_const = nullptr;
+  const uint8_t *w1 = nullptr, *s1 = nullptr, *w2 = nullptr, *s2 = nullptr;  // resident
+  ResidentShape rs{};
+  // Workspace scratch.
+  uint16_t* xq = nullptr;           // bf16 [T, H]: x as the GEMM sees it (q*s, exact in bf16)
+  uint16_t* h = nullptr;            // bf16 [T*K, I]: fc1 output in sorted order (q*s)
+  int32_t* sorted_pairs = nullptr;  // [T*K]: t*K+k grouped by expert
+  TileInfo* tiles = nullptr;        // [max_tiles]
+  int32_t* num_tiles = nullptr;     // [1]
+  int32_t* counts = nullptr;        // [local_experts] scratch
+  // Outputs.
+  uint16_t* y_rows = nullptr;  // bf16 [T*K, H]: y[t,k] at row t*K+k
+  uint16_t* out = nullptr;     // bf16 [T, H] finalized, or null (unfinalized)
+  float* weights_out = nullptr;
+  int32_t* indices_out = nullptr;
+  DeviceError* error = nullptr;  // device alias of host-mapped memory
+  int tile_n = 16;
+};
+
+}  // namespace moe_ep::kern

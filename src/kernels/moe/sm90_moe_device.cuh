@@ -1,0 +1,413 @@
+// Device code of the single-GPU MoE forward: PTX helpers, the 4-bit weight decode, and the
+// grouped GEMM kernels (fc1 with the SwiGLU/requantize epilogue, fc2 writing y rows). Included
+// by the per-recipe instantiation files only.
+//
+// GEMM shape ("swap AB"): weights are the MMA's M side (16-row fragments decoded from 4 bits to
+// bf16 in registers), the tokens routed to one expert are the N side (8 per n-fragment), K is
+// H (fc1) or I (fc2). One CTA = 4 warps = 128 weight rows x tile_n tokens; K advances in chunks
+// of 64 through a cp.async pipeline. mma.sync m16n8k16 bf16 with fp32 accumulation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/moe/moe_params.h"
+#include "moe_ep/formats.h"
+
+namespace moe_ep::kern {
+
+// ---------------------------------------------------------------------------------------------
+// PTX helpers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; `pred` false fills the destination with zeros (src-size 0).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// E2M1 -> bf16 without a table. Word layout (weight preprocessing): register j of a fragment
+// has its low element in nibble j and its high element in nibble j + 4. Placing the 3
+// magnitude bits at bf16 bits 6..8 gives value * 2^-126 exactly (code 1 = 0.5 lands on the
+// bf16 subnormal 2^-127, the others on normals); the sign goes to bit 15. The 2^126 comes back
+// partly through the scale multiplier (scale * 2^63, a table built per CTA) and partly through
+// the fp32 accumulator (* 2^63 in the epilogue): both exact powers of two.
+template <int J>
+__device__ __forceinline__ uint32_t e2m1x2_bits(uint32_t w) {
+  constexpr int em = 6 - 4 * J, sg = 12 - 4 * J;
+  const uint32_t a = em >= 0 ? (w << em) : (w >> -em);
+  const uint32_t b = sg >= 0 ? (w << sg) : (w >> -sg);
+  return (a & 0x01C001C0u) | (b & 0x80008000u);
+}
+
+constexpr float kTwo63 = 9223372036854775808.0f;  // 2^63
+
+template <Recipe R>
+struct RecipeKernelTraits {
+  static constexpr bool kFourBit = R != Recipe::kBf16;
+  static constexpr bool kNvScale = R == Recipe::kNvfp4;  // E4M3 per 16, else UE8M0 per 32
+  static constexpr int kFragBytes = kFourBit ? 512 : 2048;
+  static constexpr int kScaleBytes = R == Recipe::kNvfp4 ? 64 : (kFourBit ? 32 : 0);
+  static constexpr float kAccScale = kFourBit ? kTwo63 : 1.0f;
+};
+
+// bf16x2 {s, s} with s = scale(b) * 2^63 for every scale byte b (UE8M0 bytes above 191 are
+// rejected at construction; below 65 the block is too small to matter and becomes 0).
+template <Recipe R>
+__device__ __forceinline__ uint32_t scale_multiplier(int b) {
+  float s;
+  if constexpr (R == Recipe::kNvfp4) {
+    s = fmt::e4m3_to_float(uint8_t(b)) * kTwo63;
+  } else {
+    s = b >= 65 && b <= 191 ? fmt::exp2i(b - 64) : 0.0f;
+  }
+  const uint32_t h = fmt::float_to_bf16(s);
+  return h | (h << 16);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grouped GEMM. kFc1: B rows are xq rows gathered by token; epilogue = scale, SwiGLU,
+// top-k weight, the recipe's requantization of h (written in sorted order). Otherwise (fc2):
+// B rows are consecutive h rows; epilogue = alpha, bf16, y rows scattered to t*K+k.
+
+template <Recipe R, int kN>
+struct GemmConfig {
+  using RT = RecipeKernelTraits<R>;
+  static constexpr int kNF = kN / 8;         // n-fragments per warp
+  static constexpr int kBRow = kKChunk + 8;  // bf16 per smem B row (16 bytes of padding)
+  static constexpr int kWBytes = kTileFrags * RT::kFragBytes;
+  static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;
+  static constexpr int kBBytes = kN * kBRow * 2;
+  static constexpr int kStageBytes = kWBytes + kSBytes + kBBytes;
+  static constexpr int kStages = RT::kFourBit ? (kN <= 16 ? 8 : 5) : (kN <= 16 ? 5 : 4);
+  static constexpr int kEpiBytes = kN * (kFc1TileH + 4) * 4 > kN*(kTileRows + 8) * 2
+                                       ? kN*(kFc1TileH + 4) * 4
+                                       : kN*(kTileRows + 8) * 2;
+  static constexpr int kPipeBytes = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+};
+
+template <Recipe R, int kN, bool kFc1>
+__global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardArgs a) {
+  using C = GemmConfig<R, kN>;
+  using RT = typename C::RT;
+  constexpr int kNF = C::kNF;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ uint32_t scale_lut[RT::kFourBit ? 256 : 1];
+  __shared__ int64_t brow_off[kN];  // element offset of each B row
+  __shared__ int pair_of[kN];       // t*K+k of each column
+  __shared__ float tw_of[kN];
+
+  const int tile_idx = blockIdx.x;
+  if (tile_idx >= *a.num_tiles) return;
+  const TileInfo tile = a.tiles[tile_idx];
+  const int mtile = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  const int K_dim = kFc1 ? a.H : a.I;
+  const int chunks = K_dim / kKChunk;
+  const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
+  const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
+  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
+  const uint8_t* wbase =
+      (kFc1 ? a.w1 : a.w2) + size_t(tile.expert) * w_expert + size_t(mtile) * chunks * C::kWBytes;
+  const uint8_t* sbase = nullptr;
+  if constexpr (RT::kFourBit)
+    sbase =
+        (kFc1 ? a.s1 : a.s2) + size_t(tile.expert) * s_expert + size_t(mtile) * chunks * C::kSBytes;
+  (void)mtiles;
+
+  if constexpr (RT::kFourBit) {
+    for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
+  }
+  for (int n = tid; n < kN; n += kThreads) {
+    int pair = -1;
+    int64_t off = 0;
+    float tw = 0.0f;
+    if (n < tile.rows) {
+      pair = a.sorted_pairs[tile.start + n];
+      if constexpr (kFc1) {
+        off = int64_t(pair / a.K) * a.H;
+        tw = a.topk_weights[pair];
+      } else {
+        off = int64_t(tile.start + n) * a.I;
+      }
+    }
+    brow_off[n] = off;
+    pair_of[n] = pair;
+    tw_of[n] = tw;
+  }
+  __syncthreads();
+
+  const uint16_t* bsrc = kFc1 ? a.xq : a.h;
+  auto stage_w = [&](int s) { return smem + s * C::kStageBytes; };
+  auto stage_s = [&](int s) { return smem + s * C::kStageBytes + C::kWBytes; };
+  auto stage_b = [&](int s) {
+    return reinterpret_cast<uint16_t*>(smem + s * C::kStageBytes + C::kWBytes + C::kSBytes);
+  };
+
+  auto load_stage = [&](int slot, int chunk) {
+    const uint8_t* wsrc = wbase + size_t(chunk) * C::kWBytes;
+    unsigned char* wdst = stage_w(slot);
+#pragma unroll
+    for (int i = 0; i < C::kWBytes / 16 / kThreads; ++i) {
+      const int p = tid + i * kThreads;
+      cp_async16(wdst + p * 16, wsrc + p * 16, true);
+    }
+    if constexpr (RT::kFourBit) {
+      if (tid < C::kSBytes / 16)
+        cp_async16(stage_s(slot) + tid * 16, sbase + size_t(chunk) * C::kSBytes + tid * 16, true);
+    }
+    uint16_t* bdst = stage_b(slot);
+#pragma unroll
+    for (int i = 0; i < (kN * 8 + kThreads - 1) / kThreads; ++i) {
+      const int p = tid + i * kThreads;
+      if (p < kN * 8) {
+        const int row = p >> 3, c16 = p & 7;
+        const bool live = row < tile.rows;
+        const uint16_t* src = bsrc + (live ? brow_off[row] : 0) + chunk * kKChunk + c16 * 8;
+        cp_async16(bdst + row * C::kBRow + c16 * 8, src, live);
+      }
+    }
+  };
+
+  float acc[2][kNF][4];
+#pragma unroll
+  for (int f = 0; f < 2; ++f)
+#pragma unroll
+    for (int n = 0; n < kNF; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][n][i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < chunks) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  // ldmatrix row address of this lane within a B stage: matrices (nf, k 0-7), (nf, k 8-15),
+  // (nf+1, k 0-7), (nf+1, k 8-15).
+  const int lm_row = (lane & 7) + ((lane >> 4) << 3);
+  const int lm_col = ((lane >> 3) & 1) * 8;
+
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    {
+      const int next = chunk + C::kStages - 1;
+      if (next < chunks) load_stage(next % C::kStages, next);
+      cp_async_commit();
+    }
+    const int slot = chunk % C::kStages;
+    const unsigned char* ws = stage_w(slot);
+    const uint16_t* bs = stage_b(slot);
+
+    // This warp's two fragments: 2*warp and 2*warp+1.
+    uint4 wq[2];
+    uint32_t sc_lo[2][4], sc_hi[2][4];
+    if constexpr (RT::kFourBit) {
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        const int frag = 2 * warp + f;
+        wq[f] = *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 16);
+        const unsigned char* ss = stage_s(slot) + frag * RT::kScaleBytes;
+        if constexpr (RT::kNvScale) {
+          const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
+          const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            sc_lo[f][s] = scale_lut[(lo >> (8 * s)) & 0xff];
+            sc_hi[f][s] = scale_lut[(hi >> (8 * s)) & 0xff];
+          }
+        } else {
+          const uint32_t lo = *reinterpret_cast<const uint16_t*>(ss + g * 2);
+          const uint32_t hi = *reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2);
+          const uint32_t l0 = scale_lut[lo & 0xff], l1 = scale_lut[lo >> 8];
+          const uint32_t h0 = scale_lut[hi & 0xff], h1 = scale_lut[hi >> 8];
+          sc_lo[f][0] = sc_lo[f][1] = l0;
+          sc_lo[f][2] = sc_lo[f][3] = l1;
+          sc_hi[f][0] = sc_hi[f][1] = h0;
+          sc_hi[f][2] = sc_hi[f][3] = h1;
+        }
+      }
+    }
+
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t b[kNF][2];
+#pragma unroll
+      for (int nf = 0; nf < kNF; nf += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, bs + (nf * 8 + lm_row) * C::kBRow + s * 16 + lm_col);
+        b[nf][0] = r[0];
+        b[nf][1] = r[1];
+        b[nf + 1][0] = r[2];
+        b[nf + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        uint32_t af[4];
+        if constexpr (RT::kFourBit) {
+          const uint32_t word = s == 0 ? wq[f].x : s == 1 ? wq[f].y : s == 2 ? wq[f].z : wq[f].w;
+          af[0] = mul_bf16x2(e2m1x2_bits<0>(word), sc_lo[f][s]);
+          af[1] = mul_bf16x2(e2m1x2_bits<1>(word), sc_hi[f][s]);
+          af[2] = mul_bf16x2(e2m1x2_bits<2>(word), sc_lo[f][s]);
+          af[3] = mul_bf16x2(e2m1x2_bits<3>(word), sc_hi[f][s]);
+        } else {
+          const uint4 v = *reinterpret_cast<const uint4*>(ws + (2 * warp + f) * RT::kFragBytes +
+                                                          lane * 64 + s * 16);
+          af[0] = v.x;
+          af[1] = v.y;
+          af[2] = v.z;
+          af[3] = v.w;
+        }
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, b[nf][0], b[nf][1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
+
+  const int e = tile.expert;
+  if constexpr (kFc1) {
+    // h tile [kN][64 (+4)] fp32: column n = token slot, row = h index within this M-tile.
+    float* hs = reinterpret_cast<float*>(smem);
+    constexpr int kHS = kFc1TileH + 4;
+    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        const int row = warp * 16 + g + (i >> 1) * 8;
+        float gv = acc[0][nf][i] * RT::kAccScale, uv = acc[1][nf][i] * RT::kAccScale;
+        if constexpr (R == Recipe::kNvfp4) {
+          gv = fmt::mul_rn(alpha, gv);
+          uv = fmt::mul_rn(alpha, uv);
+        } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+          gv = fmt::round_to_bf16(gv);
+          uv = fmt::round_to_bf16(uv);
+        }
+        float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
+        if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+        hs[col * kHS + row] = hv;
+      }
+    __syncthreads();
+    uint16_t* hdst = a.h + size_t(tile.start) * a.I + mtile * kFc1TileH;
+    if constexpr (R == Recipe::kNvfp4) {
+      const float nc = a.fc1_norm_const[e];
+      for (int it = tid; it < kN * 4; it += kThreads) {
+        const int col = it >> 2, blk = it & 3;
+        if (col >= tile.rows) continue;
+        const float* v = hs + col * kHS + blk * 16;
+        uint8_t packed[8];
+        const uint8_t sb = fmt::quantize_block_nvfp4(v, nc, packed);
+        const float s = fmt::e4m3_to_float(sb);
+        uint32_t o[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
+          const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
+          o[i] = lo | (hi << 16);
+        }
+        uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 16);
+        d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+      }
+    } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+      for (int it = tid; it < kN * 2; it += kThreads) {
+        const int col = it >> 1, blk = it & 1;
+        if (col >= tile.rows) continue;
+        const float* v = hs + col * kHS + blk * 32;
+        uint8_t q[32];
+        const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
+        const float s = fmt::ue8m0_to_float(sb);
+        uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 32);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t o[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
+            const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
+            o[i] = lo | (hi << 16);
+          }
+          d[j] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+      }
+    } else {
+      for (int it = tid; it < kN * 8; it += kThreads) {
+        const int col = it >> 3, p = it & 7;
+        if (col >= tile.rows) continue;
+        const float* v = hs + col * kHS + p * 8;
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          o[i] = uint32_t(fmt::float_to_bf16(v[2 * i])) |
+                 (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
+        *reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + p * 8) =
+            make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  } else {
+    // y tile [kN][128 (+8)] bf16, then 16-byte row stores to y_rows[t*K+k].
+    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
+    constexpr int kYS = kTileRows + 8;
+    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
+#pragma unroll
+    for (int f = 0; f < 2; ++f)
+#pragma unroll
+      for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = nf * 8 + 2 * t4 + (i & 1);
+          const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
+          float v = acc[f][nf][i] * RT::kAccScale;
+          if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
+          ys[col * kYS + row] = fmt::float_to_bf16(v);
+        }
+    __syncthreads();
+    const int row0 = mtile * kTileRows;
+    for (int it = tid; it < kN * 16; it += kThreads) {
+      const int col = it >> 4, p = it & 15;
+      if (col >= tile.rows || row0 + p * 8 >= a.H) continue;
+      *reinterpret_cast<uint4*>(a.y_rows + size_t(pair_of[col]) * a.H + row0 + p * 8) =
+          *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
+    }
+  }
+}
+
+}  // namespace moe_ep::kern

@@ -1,0 +1,49 @@
+// Launch and attribute helpers of the grouped GEMMs, instantiated once per recipe by the
+// sm90_moe_gemm_<recipe>.cu files (so the four recipes compile in parallel).
+#pragma once
+
+#include "kernels/moe/moe_launch.h"
+#include "kernels/moe/sm90_moe_device.cuh"
+
+namespace moe_ep::kern {
+
+template <Recipe R, int kN, bool kFc1>
+cudaError_t launch_gemm(const ForwardArgs& a, cudaStream_t s) {
+  const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kN);
+  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
+  if (tiles == 0) return cudaSuccess;
+  dim3 grid(tiles, mtiles);
+  sm90_moe_gemm_kernel<R, kN, kFc1><<<grid, kThreads, GemmConfig<R, kN>::kSmemBytes, s>>>(a);
+  return cudaGetLastError();
+}
+
+template <Recipe R>
+cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
+  cudaError_t err;
+  if (a.tile_n == 16) {
+    if ((err = launch_gemm<R, 16, true>(a, s)) != cudaSuccess) return err;
+    if (ev) cudaEventRecord(ev[0], s);
+    return launch_gemm<R, 16, false>(a, s);
+  }
+  if ((err = launch_gemm<R, 64, true>(a, s)) != cudaSuccess) return err;
+  if (ev) cudaEventRecord(ev[0], s);
+  return launch_gemm<R, 64, false>(a, s);
+}
+
+template <Recipe R, int kN, bool kFc1>
+cudaError_t set_attr() {
+  return cudaFuncSetAttribute(sm90_moe_gemm_kernel<R, kN, kFc1>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              GemmConfig<R, kN>::kSmemBytes);
+}
+
+template <Recipe R>
+cudaError_t set_gemm_attributes() {
+  cudaError_t err;
+  if ((err = set_attr<R, 16, true>()) != cudaSuccess) return err;
+  if ((err = set_attr<R, 16, false>()) != cudaSuccess) return err;
+  if ((err = set_attr<R, 64, true>()) != cudaSuccess) return err;
+  return set_attr<R, 64, false>();
+}
+
+}  // namespace moe_ep::kern
