@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
-#   scripts/gpu_round.sh [build] [test] [bench] [cli]     (default: all)
+#   scripts/gpu_round.sh [build] [test] [sanitize] [bench] [cli]     (default: all)
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-steps="${*:-build test bench cli}"
+steps="${*:-build test sanitize bench cli}"
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 # NVLink multicast stays off on these machines (DEVICE.md).
@@ -40,6 +40,17 @@ if has test; then
     --gtest_output=json:"$OUT/gpu_tests.json" >"$OUT/gpu_tests.log" 2>&1 || status=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|tests ran|Failure|error" \
     "$OUT/gpu_tests.log" | head -60
+fi
+
+if has sanitize; then
+  # compute-sanitizer memcheck and racecheck on a tiny case of every recipe.
+  echo "== compute-sanitizer"
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck; do
+    "$SAN" --tool "$tool" --error-exitcode 1 "$BUILD/tests/moe_ep_gpu_tests" \
+      --gtest_filter='GpuLayer.SmallForSanitizer' >"$OUT/sanitize_$tool.log" 2>&1 || status=1
+    echo "$tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)"
+  done
 fi
 
 if has bench; then

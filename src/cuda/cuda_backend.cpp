@@ -14,12 +14,20 @@
 #include <vector>
 
 #include "common/workspace_layout.h"
+#include "cuda/stage_timing.h"
 #include "kernels/moe/moe_launch.h"
 #include "layer/backend.h"
 #include "moe_ep/status.h"
 #include "reference/cpu_math.h"
 
 namespace moe_ep {
+namespace debug {
+namespace {
+cudaEvent_t* g_stage_events = nullptr;
+}
+void set_stage_events(cudaEvent_t* events) { g_stage_events = events; }
+}  // namespace debug
+
 namespace {
 
 constexpr int kMaxLocalExperts = 1024;
@@ -183,7 +191,7 @@ class CudaBackend final : public LayerBackend {
     }
     a.error = err_dev_;
     a.tile_n = kern::choose_tile_n(in.tokens, a.K, El_);
-    check(kern::launch_forward(a, static_cast<cudaStream_t>(in.stream), stage_events_),
+    check(kern::launch_forward(a, static_cast<cudaStream_t>(in.stream), debug::g_stage_events),
           "launching the forward");
   }
 
@@ -248,9 +256,6 @@ class CudaBackend final : public LayerBackend {
     check(err, "synchronize at destroy");
     if (!pending.empty()) throw Error(ErrorCode::kInvalidArgument, pending);
   }
-
-  // For the benchmark: 5 events recorded around the stages of every forward (null: none).
-  void set_stage_events(cudaEvent_t* ev) { stage_events_ = ev; }
 
  private:
   void select_device() {
@@ -364,7 +369,6 @@ class CudaBackend final : public LayerBackend {
   kern::DeviceError* err_host_ = nullptr;
   kern::DeviceError* err_dev_ = nullptr;
   std::vector<std::unique_ptr<Workspace>> workspaces_;
-  cudaEvent_t* stage_events_ = nullptr;
 };
 
 int device_count() {

@@ -1,0 +1,366 @@
+// Benchmark of the single-GPU layer (EP = 1) per BENCH.md: DeepSeek-V3 shape by default, every
+// recipe, tokens 1..4096, uniform and Zipf routing. Random checkpoint-layout weights are made
+// on the GPU (valid, non-zero scale bytes) and go through the layer's own preprocessing. Each
+// case: warm-up, then >= 20 CUDA-graph replays timed with events, alternating 2 input sets;
+// per-stage times from eager forwards with the stage-event hook. One JSON record per case.
+//   bench_layer [--json PATH] [--shape dsv3|qwen3|gpt-oss] [--recipes a,b] [--tokens 1,8,...]
+//               [--iters N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/stage_timing.h"
+#include "kernels/moe/moe_params.h"
+#include "moe_ep/formats.h"
+#include "moe_ep/layer.h"
+
+using namespace moe_ep;
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
+constexpr double kHbmTBps = 4.22, kBf16Tflops = 755.0;
+
+__device__ __forceinline__ uint64_t hash64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// kind 0: random bytes; 1: E4M3 scales in [0x20, 0x2f]; 2: UE8M0 in [119, 123]; 3: bf16 in
+// +-0.05; 4: bf16 activations in +-2.
+__global__ void fill_kernel(uint8_t* p, size_t n, uint64_t seed, int kind) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint64_t h = hash64(seed * 0x100000001b3ull + i);
+    switch (kind) {
+      case 0:
+        p[i] = uint8_t(h);
+        break;
+      case 1:
+        p[i] = uint8_t(0x20 + (h & 15));
+        break;
+      case 2:
+        p[i] = uint8_t(119 + h % 5);
+        break;
+      case 3:
+      case 4: {
+        if (i % 2) break;
+        const float u = float(h >> 40) / 16777216.0f * 2.0f - 1.0f;
+        const uint16_t b = fmt::float_to_bf16(u * (kind == 3 ? 0.05f : 2.0f));
+        p[i] = uint8_t(b);
+        if (i + 1 < n) p[i + 1] = uint8_t(b >> 8);
+        break;
+      }
+    }
+  }
+}
+
+void fill(void* p, size_t n, uint64_t seed, int kind) {
+  fill_kernel<<<132 * 8, 256>>>(static_cast<uint8_t*>(p), n, seed, kind);
+  CK(cudaGetLastError());
+}
+
+struct Shape {
+  std::string name;
+  int H, I, E, K;
+};
+
+std::vector<int> parse_ints(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
+  return v;
+}
+
+uint64_t mix_host(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Top-k ids without repeats: uniform, or Zipf(1) over a shuffled expert order.
+std::vector<int32_t> make_ids(int T, int K, int E, bool zipf, uint64_t seed) {
+  std::vector<double> cdf(E);
+  std::vector<int> perm(E);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int i = E - 1; i > 0; --i) std::swap(perm[i], perm[mix_host(seed + i) % (i + 1)]);
+  double acc = 0;
+  for (int i = 0; i < E; ++i) cdf[i] = (acc += zipf ? 1.0 / (i + 1) : 1.0);
+  std::vector<int32_t> ids(size_t(T) * K);
+  uint64_t r = seed * 1000003;
+  for (int t = 0; t < T; ++t) {
+    for (int k = 0; k < K; ++k) {
+      int e;
+      bool dup;
+      do {
+        r = mix_host(r);
+        const double u = double(r >> 11) / 9007199254740992.0 * acc;
+        const int i = int(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+        e = perm[std::min(i, E - 1)];
+        dup = false;
+        for (int j = 0; j < k; ++j) dup |= ids[size_t(t) * K + j] == e;
+      } while (dup);
+      ids[size_t(t) * K + k] = e;
+    }
+  }
+  return ids;
+}
+
+struct InputSet {
+  void *x = nullptr, *ids = nullptr, *w = nullptr;
+  std::vector<int32_t> host_ids;
+};
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path, shape_name = "dsv3", recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16";
+  std::vector<int> tokens = {1, 8, 32, 128, 512, 2048, 4096};
+  int iters = 30;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--json")
+      json_path = next();
+    else if (a == "--shape")
+      shape_name = next();
+    else if (a == "--recipes")
+      recipes_arg = next();
+    else if (a == "--tokens")
+      tokens = parse_ints(next());
+    else if (a == "--iters")
+      iters = std::max(20, std::stoi(next()));
+  }
+  const std::vector<Shape> shapes = {
+      {"dsv3", 7168, 2048, 256, 8}, {"qwen3", 2048, 768, 128, 8}, {"gpt-oss", 2880, 2880, 128, 4}};
+  Shape s = shapes[0];
+  for (const auto& c : shapes)
+    if (c.name == shape_name) s = c;
+  int dev = 0;
+  CK(cudaSetDevice(dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  const char* commit = std::getenv("MOE_EP_COMMIT");
+  const int cap = *std::max_element(tokens.begin(), tokens.end());
+
+  FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (js) std::fprintf(js, "[\n");
+  bool first_record = true;
+  std::printf("%-8s %-12s %6s %-7s %10s %10s %10s %8s %8s %8s  stages us (prep/fc1/fc2/fin)\n",
+              "shape", "recipe", "tokens", "routing", "median_us", "min_us", "max_us", "GB_read",
+              "hbm_frac", "mma_frac");
+
+  std::stringstream rs(recipes_arg);
+  std::string rname;
+  while (std::getline(rs, rname, ',')) {
+    const auto recipe = parse_recipe(rname);
+    if (!recipe) {
+      std::fprintf(stderr, "unknown recipe %s\n", rname.c_str());
+      return 1;
+    }
+    const RecipeTraits tr = recipe_traits(*recipe);
+    // Checkpoint-layout weights on the GPU.
+    const size_t E = s.E, H = s.H, I = s.I;
+    const size_t w13_bytes = tr.weights_4bit ? E * 2 * I * H / 2 : E * 2 * I * H * 2;
+    const size_t w2_bytes = tr.weights_4bit ? E * H * I / 2 : E * H * I * 2;
+    const size_t s13_bytes = tr.weights_4bit ? E * 2 * I * H / tr.weight_block : 0;
+    const size_t s2_bytes = tr.weights_4bit ? E * H * I / tr.weight_block : 0;
+    void *w13 = nullptr, *w2 = nullptr, *s13 = nullptr, *s2 = nullptr;
+    CK(cudaMalloc(&w13, w13_bytes));
+    CK(cudaMalloc(&w2, w2_bytes));
+    fill(w13, w13_bytes, 1, tr.weights_4bit ? 0 : 3);
+    fill(w2, w2_bytes, 2, tr.weights_4bit ? 0 : 3);
+    if (tr.weights_4bit) {
+      CK(cudaMalloc(&s13, s13_bytes));
+      CK(cudaMalloc(&s2, s2_bytes));
+      fill(s13, s13_bytes, 3, tr.e4m3_scales ? 1 : 2);
+      fill(s2, s2_bytes, 4, tr.e4m3_scales ? 1 : 2);
+    }
+    CK(cudaDeviceSynchronize());
+    const Device gpu{DeviceKind::kCUDA, dev};
+    WeightPack wp;
+    const int64_t El = s.E;
+    if (tr.weights_4bit) {
+      wp.w13 = TensorView::contiguous(w13, DType::kU8, {El, 2 * s.I, s.H / 2}, gpu);
+      wp.w2 = TensorView::contiguous(w2, DType::kU8, {El, s.H, s.I / 2}, gpu);
+      wp.w13_scale =
+          TensorView::contiguous(s13, DType::kU8, {El, 2 * s.I, s.H / tr.weight_block}, gpu);
+      wp.w2_scale = TensorView::contiguous(s2, DType::kU8, {El, s.H, s.I / tr.weight_block}, gpu);
+    } else {
+      wp.w13 = TensorView::contiguous(w13, DType::kBF16, {El, 2 * s.I, s.H}, gpu);
+      wp.w2 = TensorView::contiguous(w2, DType::kBF16, {El, s.H, s.I}, gpu);
+    }
+    LayerConfig cfg;
+    cfg.fleet.num_experts = s.E;
+    cfg.fleet.max_tokens_per_rank = cap;
+    cfg.fleet.hidden_size = s.H;
+    cfg.recipe.recipe = *recipe;
+    cfg.recipe.intermediate_size = s.I;
+    cfg.recipe.top_k = s.K;
+    Bootstrap boot;
+    boot.backend = Backend::kCUDA;
+    boot.device = dev;
+    auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
+    cudaFree(w13);
+    cudaFree(w2);
+    cudaFree(s13);
+    cudaFree(s2);
+    layer->warmup();
+    const size_t expert_bytes = (w13_bytes + w2_bytes + s13_bytes + s2_bytes) / E;
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+    for (int T : tokens) {
+      for (int zipf = 0; zipf < 2; ++zipf) {
+        InputSet sets[2];
+        for (int k = 0; k < 2; ++k) {
+          InputSet& in = sets[k];
+          in.host_ids = make_ids(T, s.K, s.E, zipf, 1000 * T + 10 * zipf + k);
+          std::vector<float> w(size_t(T) * s.K);
+          for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.01f * float(i % 13);
+          CK(cudaMalloc(&in.x, size_t(T) * s.H * 2));
+          CK(cudaMalloc(&in.ids, w.size() * 4));
+          CK(cudaMalloc(&in.w, w.size() * 4));
+          fill(in.x, size_t(T) * s.H * 2, 77 + k, 4);
+          CK(cudaMemcpy(in.ids, in.host_ids.data(), w.size() * 4, cudaMemcpyHostToDevice));
+          CK(cudaMemcpy(in.w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+        }
+        void* out = nullptr;
+        CK(cudaMalloc(&out, size_t(T) * s.H * 2));
+        auto inputs = [&](const InputSet& in) {
+          ForwardInputs f;
+          f.hidden_states = TensorView::contiguous(in.x, DType::kBF16, {T, s.H}, gpu);
+          f.topk_ids = TensorView::contiguous(in.ids, DType::kI32, {T, s.K}, gpu);
+          f.topk_weights = TensorView::contiguous(in.w, DType::kF32, {T, s.K}, gpu);
+          f.stream = st;
+          return f;
+        };
+        const TensorView ov = TensorView::contiguous(out, DType::kBF16, {T, s.H}, gpu);
+        // Per-stage times (eager forwards with the event hook).
+        cudaEvent_t sev[5];
+        for (auto& e : sev) CK(cudaEventCreate(&e));
+        std::vector<float> stage[4];
+        debug::set_stage_events(sev);
+        for (int it = 0; it < 12; ++it) {
+          layer->forward(inputs(sets[it & 1]), ov);
+          CK(cudaStreamSynchronize(st));
+          if (it < 2) continue;
+          for (int j = 0; j < 4; ++j) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, sev[j], sev[j + 1]));
+            stage[j].push_back(ms * 1000);
+          }
+        }
+        debug::set_stage_events(nullptr);
+        // Whole forward: graph replays.
+        cudaGraphExec_t exec[2];
+        for (int k = 0; k < 2; ++k) {
+          cudaGraph_t g;
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          layer->forward(inputs(sets[k]), ov);
+          CK(cudaStreamEndCapture(st, &g));
+          CK(cudaGraphInstantiate(&exec[k], g, 0));
+          CK(cudaGraphDestroy(g));
+        }
+        for (int it = 0; it < 6; ++it) CK(cudaGraphLaunch(exec[it & 1], st));
+        std::vector<cudaEvent_t> ev(2 * iters);
+        for (auto& e : ev) CK(cudaEventCreate(&e));
+        for (int it = 0; it < iters; ++it) {
+          CK(cudaEventRecord(ev[2 * it], st));
+          CK(cudaGraphLaunch(exec[it & 1], st));
+          CK(cudaEventRecord(ev[2 * it + 1], st));
+        }
+        CK(cudaStreamSynchronize(st));
+        std::vector<float> us(iters);
+        for (int it = 0; it < iters; ++it) {
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
+          us[it] = ms * 1000;
+        }
+        const double med = median(us);
+        const double mn = *std::min_element(us.begin(), us.end());
+        const double mx = *std::max_element(us.begin(), us.end());
+        // Bytes and flops of input set 0 (set 1 has the same routing law).
+        std::vector<char> touched(s.E, 0);
+        int64_t pairs = 0;
+        for (int32_t id : sets[0].host_ids)
+          if (id >= 0) {
+            touched[id] = 1;
+            ++pairs;
+          }
+        const int64_t n_touched = std::count(touched.begin(), touched.end(), 1);
+        const double bytes = double(n_touched) * expert_bytes;
+        const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
+        const double tflops = 2.0 * 3.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
+        const int tile_n = kern::choose_tile_n(T, s.K, s.E);
+        std::printf(
+            "%-8s %-12s %6d %-7s %10.1f %10.1f %10.1f %8.3f %8.3f %8.3f  %.1f/%.1f/%.1f/%.1f\n",
+            s.name.c_str(), rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes / 1e9,
+            hbm, tflops / kBf16Tflops, median(stage[0]), median(stage[1]), median(stage[2]),
+            median(stage[3]));
+        std::fflush(stdout);
+        if (js) {
+          std::fprintf(
+              js,
+              "%s  {\"commit\": \"%s\", \"device\": \"%s\", \"ep\": 1, \"rank_count\": 1, "
+              "\"shape\": \"%s\", \"H\": %d, \"I\": %d, \"E\": %d, \"K\": %d, "
+              "\"recipe\": \"%s\", \"tokens_per_rank\": %d, \"routing\": \"%s\", "
+              "\"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, "
+              "\"weight_bytes_read\": %.0f, \"hbm_fraction\": %.4f, \"tflops\": %.2f, "
+              "\"mma_fraction\": %.4f, \"mma_type\": \"bf16\", \"dispatch_bytes\": 0, "
+              "\"nvlink_GBps\": null, \"iterations\": %d, \"timing\": \"cuda graph replay\", "
+              "\"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, \"fc2\": %.2f, "
+              "\"finalize\": %.2f}, \"config\": {\"tile_n\": %d, \"tile_m\": 128, "
+              "\"k_chunk\": 64, \"mma\": \"mma.sync.m16n8k16.bf16\"}}",
+              first_record ? "" : ",\n", commit ? commit : "unknown", prop.name, s.name.c_str(),
+              s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
+              hbm, tflops, tflops / kBf16Tflops, iters, median(stage[0]), median(stage[1]),
+              median(stage[2]), median(stage[3]), tile_n);
+          first_record = false;
+        }
+        for (auto& e : ev) cudaEventDestroy(e);
+        for (auto& e : sev) cudaEventDestroy(e);
+        for (auto& x : exec) cudaGraphExecDestroy(x);
+        cudaFree(out);
+        for (auto& in : sets) {
+          cudaFree(in.x);
+          cudaFree(in.ids);
+          cudaFree(in.w);
+        }
+      }
+    }
+    cudaStreamDestroy(st);
+    layer.reset();
+  }
+  if (js) {
+    std::fprintf(js, "\n]\n");
+    std::fclose(js);
+  }
+  return 0;
+}
