@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/sm90_moe_device.cuh"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
@@ -236,8 +237,13 @@ __global__ void preprocess_weights_kernel(PrepShape p, bool four_bit, const uint
           const int kc = chunk * kKChunk + s * 16 + 2 * t4 + (j >> 1) * 8;
           uint32_t byte = 0;
           if (row < p.M) byte = raw[(size_t(e) * p.M + row) * (p.K / 2) + kc / 2];
-          w |= (byte & 0xfu) << (4 * j);
-          w |= (byte >> 4) << (16 + 4 * j);
+          // Low element = low nibble (even k), high element = high nibble; bit layout of
+          // decode_e2m1x8 (sm90_moe_device.cuh).
+          for (int half = 0; half < 2; ++half) {
+            const uint32_t code = half ? byte >> 4 : byte & 0xfu;
+            for (int bit = 0; bit < 4; ++bit)
+              w |= ((code >> bit) & 1u) << (e2m1_bit_pos(j, bit) + 16 * half);
+          }
         }
         words[s] = w;
       }

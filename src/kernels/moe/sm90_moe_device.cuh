@@ -57,18 +57,30 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// E2M1 -> bf16 without a table. Word layout (weight preprocessing): register j of a fragment
-// has its low element in nibble j and its high element in nibble j + 4. Placing the 3
-// magnitude bits at bf16 bits 6..8 gives value * 2^-126 exactly (code 1 = 0.5 lands on the
-// bf16 subnormal 2^-127, the others on normals); the sign goes to bit 15. The 2^126 comes back
-// partly through the scale multiplier (scale * 2^63, a table built per CTA) and partly through
-// the fp32 accumulator (* 2^63 in the epilogue): both exact powers of two.
-template <int J>
-__device__ __forceinline__ uint32_t e2m1x2_bits(uint32_t w) {
-  constexpr int em = 6 - 4 * J, sg = 12 - 4 * J;
-  const uint32_t a = em >= 0 ? (w << em) : (w >> -em);
-  const uint32_t b = sg >= 0 ? (w << sg) : (w >> -sg);
-  return (a & 0x01C001C0u) | (b & 0x80008000u);
+// E2M1 -> bf16 without a table. Placing an E2M1 code's bits (e1 e0 m) at bf16 bits 8..6 and its
+// sign at bit 15 gives value * 2^-126 exactly (code 1 = 0.5 lands on the bf16 subnormal 2^-127,
+// the others on normals). The 2^126 comes back partly through the scale multiplier (scale *
+// 2^63, a table built per CTA) and partly through the fp32 accumulator (* 2^63 in the
+// epilogue): both exact powers of two.
+//
+// One 32-bit word holds the 8 codes of one k16 step of a lane (registers j = 0..3, a low and a
+// high element each). The preprocessing scatters their bits so that registers 0..2 come out
+// with one shift and one AND (pattern 0x81C081C0 = bits 6,7,8,15 of each half); register 3 takes
+// the 4 bits left per half. Bit positions (low half; the high half is +16), as {m, e0, e1, s}:
+//   reg 0: {6, 7, 8, 15}   reg 1: {0, 1, 2, 9}   reg 2: {3, 4, 5, 12}   reg 3: {13, 14, 11, 10}
+constexpr uint32_t kBf16E2m1Mask = 0x81C081C0u;
+
+__device__ __forceinline__ void decode_e2m1x8(uint32_t w, uint32_t (&r)[4]) {
+  r[0] = w & kBf16E2m1Mask;
+  r[1] = (w << 6) & kBf16E2m1Mask;
+  r[2] = (w << 3) & kBf16E2m1Mask;
+  r[3] = ((w >> 7) & 0x00C000C0u) | ((w >> 3) & 0x01000100u) | ((w << 5) & 0x80008000u);
+}
+
+// Bit positions of register j's low element {m, e0, e1, s} (the preprocessing's side).
+__host__ __device__ __forceinline__ int e2m1_bit_pos(int reg, int bit) {
+  constexpr int kPos[4][4] = {{6, 7, 8, 15}, {0, 1, 2, 9}, {3, 4, 5, 12}, {13, 14, 11, 10}};
+  return kPos[reg][bit];
 }
 
 constexpr float kTwo63 = 9223372036854775808.0f;  // 2^63
@@ -281,10 +293,12 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
         uint32_t af[4];
         if constexpr (RT::kFourBit) {
           const uint32_t word = s == 0 ? wq[f].x : s == 1 ? wq[f].y : s == 2 ? wq[f].z : wq[f].w;
-          af[0] = mul_bf16x2(e2m1x2_bits<0>(word), sc_lo[f][s]);
-          af[1] = mul_bf16x2(e2m1x2_bits<1>(word), sc_hi[f][s]);
-          af[2] = mul_bf16x2(e2m1x2_bits<2>(word), sc_lo[f][s]);
-          af[3] = mul_bf16x2(e2m1x2_bits<3>(word), sc_hi[f][s]);
+          uint32_t bits[4];
+          decode_e2m1x8(word, bits);
+          af[0] = mul_bf16x2(bits[0], sc_lo[f][s]);
+          af[1] = mul_bf16x2(bits[1], sc_hi[f][s]);
+          af[2] = mul_bf16x2(bits[2], sc_lo[f][s]);
+          af[3] = mul_bf16x2(bits[3], sc_hi[f][s]);
         } else {
           const uint4 v = *reinterpret_cast<const uint4*>(ws + (2 * warp + f) * RT::kFragBytes +
                                                           lane * 64 + s * 16);
