@@ -121,17 +121,20 @@ struct GemmConfig {
   static constexpr int kWBytes = kTileFrags * RT::kFragBytes;
   static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;
   static constexpr int kBBytes = kN * kBRow * 2;
-  static constexpr int kStageBytes = kWBytes + kSBytes + kBBytes;
-  static constexpr int kStages = RT::kFourBit ? (kN <= 16 ? 8 : 5) : (kN <= 16 ? 5 : 4);
-  static constexpr int kEpiBytes = kN * (kFc1TileH + 4) * 4 > kN*(kTileRows + 8) * 2
-                                       ? kN*(kFc1TileH + 4) * 4
-                                       : kN*(kTileRows + 8) * 2;
+  static constexpr int kSubBytes = kWBytes + kSBytes + kBBytes;  // one K-chunk
+  static constexpr int kStageBytes = kKSplit * kSubBytes;
+  static constexpr int kStages = RT::kFourBit ? (kN <= 16 ? 6 : 4) : (kN <= 16 ? 4 : 3);
+  static constexpr int kRedBytes = kMWarps * 32 * 2 * kNF * 4 * 4;  // K-group 1's accumulators
+  static constexpr int kTileBytes = kN * (kFc1TileH + 4) * 4 > kN*(kTileRows + 8) * 2
+                                        ? kN*(kFc1TileH + 4) * 4
+                                        : kN*(kTileRows + 8) * 2;
+  static constexpr int kEpiBytes = kRedBytes > kTileBytes ? kRedBytes : kTileBytes;
   static constexpr int kPipeBytes = kStages * kStageBytes;
   static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
 };
 
 template <Recipe R, int kN, bool kFc1>
-__global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const ForwardArgs a) {
   using C = GemmConfig<R, kN>;
   using RT = typename C::RT;
   constexpr int kNF = C::kNF;
@@ -145,11 +148,13 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   if (tile_idx >= *a.num_tiles) return;
   const TileInfo tile = a.tiles[tile_idx];
   const int mtile = blockIdx.y;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int warp = (tid >> 5) % kMWarps, kgroup = (tid >> 5) / kMWarps;
   const int g = lane >> 2, t4 = lane & 3;
 
   const int K_dim = kFc1 ? a.H : a.I;
   const int chunks = K_dim / kKChunk;
+  const int stages_total = (chunks + kKSplit - 1) / kKSplit;
   const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
   const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
@@ -184,33 +189,41 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   __syncthreads();
 
   const uint16_t* bsrc = kFc1 ? a.xq : a.h;
-  auto stage_w = [&](int s) { return smem + s * C::kStageBytes; };
-  auto stage_s = [&](int s) { return smem + s * C::kStageBytes + C::kWBytes; };
-  auto stage_b = [&](int s) {
-    return reinterpret_cast<uint16_t*>(smem + s * C::kStageBytes + C::kWBytes + C::kSBytes);
+  // Sub-stage (slot, k) holds K-chunk kKSplit * stage + k.
+  auto sub = [&](int slot, int k) { return smem + slot * C::kStageBytes + k * C::kSubBytes; };
+  auto stage_w = [&](int slot, int k) { return sub(slot, k); };
+  auto stage_s = [&](int slot, int k) { return sub(slot, k) + C::kWBytes; };
+  auto stage_b = [&](int slot, int k) {
+    return reinterpret_cast<uint16_t*>(sub(slot, k) + C::kWBytes + C::kSBytes);
   };
 
-  auto load_stage = [&](int slot, int chunk) {
-    const uint8_t* wsrc = wbase + size_t(chunk) * C::kWBytes;
-    unsigned char* wdst = stage_w(slot);
+  auto load_stage = [&](int slot, int stage) {
 #pragma unroll
-    for (int i = 0; i < C::kWBytes / 16 / kThreads; ++i) {
-      const int p = tid + i * kThreads;
-      cp_async16(wdst + p * 16, wsrc + p * 16, true);
-    }
-    if constexpr (RT::kFourBit) {
-      if (tid < C::kSBytes / 16)
-        cp_async16(stage_s(slot) + tid * 16, sbase + size_t(chunk) * C::kSBytes + tid * 16, true);
-    }
-    uint16_t* bdst = stage_b(slot);
+    for (int k = 0; k < kKSplit; ++k) {
+      const int chunk = stage * kKSplit + k;
+      if (chunk >= chunks) break;
+      const uint8_t* wsrc = wbase + size_t(chunk) * C::kWBytes;
+      unsigned char* wdst = stage_w(slot, k);
 #pragma unroll
-    for (int i = 0; i < (kN * 8 + kThreads - 1) / kThreads; ++i) {
-      const int p = tid + i * kThreads;
-      if (p < kN * 8) {
-        const int row = p >> 3, c16 = p & 7;
-        const bool live = row < tile.rows;
-        const uint16_t* src = bsrc + (live ? brow_off[row] : 0) + chunk * kKChunk + c16 * 8;
-        cp_async16(bdst + row * C::kBRow + c16 * 8, src, live);
+      for (int i = 0; i < (C::kWBytes / 16 + kThreads - 1) / kThreads; ++i) {
+        const int p = tid + i * kThreads;
+        if (p < C::kWBytes / 16) cp_async16(wdst + p * 16, wsrc + p * 16, true);
+      }
+      if constexpr (RT::kFourBit) {
+        if (tid < C::kSBytes / 16)
+          cp_async16(stage_s(slot, k) + tid * 16, sbase + size_t(chunk) * C::kSBytes + tid * 16,
+                     true);
+      }
+      uint16_t* bdst = stage_b(slot, k);
+#pragma unroll
+      for (int i = 0; i < (kN * 8 + kThreads - 1) / kThreads; ++i) {
+        const int p = tid + i * kThreads;
+        if (p < kN * 8) {
+          const int row = p >> 3, c16 = p & 7;
+          const bool live = row < tile.rows;
+          const uint16_t* src = bsrc + (live ? brow_off[row] : 0) + chunk * kKChunk + c16 * 8;
+          cp_async16(bdst + row * C::kBRow + c16 * 8, src, live);
+        }
       }
     }
   };
@@ -225,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < chunks) load_stage(s, s);
+    if (s < stages_total) load_stage(s, s);
     cp_async_commit();
   }
 
@@ -234,17 +247,18 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   const int lm_row = (lane & 7) + ((lane >> 4) << 3);
   const int lm_col = ((lane >> 3) & 1) * 8;
 
-  for (int chunk = 0; chunk < chunks; ++chunk) {
+  for (int stage = 0; stage < stages_total; ++stage) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
     {
-      const int next = chunk + C::kStages - 1;
-      if (next < chunks) load_stage(next % C::kStages, next);
+      const int next = stage + C::kStages - 1;
+      if (next < stages_total) load_stage(next % C::kStages, next);
       cp_async_commit();
     }
-    const int slot = chunk % C::kStages;
-    const unsigned char* ws = stage_w(slot);
-    const uint16_t* bs = stage_b(slot);
+    if (stage * kKSplit + kgroup >= chunks) continue;  // odd chunk count: the tail stage
+    const int slot = stage % C::kStages;
+    const unsigned char* ws = stage_w(slot, kgroup);
+    const uint16_t* bs = stage_b(slot, kgroup);
 
     // This warp's two fragments: 2*warp and 2*warp+1.
     uint4 wq[2];
@@ -254,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
       for (int f = 0; f < 2; ++f) {
         const int frag = 2 * warp + f;
         wq[f] = *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 16);
-        const unsigned char* ss = stage_s(slot) + frag * RT::kScaleBytes;
+        const unsigned char* ss = stage_s(slot, kgroup) + frag * RT::kScaleBytes;
         if constexpr (RT::kNvScale) {
           const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
           const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
@@ -313,7 +327,31 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
     }
   }
   cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
+  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue area
+
+  // K-group 1 hands its partial sums to K-group 0 (acc0 + acc1, the same order every time).
+  {
+    float* red = reinterpret_cast<float*>(smem);
+    const int slot0 = (warp * 32 + lane) * (2 * kNF * 4);
+    if (kgroup == 1) {
+#pragma unroll
+      for (int f = 0; f < 2; ++f)
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) red[slot0 + (f * kNF + nf) * 4 + i] = acc[f][nf][i];
+    }
+    __syncthreads();
+    if (kgroup == 0) {
+#pragma unroll
+      for (int f = 0; f < 2; ++f)
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[f][nf][i] += red[slot0 + (f * kNF + nf) * 4 + i];
+    }
+    __syncthreads();  // the reduction area becomes the epilogue tile
+  }
 
   const int e = tile.expert;
   if constexpr (kFc1) {
@@ -321,24 +359,25 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
     float* hs = reinterpret_cast<float*>(smem);
     constexpr int kHS = kFc1TileH + 4;
     const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
+    if (kgroup == 0)
 #pragma unroll
-    for (int nf = 0; nf < kNF; ++nf)
+      for (int nf = 0; nf < kNF; ++nf)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        const int row = warp * 16 + g + (i >> 1) * 8;
-        float gv = acc[0][nf][i] * RT::kAccScale, uv = acc[1][nf][i] * RT::kAccScale;
-        if constexpr (R == Recipe::kNvfp4) {
-          gv = fmt::mul_rn(alpha, gv);
-          uv = fmt::mul_rn(alpha, uv);
-        } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-          gv = fmt::round_to_bf16(gv);
-          uv = fmt::round_to_bf16(uv);
+        for (int i = 0; i < 4; ++i) {
+          const int col = nf * 8 + 2 * t4 + (i & 1);
+          const int row = warp * 16 + g + (i >> 1) * 8;
+          float gv = acc[0][nf][i] * RT::kAccScale, uv = acc[1][nf][i] * RT::kAccScale;
+          if constexpr (R == Recipe::kNvfp4) {
+            gv = fmt::mul_rn(alpha, gv);
+            uv = fmt::mul_rn(alpha, uv);
+          } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+            gv = fmt::round_to_bf16(gv);
+            uv = fmt::round_to_bf16(uv);
+          }
+          float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
+          if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+          hs[col * kHS + row] = hv;
         }
-        float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
-        if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
-        hs[col * kHS + row] = hv;
-      }
     __syncthreads();
     uint16_t* hdst = a.h + size_t(tile.start) * a.I + mtile * kFc1TileH;
     if constexpr (R == Recipe::kNvfp4) {
@@ -401,18 +440,19 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
     constexpr int kYS = kTileRows + 8;
     const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
+    if (kgroup == 0)
 #pragma unroll
-    for (int f = 0; f < 2; ++f)
+      for (int f = 0; f < 2; ++f)
 #pragma unroll
-      for (int nf = 0; nf < kNF; ++nf)
+        for (int nf = 0; nf < kNF; ++nf)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = nf * 8 + 2 * t4 + (i & 1);
-          const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
-          float v = acc[f][nf][i] * RT::kAccScale;
-          if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
-          ys[col * kYS + row] = fmt::float_to_bf16(v);
-        }
+          for (int i = 0; i < 4; ++i) {
+            const int col = nf * 8 + 2 * t4 + (i & 1);
+            const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
+            float v = acc[f][nf][i] * RT::kAccScale;
+            if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
+            ys[col * kYS + row] = fmt::float_to_bf16(v);
+          }
     __syncthreads();
     const int row0 = mtile * kTileRows;
     for (int it = tid; it < kN * 16; it += kThreads) {
