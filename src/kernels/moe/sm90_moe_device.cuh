@@ -189,41 +189,53 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
   __syncthreads();
 
   const uint16_t* bsrc = kFc1 ? a.xq : a.h;
-  // Sub-stage (slot, k) holds K-chunk kKSplit * stage + k.
-  auto sub = [&](int slot, int k) { return smem + slot * C::kStageBytes + k * C::kSubBytes; };
-  auto stage_w = [&](int slot, int k) { return sub(slot, k); };
-  auto stage_s = [&](int slot, int k) { return sub(slot, k) + C::kWBytes; };
-  auto stage_b = [&](int slot, int k) {
-    return reinterpret_cast<uint16_t*>(sub(slot, k) + C::kWBytes + C::kSBytes);
-  };
+  // Stage layout: [W of chunks 2s, 2s+1][their scales][their B tiles]; W and scales of the two
+  // chunks are contiguous in global memory too, so each thread copies fixed pieces whose
+  // addresses only advance by a constant per stage (no per-stage index math).
+  constexpr int kWPieces = kKSplit * C::kWBytes / 16, kSPieces = kKSplit * C::kSBytes / 16;
+  constexpr int kBPieces = kKSplit * kN * 8;
+  constexpr int kWPer = (kWPieces + kThreads - 1) / kThreads;
+  constexpr int kBPer = (kBPieces + kThreads - 1) / kThreads;
+  constexpr int kSOff = kKSplit * C::kWBytes, kBOff = kSOff + kKSplit * C::kSBytes;
+  const uint32_t smem_base = smem_addr(smem);
+  const uint8_t* w_src = wbase + tid * 16;
+  const uint8_t* s_src = RT::kFourBit ? sbase + tid * 16 : nullptr;
+  const bool s_mine = tid < kSPieces;
+  uint32_t b_off[kBPer];  // element offset of this thread's B piece; ~0u for a padding row
+  uint32_t b_dst[kBPer];
+#pragma unroll
+  for (int i = 0; i < kBPer; ++i) {
+    const int q = tid + i * kThreads;
+    const int k = q / (kN * 8), row = (q / 8) % kN, c16 = q % 8;
+    const bool live = q < kBPieces && row < tile.rows;
+    b_off[i] = live ? uint32_t(brow_off[row] + k * kKChunk + c16 * 8) : ~0u;
+    b_dst[i] = kBOff + k * C::kBBytes + (row * C::kBRow + c16 * 8) * 2;
+  }
 
+  // Loads stage `stage` into `slot`; chunks past the end (odd count) are skipped.
   auto load_stage = [&](int slot, int stage) {
+    const uint32_t base = smem_base + slot * C::kStageBytes;
+    const int valid = chunks - stage * kKSplit;  // >= 1
 #pragma unroll
-    for (int k = 0; k < kKSplit; ++k) {
-      const int chunk = stage * kKSplit + k;
-      if (chunk >= chunks) break;
-      const uint8_t* wsrc = wbase + size_t(chunk) * C::kWBytes;
-      unsigned char* wdst = stage_w(slot, k);
+    for (int i = 0; i < kWPer; ++i) {
+      const int p = tid + i * kThreads;
+      if (p < kWPieces && p * 16 < valid * C::kWBytes)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + p * 16),
+                     "l"(w_src + size_t(stage) * kKSplit * C::kWBytes + i * kThreads * 16));
+    }
+    if constexpr (RT::kFourBit) {
+      if (s_mine && tid * 16 < valid * C::kSBytes)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kSOff + tid * 16),
+                     "l"(s_src + size_t(stage) * kKSplit * C::kSBytes));
+    }
 #pragma unroll
-      for (int i = 0; i < (C::kWBytes / 16 + kThreads - 1) / kThreads; ++i) {
-        const int p = tid + i * kThreads;
-        if (p < C::kWBytes / 16) cp_async16(wdst + p * 16, wsrc + p * 16, true);
-      }
-      if constexpr (RT::kFourBit) {
-        if (tid < C::kSBytes / 16)
-          cp_async16(stage_s(slot, k) + tid * 16, sbase + size_t(chunk) * C::kSBytes + tid * 16,
-                     true);
-      }
-      uint16_t* bdst = stage_b(slot, k);
-#pragma unroll
-      for (int i = 0; i < (kN * 8 + kThreads - 1) / kThreads; ++i) {
-        const int p = tid + i * kThreads;
-        if (p < kN * 8) {
-          const int row = p >> 3, c16 = p & 7;
-          const bool live = row < tile.rows;
-          const uint16_t* src = bsrc + (live ? brow_off[row] : 0) + chunk * kKChunk + c16 * 8;
-          cp_async16(bdst + row * C::kBRow + c16 * 8, src, live);
-        }
+    for (int i = 0; i < kBPer; ++i) {
+      const int q = tid + i * kThreads;
+      if (q < kBPieces && q / (kN * 8) < valid) {
+        const bool live = b_off[i] != ~0u;
+        const uint16_t* src = bsrc + (live ? b_off[i] + stage * kKSplit * kKChunk : 0u);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + b_dst[i]),
+                     "l"(src), "r"(live ? 16 : 0));
       }
     }
   };
@@ -247,18 +259,24 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
   const int lm_row = (lane & 7) + ((lane >> 4) << 3);
   const int lm_col = ((lane >> 3) & 1) * 8;
 
+  int comp_slot = 0, load_slot = C::kStages - 1;
   for (int stage = 0; stage < stages_total; ++stage) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
     {
       const int next = stage + C::kStages - 1;
-      if (next < stages_total) load_stage(next % C::kStages, next);
+      if (next < stages_total) load_stage(load_slot, next);
       cp_async_commit();
+      load_slot = load_slot + 1 == C::kStages ? 0 : load_slot + 1;
     }
+    const int slot = comp_slot;
+    comp_slot = comp_slot + 1 == C::kStages ? 0 : comp_slot + 1;
     if (stage * kKSplit + kgroup >= chunks) continue;  // odd chunk count: the tail stage
-    const int slot = stage % C::kStages;
-    const unsigned char* ws = stage_w(slot, kgroup);
-    const uint16_t* bs = stage_b(slot, kgroup);
+    const unsigned char* stage_base = smem + slot * C::kStageBytes;
+    const unsigned char* ws = stage_base + kgroup * C::kWBytes;
+    const unsigned char* ss_base = stage_base + kSOff + kgroup * C::kSBytes;
+    const uint16_t* bs =
+        reinterpret_cast<const uint16_t*>(stage_base + kBOff + kgroup * C::kBBytes);
 
     // This warp's two fragments: 2*warp and 2*warp+1.
     uint4 wq[2];
@@ -268,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
       for (int f = 0; f < 2; ++f) {
         const int frag = 2 * warp + f;
         wq[f] = *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 16);
-        const unsigned char* ss = stage_s(slot, kgroup) + frag * RT::kScaleBytes;
+        const unsigned char* ss = ss_base + frag * RT::kScaleBytes;
         if constexpr (RT::kNvScale) {
           const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
           const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
