@@ -122,9 +122,15 @@ struct GemmConfig {
   static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;
   static constexpr int kBBytes = kN * kBRow * 2;
   static constexpr int kSubBytes = kWBytes + kSBytes + kBBytes;  // one K-chunk
-  static constexpr int kStageBytes = kKSplit * kSubBytes;
-  static constexpr int kStages = RT::kFourBit ? (kN <= 16 ? 6 : 4) : (kN <= 16 ? 4 : 3);
-  static constexpr int kRedBytes = kMWarps * 32 * 2 * kNF * 4 * 4;  // K-group 1's accumulators
+  // Decode tiles (tile_n <= 16): every warp streams its own pipeline ([its 2 W fragments][their
+  // scales][the B tile]) and synchronizes only with itself; prefill tiles share one CTA
+  // pipeline (B is 4x larger there and worth sharing).
+  static constexpr bool kWarpPipe = kN <= 16;
+  static constexpr int kWarpW = 2 * RT::kFragBytes, kWarpS = 2 * RT::kScaleBytes;
+  static constexpr int kWarpStage = kWarpW + kWarpS + kBBytes;
+  static constexpr int kStageBytes = kWarpPipe ? kMWarps * kWarpStage : kKSplit * kSubBytes;
+  static constexpr int kStages = kWarpPipe ? (RT::kFourBit ? 8 : 5) : (RT::kFourBit ? 5 : 4);
+  static constexpr int kRedBytes = kKSplit > 1 ? kMWarps * 32 * 2 * kNF * 4 * 4 : 0;
   static constexpr int kTileBytes = kN * (kFc1TileH + 4) * 4 > kN*(kTileRows + 8) * 2
                                         ? kN*(kFc1TileH + 4) * 4
                                         : kN*(kTileRows + 8) * 2;
@@ -189,57 +195,6 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
   __syncthreads();
 
   const uint16_t* bsrc = kFc1 ? a.xq : a.h;
-  // Stage layout: [W of chunks 2s, 2s+1][their scales][their B tiles]; W and scales of the two
-  // chunks are contiguous in global memory too, so each thread copies fixed pieces whose
-  // addresses only advance by a constant per stage (no per-stage index math).
-  constexpr int kWPieces = kKSplit * C::kWBytes / 16, kSPieces = kKSplit * C::kSBytes / 16;
-  constexpr int kBPieces = kKSplit * kN * 8;
-  constexpr int kWPer = (kWPieces + kThreads - 1) / kThreads;
-  constexpr int kBPer = (kBPieces + kThreads - 1) / kThreads;
-  constexpr int kSOff = kKSplit * C::kWBytes, kBOff = kSOff + kKSplit * C::kSBytes;
-  const uint32_t smem_base = smem_addr(smem);
-  const uint8_t* w_src = wbase + tid * 16;
-  const uint8_t* s_src = RT::kFourBit ? sbase + tid * 16 : nullptr;
-  const bool s_mine = tid < kSPieces;
-  uint32_t b_off[kBPer];  // element offset of this thread's B piece; ~0u for a padding row
-  uint32_t b_dst[kBPer];
-#pragma unroll
-  for (int i = 0; i < kBPer; ++i) {
-    const int q = tid + i * kThreads;
-    const int k = q / (kN * 8), row = (q / 8) % kN, c16 = q % 8;
-    const bool live = q < kBPieces && row < tile.rows;
-    b_off[i] = live ? uint32_t(brow_off[row] + k * kKChunk + c16 * 8) : ~0u;
-    b_dst[i] = kBOff + k * C::kBBytes + (row * C::kBRow + c16 * 8) * 2;
-  }
-
-  // Loads stage `stage` into `slot`; chunks past the end (odd count) are skipped.
-  auto load_stage = [&](int slot, int stage) {
-    const uint32_t base = smem_base + slot * C::kStageBytes;
-    const int valid = chunks - stage * kKSplit;  // >= 1
-#pragma unroll
-    for (int i = 0; i < kWPer; ++i) {
-      const int p = tid + i * kThreads;
-      if (p < kWPieces && p * 16 < valid * C::kWBytes)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + p * 16),
-                     "l"(w_src + size_t(stage) * kKSplit * C::kWBytes + i * kThreads * 16));
-    }
-    if constexpr (RT::kFourBit) {
-      if (s_mine && tid * 16 < valid * C::kSBytes)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kSOff + tid * 16),
-                     "l"(s_src + size_t(stage) * kKSplit * C::kSBytes));
-    }
-#pragma unroll
-    for (int i = 0; i < kBPer; ++i) {
-      const int q = tid + i * kThreads;
-      if (q < kBPieces && q / (kN * 8) < valid) {
-        const bool live = b_off[i] != ~0u;
-        const uint16_t* src = bsrc + (live ? b_off[i] + stage * kKSplit * kKChunk : 0u);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + b_dst[i]),
-                     "l"(src), "r"(live ? 16 : 0));
-      }
-    }
-  };
-
   float acc[2][kNF][4];
 #pragma unroll
   for (int f = 0; f < 2; ++f)
@@ -248,45 +203,20 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[f][n][i] = 0.0f;
 
-#pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < stages_total) load_stage(s, s);
-    cp_async_commit();
-  }
-
   // ldmatrix row address of this lane within a B stage: matrices (nf, k 0-7), (nf, k 8-15),
   // (nf+1, k 0-7), (nf+1, k 8-15).
   const int lm_row = (lane & 7) + ((lane >> 4) << 3);
   const int lm_col = ((lane >> 3) & 1) * 8;
 
-  int comp_slot = 0, load_slot = C::kStages - 1;
-  for (int stage = 0; stage < stages_total; ++stage) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();
-    {
-      const int next = stage + C::kStages - 1;
-      if (next < stages_total) load_stage(load_slot, next);
-      cp_async_commit();
-      load_slot = load_slot + 1 == C::kStages ? 0 : load_slot + 1;
-    }
-    const int slot = comp_slot;
-    comp_slot = comp_slot + 1 == C::kStages ? 0 : comp_slot + 1;
-    if (stage * kKSplit + kgroup >= chunks) continue;  // odd chunk count: the tail stage
-    const unsigned char* stage_base = smem + slot * C::kStageBytes;
-    const unsigned char* ws = stage_base + kgroup * C::kWBytes;
-    const unsigned char* ss_base = stage_base + kSOff + kgroup * C::kSBytes;
-    const uint16_t* bs =
-        reinterpret_cast<const uint16_t*>(stage_base + kBOff + kgroup * C::kBBytes);
-
-    // This warp's two fragments: 2*warp and 2*warp+1.
+  // One K-chunk of this warp: wf = its 2 weight fragments, sf = their scales, bs = the B tile.
+  auto compute_chunk = [&](const unsigned char* wf, const unsigned char* sf, const uint16_t* bs) {
     uint4 wq[2];
     uint32_t sc_lo[2][4], sc_hi[2][4];
     if constexpr (RT::kFourBit) {
 #pragma unroll
       for (int f = 0; f < 2; ++f) {
-        const int frag = 2 * warp + f;
-        wq[f] = *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 16);
-        const unsigned char* ss = ss_base + frag * RT::kScaleBytes;
+        wq[f] = *reinterpret_cast<const uint4*>(wf + f * RT::kFragBytes + lane * 16);
+        const unsigned char* ss = sf + f * RT::kScaleBytes;
         if constexpr (RT::kNvScale) {
           const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
           const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
@@ -332,8 +262,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
           af[2] = mul_bf16x2(bits[2], sc_lo[f][s]);
           af[3] = mul_bf16x2(bits[3], sc_hi[f][s]);
         } else {
-          const uint4 v = *reinterpret_cast<const uint4*>(ws + (2 * warp + f) * RT::kFragBytes +
-                                                          lane * 64 + s * 16);
+          const uint4 v =
+              *reinterpret_cast<const uint4*>(wf + f * RT::kFragBytes + lane * 64 + s * 16);
           af[0] = v.x;
           af[1] = v.y;
           af[2] = v.z;
@@ -343,12 +273,153 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
         for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, b[nf][0], b[nf][1]);
       }
     }
+  };
+
+  if constexpr (!C::kWarpPipe) {
+    // Stage layout: [W of chunks 2s, 2s+1][their scales][their B tiles]; W and scales of the two
+    // chunks are contiguous in global memory too, so each thread copies fixed pieces whose
+    // addresses only advance by a constant per stage (no per-stage index math).
+    constexpr int kWPieces = kKSplit * C::kWBytes / 16, kSPieces = kKSplit * C::kSBytes / 16;
+    constexpr int kBPieces = kKSplit * kN * 8;
+    constexpr int kWPer = (kWPieces + kThreads - 1) / kThreads;
+    constexpr int kBPer = (kBPieces + kThreads - 1) / kThreads;
+    constexpr int kSOff = kKSplit * C::kWBytes, kBOff = kSOff + kKSplit * C::kSBytes;
+    const uint32_t smem_base = smem_addr(smem);
+    const uint8_t* w_src = wbase + tid * 16;
+    const uint8_t* s_src = RT::kFourBit ? sbase + tid * 16 : nullptr;
+    const bool s_mine = tid < kSPieces;
+    uint32_t b_off[kBPer];  // element offset of this thread's B piece; ~0u for a padding row
+    uint32_t b_dst[kBPer];
+#pragma unroll
+    for (int i = 0; i < kBPer; ++i) {
+      const int q = tid + i * kThreads;
+      const int k = q / (kN * 8), row = (q / 8) % kN, c16 = q % 8;
+      const bool live = q < kBPieces && row < tile.rows;
+      b_off[i] = live ? uint32_t(brow_off[row] + k * kKChunk + c16 * 8) : ~0u;
+      b_dst[i] = kBOff + k * C::kBBytes + (row * C::kBRow + c16 * 8) * 2;
+    }
+
+    // Loads stage `stage` into `slot`; chunks past the end (odd count) are skipped.
+    auto load_stage = [&](int slot, int stage) {
+      const uint32_t base = smem_base + slot * C::kStageBytes;
+      const int valid = chunks - stage * kKSplit;  // >= 1
+#pragma unroll
+      for (int i = 0; i < kWPer; ++i) {
+        const int p = tid + i * kThreads;
+        if (p < kWPieces && p * 16 < valid * C::kWBytes)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + p * 16),
+                       "l"(w_src + size_t(stage) * kKSplit * C::kWBytes + i * kThreads * 16));
+      }
+      if constexpr (RT::kFourBit) {
+        if (s_mine && tid * 16 < valid * C::kSBytes)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kSOff + tid * 16),
+                       "l"(s_src + size_t(stage) * kKSplit * C::kSBytes));
+      }
+#pragma unroll
+      for (int i = 0; i < kBPer; ++i) {
+        const int q = tid + i * kThreads;
+        if (q < kBPieces && q / (kN * 8) < valid) {
+          const bool live = b_off[i] != ~0u;
+          const uint16_t* src = bsrc + (live ? b_off[i] + stage * kKSplit * kKChunk : 0u);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + b_dst[i]),
+                       "l"(src), "r"(live ? 16 : 0));
+        }
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (s < stages_total) load_stage(s, s);
+      cp_async_commit();
+    }
+
+    int comp_slot = 0, load_slot = C::kStages - 1;
+    for (int stage = 0; stage < stages_total; ++stage) {
+      cp_async_wait<C::kStages - 2>();
+      __syncthreads();
+      {
+        const int next = stage + C::kStages - 1;
+        if (next < stages_total) load_stage(load_slot, next);
+        cp_async_commit();
+        load_slot = load_slot + 1 == C::kStages ? 0 : load_slot + 1;
+      }
+      const int slot = comp_slot;
+      comp_slot = comp_slot + 1 == C::kStages ? 0 : comp_slot + 1;
+      if (stage * kKSplit + kgroup >= chunks) continue;  // odd chunk count: the tail stage
+      const unsigned char* stage_base = smem + slot * C::kStageBytes;
+      const unsigned char* ws = stage_base + kgroup * C::kWBytes;
+      const unsigned char* ss_base = stage_base + kSOff + kgroup * C::kSBytes;
+      const uint16_t* bs =
+          reinterpret_cast<const uint16_t*>(stage_base + kBOff + kgroup * C::kBBytes);
+
+      compute_chunk(ws + warp * C::kWarpW, ss_base + warp * C::kWarpS, bs);
+    }
+  } else {
+    // Per-warp pipeline: this warp's fragments, their scales and its own copy of the live B
+    // rows (padding rows are never loaded: their columns are discarded). Only __syncwarp.
+    const uint32_t wbase_smem = smem_addr(smem) + warp * C::kWarpStage * C::kStages;
+    constexpr int kWPerLane = C::kWarpW / 16 / 32;
+    constexpr int kSLanes = C::kWarpS / 16;
+    constexpr int kBPerLane = kN * 8 / 32;
+    const uint8_t* w_src = wbase + warp * C::kWarpW + lane * 16;
+    const uint8_t* s_src = RT::kFourBit ? sbase + warp * C::kWarpS + lane * 16 : nullptr;
+    uint32_t b_off[kBPerLane];
+#pragma unroll
+    for (int i = 0; i < kBPerLane; ++i) {
+      const int q = lane + 32 * i, row = q >> 3;
+      b_off[i] = row < tile.rows ? uint32_t(brow_off[row] + (q & 7) * 8) : ~0u;
+    }
+    auto load_chunk = [&](int slot, int chunk) {
+      const uint32_t base = wbase_smem + slot * C::kWarpStage;
+#pragma unroll
+      for (int i = 0; i < kWPerLane; ++i)
+        asm volatile(
+            "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + (lane + 32 * i) * 16),
+            "l"(w_src + size_t(chunk) * C::kWBytes + i * 512));
+      if constexpr (RT::kFourBit) {
+        if (lane < kSLanes)
+          asm volatile(
+              "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + C::kWarpW + lane * 16),
+              "l"(s_src + size_t(chunk) * C::kSBytes));
+      }
+#pragma unroll
+      for (int i = 0; i < kBPerLane; ++i) {
+        if (b_off[i] != ~0u) {
+          const int q = lane + 32 * i;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                           base + C::kWarpW + C::kWarpS + ((q >> 3) * C::kBRow + (q & 7) * 8) * 2),
+                       "l"(bsrc + b_off[i] + chunk * kKChunk));
+        }
+      }
+    };
+#pragma unroll
+    for (int c = 0; c < C::kStages - 1; ++c) {
+      if (c < chunks) load_chunk(c, c);
+      cp_async_commit();
+    }
+    const unsigned char* wsmem = smem + warp * C::kWarpStage * C::kStages;
+    int comp_slot = 0, load_slot = C::kStages - 1;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      cp_async_wait<C::kStages - 2>();
+      __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
+      {
+        const int next = chunk + C::kStages - 1;
+        if (next < chunks) load_chunk(load_slot, next);
+        cp_async_commit();
+        load_slot = load_slot + 1 == C::kStages ? 0 : load_slot + 1;
+      }
+      const unsigned char* st = wsmem + comp_slot * C::kWarpStage;
+      comp_slot = comp_slot + 1 == C::kStages ? 0 : comp_slot + 1;
+      compute_chunk(st, st + C::kWarpW,
+                    reinterpret_cast<const uint16_t*>(st + C::kWarpW + C::kWarpS));
+      __syncwarp();  // done reading this slot before any lane refills it
+    }
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue area
 
   // K-group 1 hands its partial sums to K-group 0 (acc0 + acc1, the same order every time).
-  {
+  if constexpr (kKSplit > 1) {
     float* red = reinterpret_cast<float*>(smem);
     const int slot0 = (warp * 32 + lane) * (2 * kNF * 4);
     if (kgroup == 1) {
