@@ -121,15 +121,10 @@ struct GemmConfig {
   static constexpr int kWBytes = kTileFrags * RT::kFragBytes;
   static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;
   static constexpr int kBBytes = kN * kBRow * 2;
-  static constexpr int kSubBytes = kWBytes + kSBytes + kBBytes;  // one K-chunk
-  // Decode tiles (tile_n <= 16): every warp streams its own pipeline ([its 2 W fragments][their
-  // scales][the B tile]) and synchronizes only with itself; prefill tiles share one CTA
-  // pipeline (B is 4x larger there and worth sharing).
-  static constexpr bool kWarpPipe = kN <= 16;
-  static constexpr int kWarpW = 2 * RT::kFragBytes, kWarpS = 2 * RT::kScaleBytes;
-  static constexpr int kWarpStage = kWarpW + kWarpS + kBBytes;
-  static constexpr int kStageBytes = kWarpPipe ? kMWarps * kWarpStage : kKSplit * kSubBytes;
-  static constexpr int kStages = kWarpPipe ? (RT::kFourBit ? 8 : 5) : (RT::kFourBit ? 5 : 4);
+  static constexpr int kSubBytes = kWBytes + kSBytes + kBBytes;                    // one K-chunk
+  static constexpr int kWarpW = 2 * RT::kFragBytes, kWarpS = 2 * RT::kScaleBytes;  // per warp
+  static constexpr int kStageBytes = kKSplit * kSubBytes;
+  static constexpr int kStages = RT::kFourBit ? (kN <= 16 ? 8 : 5) : (kN <= 16 ? 5 : 4);
   static constexpr int kRedBytes = kKSplit > 1 ? kMWarps * 32 * 2 * kNF * 4 * 4 : 0;
   static constexpr int kTileBytes = kN * (kFc1TileH + 4) * 4 > kN*(kTileRows + 8) * 2
                                         ? kN*(kFc1TileH + 4) * 4
@@ -275,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
     }
   };
 
-  if constexpr (!C::kWarpPipe) {
+  {
     // Stage layout: [W of chunks 2s, 2s+1][their scales][their B tiles]; W and scales of the two
     // chunks are contiguous in global memory too, so each thread copies fixed pieces whose
     // addresses only advance by a constant per stage (no per-stage index math).
@@ -353,66 +348,6 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
           reinterpret_cast<const uint16_t*>(stage_base + kBOff + kgroup * C::kBBytes);
 
       compute_chunk(ws + warp * C::kWarpW, ss_base + warp * C::kWarpS, bs);
-    }
-  } else {
-    // Per-warp pipeline: this warp's fragments, their scales and its own copy of the live B
-    // rows (padding rows are never loaded: their columns are discarded). Only __syncwarp.
-    const uint32_t wbase_smem = smem_addr(smem) + warp * C::kWarpStage * C::kStages;
-    constexpr int kWPerLane = C::kWarpW / 16 / 32;
-    constexpr int kSLanes = C::kWarpS / 16;
-    constexpr int kBPerLane = kN * 8 / 32;
-    const uint8_t* w_src = wbase + warp * C::kWarpW + lane * 16;
-    const uint8_t* s_src = RT::kFourBit ? sbase + warp * C::kWarpS + lane * 16 : nullptr;
-    uint32_t b_off[kBPerLane];
-#pragma unroll
-    for (int i = 0; i < kBPerLane; ++i) {
-      const int q = lane + 32 * i, row = q >> 3;
-      b_off[i] = row < tile.rows ? uint32_t(brow_off[row] + (q & 7) * 8) : ~0u;
-    }
-    auto load_chunk = [&](int slot, int chunk) {
-      const uint32_t base = wbase_smem + slot * C::kWarpStage;
-#pragma unroll
-      for (int i = 0; i < kWPerLane; ++i)
-        asm volatile(
-            "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + (lane + 32 * i) * 16),
-            "l"(w_src + size_t(chunk) * C::kWBytes + i * 512));
-      if constexpr (RT::kFourBit) {
-        if (lane < kSLanes)
-          asm volatile(
-              "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + C::kWarpW + lane * 16),
-              "l"(s_src + size_t(chunk) * C::kSBytes));
-      }
-#pragma unroll
-      for (int i = 0; i < kBPerLane; ++i) {
-        if (b_off[i] != ~0u) {
-          const int q = lane + 32 * i;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                           base + C::kWarpW + C::kWarpS + ((q >> 3) * C::kBRow + (q & 7) * 8) * 2),
-                       "l"(bsrc + b_off[i] + chunk * kKChunk));
-        }
-      }
-    };
-#pragma unroll
-    for (int c = 0; c < C::kStages - 1; ++c) {
-      if (c < chunks) load_chunk(c, c);
-      cp_async_commit();
-    }
-    const unsigned char* wsmem = smem + warp * C::kWarpStage * C::kStages;
-    int comp_slot = 0, load_slot = C::kStages - 1;
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      cp_async_wait<C::kStages - 2>();
-      __syncwarp();  // every lane's copies of this chunk are visible to the whole warp
-      {
-        const int next = chunk + C::kStages - 1;
-        if (next < chunks) load_chunk(load_slot, next);
-        cp_async_commit();
-        load_slot = load_slot + 1 == C::kStages ? 0 : load_slot + 1;
-      }
-      const unsigned char* st = wsmem + comp_slot * C::kWarpStage;
-      comp_slot = comp_slot + 1 == C::kStages ? 0 : comp_slot + 1;
-      compute_chunk(st, st + C::kWarpW,
-                    reinterpret_cast<const uint16_t*>(st + C::kWarpW + C::kWarpS));
-      __syncwarp();  // done reading this slot before any lane refills it
     }
   }
   cp_async_wait<0>();
