@@ -21,9 +21,7 @@ constexpr int kKChunk = 64;     // K per pipeline stage
 constexpr int kFragRows = 16;   // rows of one mma.sync A fragment
 constexpr int kTileFrags = 8;   // fragments per M-tile (2 per warp)
 constexpr int kTileRows = 128;  // weight rows per CTA
-constexpr int kMWarps = 4;      // warps along M (2 fragments each)
-constexpr int kKSplit = 2;      // warp groups along K: each takes every other K-chunk
-constexpr int kWarps = kMWarps * kKSplit;
+constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kFc1TileH = 64;  // h columns produced by one fc1 CTA (64 gate + 64 up rows)
 

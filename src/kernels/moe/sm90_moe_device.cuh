@@ -121,21 +121,17 @@ struct GemmConfig {
   static constexpr int kWBytes = kTileFrags * RT::kFragBytes;
   static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;
   static constexpr int kBBytes = kN * kBRow * 2;
-  static constexpr int kSubBytes = kWBytes + kSBytes + kBBytes;                    // one K-chunk
-  static constexpr int kWarpW = 2 * RT::kFragBytes, kWarpS = 2 * RT::kScaleBytes;  // per warp
-  static constexpr int kStageBytes = kKSplit * kSubBytes;
+  static constexpr int kStageBytes = kWBytes + kSBytes + kBBytes;
   static constexpr int kStages = RT::kFourBit ? (kN <= 16 ? 8 : 5) : (kN <= 16 ? 5 : 4);
-  static constexpr int kRedBytes = kKSplit > 1 ? kMWarps * 32 * 2 * kNF * 4 * 4 : 0;
-  static constexpr int kTileBytes = kN * (kFc1TileH + 4) * 4 > kN*(kTileRows + 8) * 2
-                                        ? kN*(kFc1TileH + 4) * 4
-                                        : kN*(kTileRows + 8) * 2;
-  static constexpr int kEpiBytes = kRedBytes > kTileBytes ? kRedBytes : kTileBytes;
+  static constexpr int kEpiBytes = kN * (kFc1TileH + 4) * 4 > kN*(kTileRows + 8) * 2
+                                       ? kN*(kFc1TileH + 4) * 4
+                                       : kN*(kTileRows + 8) * 2;
   static constexpr int kPipeBytes = kStages * kStageBytes;
   static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
 };
 
 template <Recipe R, int kN, bool kFc1>
-__global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardArgs a) {
   using C = GemmConfig<R, kN>;
   using RT = typename C::RT;
   constexpr int kNF = C::kNF;
@@ -149,13 +145,11 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
   if (tile_idx >= *a.num_tiles) return;
   const TileInfo tile = a.tiles[tile_idx];
   const int mtile = blockIdx.y;
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int warp = (tid >> 5) % kMWarps, kgroup = (tid >> 5) / kMWarps;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
 
   const int K_dim = kFc1 ? a.H : a.I;
   const int chunks = K_dim / kKChunk;
-  const int stages_total = (chunks + kKSplit - 1) / kKSplit;
   const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
   const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
@@ -190,6 +184,37 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
   __syncthreads();
 
   const uint16_t* bsrc = kFc1 ? a.xq : a.h;
+  auto stage_w = [&](int s) { return smem + s * C::kStageBytes; };
+  auto stage_s = [&](int s) { return smem + s * C::kStageBytes + C::kWBytes; };
+  auto stage_b = [&](int s) {
+    return reinterpret_cast<uint16_t*>(smem + s * C::kStageBytes + C::kWBytes + C::kSBytes);
+  };
+
+  auto load_stage = [&](int slot, int chunk) {
+    const uint8_t* wsrc = wbase + size_t(chunk) * C::kWBytes;
+    unsigned char* wdst = stage_w(slot);
+#pragma unroll
+    for (int i = 0; i < C::kWBytes / 16 / kThreads; ++i) {
+      const int p = tid + i * kThreads;
+      cp_async16(wdst + p * 16, wsrc + p * 16, true);
+    }
+    if constexpr (RT::kFourBit) {
+      if (tid < C::kSBytes / 16)
+        cp_async16(stage_s(slot) + tid * 16, sbase + size_t(chunk) * C::kSBytes + tid * 16, true);
+    }
+    uint16_t* bdst = stage_b(slot);
+#pragma unroll
+    for (int i = 0; i < (kN * 8 + kThreads - 1) / kThreads; ++i) {
+      const int p = tid + i * kThreads;
+      if (p < kN * 8) {
+        const int row = p >> 3, c16 = p & 7;
+        const bool live = row < tile.rows;
+        const uint16_t* src = bsrc + (live ? brow_off[row] : 0) + chunk * kKChunk + c16 * 8;
+        cp_async16(bdst + row * C::kBRow + c16 * 8, src, live);
+      }
+    }
+  };
+
   float acc[2][kNF][4];
 #pragma unroll
   for (int f = 0; f < 2; ++f)
@@ -198,20 +223,38 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[f][n][i] = 0.0f;
 
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < chunks) load_stage(s, s);
+    cp_async_commit();
+  }
+
   // ldmatrix row address of this lane within a B stage: matrices (nf, k 0-7), (nf, k 8-15),
   // (nf+1, k 0-7), (nf+1, k 8-15).
   const int lm_row = (lane & 7) + ((lane >> 4) << 3);
   const int lm_col = ((lane >> 3) & 1) * 8;
 
-  // One K-chunk of this warp: wf = its 2 weight fragments, sf = their scales, bs = the B tile.
-  auto compute_chunk = [&](const unsigned char* wf, const unsigned char* sf, const uint16_t* bs) {
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    {
+      const int next = chunk + C::kStages - 1;
+      if (next < chunks) load_stage(next % C::kStages, next);
+      cp_async_commit();
+    }
+    const int slot = chunk % C::kStages;
+    const unsigned char* ws = stage_w(slot);
+    const uint16_t* bs = stage_b(slot);
+
+    // This warp's two fragments: 2*warp and 2*warp+1.
     uint4 wq[2];
     uint32_t sc_lo[2][4], sc_hi[2][4];
     if constexpr (RT::kFourBit) {
 #pragma unroll
       for (int f = 0; f < 2; ++f) {
-        wq[f] = *reinterpret_cast<const uint4*>(wf + f * RT::kFragBytes + lane * 16);
-        const unsigned char* ss = sf + f * RT::kScaleBytes;
+        const int frag = 2 * warp + f;
+        wq[f] = *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 16);
+        const unsigned char* ss = stage_s(slot) + frag * RT::kScaleBytes;
         if constexpr (RT::kNvScale) {
           const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
           const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
@@ -257,8 +300,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
           af[2] = mul_bf16x2(bits[2], sc_lo[f][s]);
           af[3] = mul_bf16x2(bits[3], sc_hi[f][s]);
         } else {
-          const uint4 v =
-              *reinterpret_cast<const uint4*>(wf + f * RT::kFragBytes + lane * 64 + s * 16);
+          const uint4 v = *reinterpret_cast<const uint4*>(ws + (2 * warp + f) * RT::kFragBytes +
+                                                          lane * 64 + s * 16);
           af[0] = v.x;
           af[1] = v.y;
           af[2] = v.z;
@@ -268,114 +311,9 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
         for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, b[nf][0], b[nf][1]);
       }
     }
-  };
-
-  {
-    // Stage layout: [W of chunks 2s, 2s+1][their scales][their B tiles]; W and scales of the two
-    // chunks are contiguous in global memory too, so each thread copies fixed pieces whose
-    // addresses only advance by a constant per stage (no per-stage index math).
-    constexpr int kWPieces = kKSplit * C::kWBytes / 16, kSPieces = kKSplit * C::kSBytes / 16;
-    constexpr int kBPieces = kKSplit * kN * 8;
-    constexpr int kWPer = (kWPieces + kThreads - 1) / kThreads;
-    constexpr int kBPer = (kBPieces + kThreads - 1) / kThreads;
-    constexpr int kSOff = kKSplit * C::kWBytes, kBOff = kSOff + kKSplit * C::kSBytes;
-    const uint32_t smem_base = smem_addr(smem);
-    const uint8_t* w_src = wbase + tid * 16;
-    const uint8_t* s_src = RT::kFourBit ? sbase + tid * 16 : nullptr;
-    const bool s_mine = tid < kSPieces;
-    uint32_t b_off[kBPer];  // element offset of this thread's B piece; ~0u for a padding row
-    uint32_t b_dst[kBPer];
-#pragma unroll
-    for (int i = 0; i < kBPer; ++i) {
-      const int q = tid + i * kThreads;
-      const int k = q / (kN * 8), row = (q / 8) % kN, c16 = q % 8;
-      const bool live = q < kBPieces && row < tile.rows;
-      b_off[i] = live ? uint32_t(brow_off[row] + k * kKChunk + c16 * 8) : ~0u;
-      b_dst[i] = kBOff + k * C::kBBytes + (row * C::kBRow + c16 * 8) * 2;
-    }
-
-    // Loads stage `stage` into `slot`; chunks past the end (odd count) are skipped.
-    auto load_stage = [&](int slot, int stage) {
-      const uint32_t base = smem_base + slot * C::kStageBytes;
-      const int valid = chunks - stage * kKSplit;  // >= 1
-#pragma unroll
-      for (int i = 0; i < kWPer; ++i) {
-        const int p = tid + i * kThreads;
-        if (p < kWPieces && p * 16 < valid * C::kWBytes)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + p * 16),
-                       "l"(w_src + size_t(stage) * kKSplit * C::kWBytes + i * kThreads * 16));
-      }
-      if constexpr (RT::kFourBit) {
-        if (s_mine && tid * 16 < valid * C::kSBytes)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kSOff + tid * 16),
-                       "l"(s_src + size_t(stage) * kKSplit * C::kSBytes));
-      }
-#pragma unroll
-      for (int i = 0; i < kBPer; ++i) {
-        const int q = tid + i * kThreads;
-        if (q < kBPieces && q / (kN * 8) < valid) {
-          const bool live = b_off[i] != ~0u;
-          const uint16_t* src = bsrc + (live ? b_off[i] + stage * kKSplit * kKChunk : 0u);
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + b_dst[i]),
-                       "l"(src), "r"(live ? 16 : 0));
-        }
-      }
-    };
-
-#pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) {
-      if (s < stages_total) load_stage(s, s);
-      cp_async_commit();
-    }
-
-    int comp_slot = 0, load_slot = C::kStages - 1;
-    for (int stage = 0; stage < stages_total; ++stage) {
-      cp_async_wait<C::kStages - 2>();
-      __syncthreads();
-      {
-        const int next = stage + C::kStages - 1;
-        if (next < stages_total) load_stage(load_slot, next);
-        cp_async_commit();
-        load_slot = load_slot + 1 == C::kStages ? 0 : load_slot + 1;
-      }
-      const int slot = comp_slot;
-      comp_slot = comp_slot + 1 == C::kStages ? 0 : comp_slot + 1;
-      if (stage * kKSplit + kgroup >= chunks) continue;  // odd chunk count: the tail stage
-      const unsigned char* stage_base = smem + slot * C::kStageBytes;
-      const unsigned char* ws = stage_base + kgroup * C::kWBytes;
-      const unsigned char* ss_base = stage_base + kSOff + kgroup * C::kSBytes;
-      const uint16_t* bs =
-          reinterpret_cast<const uint16_t*>(stage_base + kBOff + kgroup * C::kBBytes);
-
-      compute_chunk(ws + warp * C::kWarpW, ss_base + warp * C::kWarpS, bs);
-    }
   }
   cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue area
-
-  // K-group 1 hands its partial sums to K-group 0 (acc0 + acc1, the same order every time).
-  if constexpr (kKSplit > 1) {
-    float* red = reinterpret_cast<float*>(smem);
-    const int slot0 = (warp * 32 + lane) * (2 * kNF * 4);
-    if (kgroup == 1) {
-#pragma unroll
-      for (int f = 0; f < 2; ++f)
-#pragma unroll
-        for (int nf = 0; nf < kNF; ++nf)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) red[slot0 + (f * kNF + nf) * 4 + i] = acc[f][nf][i];
-    }
-    __syncthreads();
-    if (kgroup == 0) {
-#pragma unroll
-      for (int f = 0; f < 2; ++f)
-#pragma unroll
-        for (int nf = 0; nf < kNF; ++nf)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[f][nf][i] += red[slot0 + (f * kNF + nf) * 4 + i];
-    }
-    __syncthreads();  // the reduction area becomes the epilogue tile
-  }
+  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
 
   const int e = tile.expert;
   if constexpr (kFc1) {
@@ -383,25 +321,24 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
     float* hs = reinterpret_cast<float*>(smem);
     constexpr int kHS = kFc1TileH + 4;
     const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
-    if (kgroup == 0)
 #pragma unroll
-      for (int nf = 0; nf < kNF; ++nf)
+    for (int nf = 0; nf < kNF; ++nf)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = nf * 8 + 2 * t4 + (i & 1);
-          const int row = warp * 16 + g + (i >> 1) * 8;
-          float gv = acc[0][nf][i] * RT::kAccScale, uv = acc[1][nf][i] * RT::kAccScale;
-          if constexpr (R == Recipe::kNvfp4) {
-            gv = fmt::mul_rn(alpha, gv);
-            uv = fmt::mul_rn(alpha, uv);
-          } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-            gv = fmt::round_to_bf16(gv);
-            uv = fmt::round_to_bf16(uv);
-          }
-          float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
-          if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
-          hs[col * kHS + row] = hv;
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        const int row = warp * 16 + g + (i >> 1) * 8;
+        float gv = acc[0][nf][i] * RT::kAccScale, uv = acc[1][nf][i] * RT::kAccScale;
+        if constexpr (R == Recipe::kNvfp4) {
+          gv = fmt::mul_rn(alpha, gv);
+          uv = fmt::mul_rn(alpha, uv);
+        } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+          gv = fmt::round_to_bf16(gv);
+          uv = fmt::round_to_bf16(uv);
         }
+        float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
+        if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+        hs[col * kHS + row] = hv;
+      }
     __syncthreads();
     uint16_t* hdst = a.h + size_t(tile.start) * a.I + mtile * kFc1TileH;
     if constexpr (R == Recipe::kNvfp4) {
@@ -464,19 +401,18 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_gemm_kernel(const Forwar
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
     constexpr int kYS = kTileRows + 8;
     const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
-    if (kgroup == 0)
 #pragma unroll
-      for (int f = 0; f < 2; ++f)
+    for (int f = 0; f < 2; ++f)
 #pragma unroll
-        for (int nf = 0; nf < kNF; ++nf)
+      for (int nf = 0; nf < kNF; ++nf)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int col = nf * 8 + 2 * t4 + (i & 1);
-            const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
-            float v = acc[f][nf][i] * RT::kAccScale;
-            if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
-            ys[col * kYS + row] = fmt::float_to_bf16(v);
-          }
+        for (int i = 0; i < 4; ++i) {
+          const int col = nf * 8 + 2 * t4 + (i & 1);
+          const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
+          float v = acc[f][nf][i] * RT::kAccScale;
+          if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
+          ys[col * kYS + row] = fmt::float_to_bf16(v);
+        }
     __syncthreads();
     const int row0 = mtile * kTileRows;
     for (int it = tid; it < kN * 16; it += kThreads) {
