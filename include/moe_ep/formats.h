@@ -101,7 +101,7 @@ MOE_EP_HD float bf16_to_float(uint16_t b) { return bits_float(uint32_t(b) << 16)
 MOE_EP_HD uint16_t float_to_bf16(float f) {
   uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  // NaN: canonical quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
   return uint16_t(u >> 16);
 }
 
