@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "device_io.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/status.h"
 
@@ -206,22 +207,35 @@ RunResult run_layers(const Problem& p, Backend backend, int iterations) {
         }
         layer.warmup();
         const int T = p.tokens(r), H = p.shape.H, K = p.shape.K;
-        ForwardInputs in;
-        in.hidden_states =
-            TensorView::contiguous(const_cast<uint16_t*>(p.x[r].data()), DType::kBF16, {T, H});
-        in.topk_ids =
-            TensorView::contiguous(const_cast<int32_t*>(p.ids[r].data()), DType::kI32, {T, K});
-        in.topk_weights =
-            TensorView::contiguous(const_cast<float*>(p.topk_w[r].data()), DType::kF32, {T, K});
+        const bool gpu = layer.backend() == Backend::kCUDA;
+        const Device dev = gpu ? Device{DeviceKind::kCUDA, r} : Device{};
         res.out[r].assign(size_t(T) * H, 0x7fc0);  // poisoned: every element must be written
-        TensorView out = TensorView::contiguous(res.out[r].data(), DType::kBF16, {T, H});
+        std::shared_ptr<void> dx, dids, dw, dout;
+        void* px = const_cast<uint16_t*>(p.x[r].data());
+        void* pids = const_cast<int32_t*>(p.ids[r].data());
+        void* pw = const_cast<float*>(p.topk_w[r].data());
+        void* pout = res.out[r].data();
+        if (gpu) {
+          dx = to_device(px, p.x[r].size() * 2, r);
+          dids = to_device(pids, p.ids[r].size() * 4, r);
+          dw = to_device(pw, p.topk_w[r].size() * 4, r);
+          dout = to_device(pout, res.out[r].size() * 2, r);
+          px = dx.get(), pids = dids.get(), pw = dw.get(), pout = dout.get();
+        }
+        ForwardInputs in;
+        in.hidden_states = TensorView::contiguous(px, DType::kBF16, {T, H}, dev);
+        in.topk_ids = TensorView::contiguous(pids, DType::kI32, {T, K}, dev);
+        in.topk_weights = TensorView::contiguous(pw, DType::kF32, {T, K}, dev);
+        TensorView out = TensorView::contiguous(pout, DType::kBF16, {T, H}, dev);
         for (int it = 0; it < std::max(1, iterations); ++it) {
           const auto t0 = std::chrono::steady_clock::now();
           layer.forward(in, out);
+          if (gpu) device_sync();
           times[r].push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                   .count());
         }
+        if (gpu) to_host(res.out[r].data(), pout, res.out[r].size() * 2);
         layer.destroy();
       } catch (...) {
         errors[r] = std::current_exception();
