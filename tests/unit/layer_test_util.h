@@ -516,6 +516,15 @@ inline double rel_l2(const Bits& a, const Bits& b) {
   return std::sqrt(num / den);
 }
 
+// Fraction of elements that are bitwise equal.
+inline double bitwise_fraction(const Bits& a, const Bits& b) {
+  if (a.size() != b.size()) return 0.0;
+  if (a.empty()) return 1.0;
+  size_t same = 0;
+  for (size_t i = 0; i < a.size(); ++i) same += a[i] == b[i];
+  return double(same) / double(a.size());
+}
+
 inline size_t count_nan(const Bits& a) {
   return size_t(std::count_if(a.begin(), a.end(), is_nan_bf16));
 }

@@ -256,9 +256,9 @@ TEST(BadInput, ABadRankMakesItsPeerFailNamingItAndBothRecover) {
   const int64_t kTimeout = 10000;
   auto fleet = make_cpu_fleet(W);
   struct PerRank {
-    Bits before, after_ids, after_dtype;
-    Caught ids_err, dtype_err;
-    double ids_ms = 0, dtype_ms = 0;
+    Bits before, after_ids, after_dtype, after_cap;
+    Caught ids_err, dtype_err, cap_err;
+    double ids_ms = 0, dtype_ms = 0, cap_ms = 0;
   };
   std::vector<PerRank> res(W);
   run_fleet(W, [&](int r) {
@@ -280,13 +280,22 @@ TEST(BadInput, ABadRankMakesItsPeerFailNamingItAndBothRecover) {
     me.dtype_err = catch_error([&] { run_into(layer, fi, good[r].T); });
     me.dtype_ms = ms_since(t0);
     me.after_dtype = run_into(layer, good[r].forward_inputs(), good[r].T);
+    // 3. More tokens than the capacity on rank 1 only.
+    const RankInputs over = random_inputs(r == 1 ? kCap + 1 : 2, kH, kK, kE, 49);
+    t0 = Clock::now();
+    me.cap_err = catch_error([&] { layer.forward(over.forward_inputs()); });
+    me.cap_ms = ms_since(t0);
+    me.after_cap = run_into(layer, good[r].forward_inputs(), good[r].T);
     layer.destroy();
   });
+  EXPECT_TRUE(res[1].cap_err.thrown && res[1].cap_err.code == ErrorCode::kCapacity &&
+              contains(res[1].cap_err.what, std::to_string(kCap + 1)))
+      << res[1].cap_err.what;
   EXPECT_TRUE(res[1].ids_err.thrown && contains(res[1].ids_err.what, std::to_string(kE + 5)))
       << res[1].ids_err.what;
   EXPECT_TRUE(res[1].dtype_err.thrown && contains(res[1].dtype_err.what, "topk_weights"))
       << res[1].dtype_err.what;
-  for (const auto* e : {&res[0].ids_err, &res[0].dtype_err}) {
+  for (const auto* e : {&res[0].ids_err, &res[0].dtype_err, &res[0].cap_err}) {
     EXPECT_TRUE(e->thrown) << "rank 0 returned normally although rank 1 failed the call";
     EXPECT_EQ(int(e->code), int(ErrorCode::kPeer)) << e->what;
     EXPECT_TRUE(contains(e->what, "rank 1")) << "rank 0's error does not name rank 1: " << e->what;
@@ -295,7 +304,10 @@ TEST(BadInput, ABadRankMakesItsPeerFailNamingItAndBothRecover) {
       << "rank 0 waited for the timeout: " << res[0].ids_err.what;
   EXPECT_LT(res[0].dtype_ms, kTimeout / 2)
       << "rank 0 waited for the timeout: " << res[0].dtype_err.what;
+  EXPECT_LT(res[0].cap_ms, kTimeout / 2)
+      << "rank 0 waited for the timeout: " << res[0].cap_err.what;
   for (int r = 0; r < W; ++r) {
+    EXPECT_EQ(bitwise_diff(res[r].after_cap, res[r].before, kH), "") << "rank " << r;
     EXPECT_EQ(bitwise_diff(res[r].after_ids, res[r].before, kH), "") << "rank " << r;
     EXPECT_EQ(bitwise_diff(res[r].after_dtype, res[r].before, kH), "") << "rank " << r;
   }
@@ -311,8 +323,8 @@ TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
   const int64_t kTimeout = 1000;
   auto fleet = make_cpu_fleet(W);
   std::atomic<bool> rank0_done{false};
-  Caught err;
-  double elapsed = 0;
+  Caught err, sticky;
+  double elapsed = 0, sticky_ms = 0;
   auto errs = run_fleet_collect(W, [&](int r) {
     MegaLayer layer(boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
                     pack.epilogue_view(r * El, El));
@@ -320,6 +332,10 @@ TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
       const auto t0 = Clock::now();
       err = catch_error([&] { layer.forward(in.forward_inputs()); });
       elapsed = ms_since(t0);
+      // The failure is sticky: the next host call reports it, with the peer's rank, at once.
+      const auto t1 = Clock::now();
+      sticky = catch_error([&] { layer.forward(in.forward_inputs()); });
+      sticky_ms = ms_since(t1);
       rank0_done = true;
     } else {
       // Skip the call; stay alive (a destroy would be a later collective) until rank 0 gave up.
@@ -337,6 +353,10 @@ TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
   EXPECT_TRUE(contains(lower(err.what), "stage")) << err.what;
   EXPECT_GE(elapsed, kTimeout * 0.9) << err.what;
   EXPECT_LT(elapsed, kTimeout * 10.0) << err.what;
+  EXPECT_TRUE(sticky.thrown) << "the call after the failure ran";
+  EXPECT_EQ(int(sticky.code), int(ErrorCode::kPeer)) << sticky.what;
+  EXPECT_TRUE(contains(sticky.what, "rank 1")) << sticky.what;
+  EXPECT_LT(sticky_ms, kTimeout * 0.5) << "the sticky error waited again: " << sticky.what;
 }
 
 TEST(Lifetime, CallsAfterDestroyFailClearlyAndDestroyIsIdempotent) {

@@ -12,11 +12,11 @@ namespace {
 
 constexpr int kH = 128, kI = 128, kE = 16, kK = 4, kCap = 16;
 
-double tolerance(Recipe r) {
-  // bf16 paths only differ from the float64 reference by fp32 accumulation (rare 1-ulp bf16
-  // flips); the requantizing recipes also flip E2M1/E4M3 codes at rounding boundaries.
-  return (r == Recipe::kNvfp4 || r == Recipe::kMxfp4Mxfp8) ? 5e-3 : 1e-3;
-}
+// Against the float64 reference: the CPU backend only differs by fp32 accumulation, which flips
+// a bf16 rounding now and then (see test_layer_recipes.cpp), so the error is tiny and most
+// elements of a scenario agree bitwise.
+constexpr double kTolerance = 1e-3;
+constexpr double kMinBitwiseFraction = 0.9;
 
 struct Scenario {
   std::string name;
@@ -104,8 +104,13 @@ TEST_P(TokenMatrix, MatchesReferenceAndSingleRankBitwise) {
       FleetSetup s1{1, c1, &pack};
       single = run_calls(s1, one, OutMode::kCaller);
     }
+    Bits all_got, all_want;
     for (size_t c = 0; c < sc.calls.size(); ++c) {
       const Reference ref = reference_forward(cfg, pack, sc.calls[c]);
+      for (int r = 0; r < W; ++r) {
+        all_got.insert(all_got.end(), outs[c][r].begin(), outs[c][r].end());
+        all_want.insert(all_want.end(), ref.out[r].begin(), ref.out[r].end());
+      }
       const auto single_split = W > 1 ? split_rows(single[c][0], sc.calls[c]) : std::vector<Bits>{};
       for (int r = 0; r < W; ++r) {
         const RankInputs& in = sc.calls[c][r];
@@ -114,7 +119,7 @@ TEST_P(TokenMatrix, MatchesReferenceAndSingleRankBitwise) {
         EXPECT_EQ(count_nan(got), 0u) << "call " << c << " rank " << r << " T=" << in.T
                                       << ": NaN or unwritten (poisoned) elements";
         const double err = rel_l2(got, ref.out[r]);
-        EXPECT_LE(err, tolerance(recipe)) << "call " << c << " rank " << r << " T=" << in.T;
+        EXPECT_LE(err, kTolerance) << "call " << c << " rank " << r << " T=" << in.T;
         if (W > 1)
           EXPECT_EQ(bitwise_diff(got, single_split[r], kH), "")
               << "W=" << W << " vs W=1, call " << c << " rank " << r << " T=" << in.T;
@@ -133,6 +138,7 @@ TEST_P(TokenMatrix, MatchesReferenceAndSingleRankBitwise) {
         }
       }
     }
+    EXPECT_GE(bitwise_fraction(all_got, all_want), kMinBitwiseFraction);
   }
 }
 
@@ -173,7 +179,7 @@ TEST(TokenMatrixEdge, AllSlotsOfAllTokensToOneExpert) {
   const Reference ref = reference_forward(cfg, pack, calls[0]);
   for (int r = 0; r < W; ++r) {
     EXPECT_EQ(count_nan(outs[0][r]), 0u) << "rank " << r;
-    EXPECT_LE(rel_l2(outs[0][r], ref.out[r]), tolerance(Recipe::kNvfp4)) << "rank " << r;
+    EXPECT_LE(rel_l2(outs[0][r], ref.out[r]), kTolerance) << "rank " << r;
   }
 }
 

@@ -177,5 +177,37 @@ INSTANTIATE_TEST_SUITE_P(Worlds, DataMovement,
                                   (info.param.topk_in_fc1 ? "_TopkInFc1" : "");
                          });
 
+// The finalize order is part of the contract (SPEC §3: fp32, slot order k = 0, 1, ...). Weights
+// [2^30, -2^30, 1] make it visible: column 1 of every y[t,k] is t, so slot order gives
+// (2^30 t - 2^30 t) + t = t, while any other order loses t to rounding.
+TEST(FinalizeOrder, SlotOrderIsVisibleInTheOutput) {
+  const int W = 2, E = W * kLocal, K = 3;
+  const HostPack pack = payload_pack(E);
+  const LayerConfig cfg = make_config(Recipe::kBf16, E, kCap, kH, kI, K);
+  std::vector<std::vector<RankInputs>> calls(1);
+  for (int r = 0; r < W; ++r) {
+    RankInputs in = random_inputs(12, kH, K, E, 600 + r);  // all slots live, distinct experts
+    std::fill(in.x.begin(), in.x.end(), 0);
+    for (int t = 0; t < in.T; ++t) {
+      in.x[size_t(t) * kH + 0] = fmt::float_to_bf16(1.0f);
+      in.x[size_t(t) * kH + 1] = fmt::float_to_bf16(float(r));
+      in.x[size_t(t) * kH + 2] = fmt::float_to_bf16(float(t + 1));
+      in.w[t * K + 0] = 1073741824.0f;
+      in.w[t * K + 1] = -1073741824.0f;
+      in.w[t * K + 2] = 1.0f;
+    }
+    calls[0].push_back(in);
+  }
+  FleetSetup s{W, cfg, &pack};
+  for (OutMode mode : {OutMode::kCaller, OutMode::kUnfinalized}) {
+    SCOPED_TRACE(out_mode_name(mode));
+    const auto outs = run_calls(s, calls, mode);
+    for (int r = 0; r < W; ++r)
+      for (int t = 0; t < calls[0][r].T; ++t)
+        EXPECT_EQ(fmt::bf16_to_float(outs[0][r][size_t(t) * kH + 1]), float(t + 1))
+            << "rank " << r << " token " << t << ": slots not summed in order 0, 1, 2";
+  }
+}
+
 }  // namespace
 }  // namespace moe_ep::test
