@@ -183,5 +183,48 @@ TEST(TokenMatrixEdge, AllSlotsOfAllTokensToOneExpert) {
   }
 }
 
+// The expert counts and top-k of SPEC §7's models (E 256/128/128/8, K 8/8/4/2) at W = 8 with
+// T up to 136 per rank (128, capacity-1 and capacity among them), at a small H and I: routing
+// over many experts per rank, checked against the reference and bitwise against W = 1.
+TEST(TokenMatrixEdge, Spec7ExpertCountsAtW8WithLargeT) {
+  const int W = 8, H = 128, I = 64, cap = 136;
+  const int counts[W] = {128, cap - 1, cap, 0, 1, 7, 64, 100};
+  struct Model {
+    int E, K;
+    Recipe recipe;
+  };
+  const Model models[] = {{256, 8, Recipe::kNvfp4},
+                          {128, 8, Recipe::kMxfp4Mxfp8},
+                          {128, 4, Recipe::kMxfp4Bf16},
+                          {8, 2, Recipe::kBf16}};
+  for (const auto& m : models) {
+    SCOPED_TRACE("E=" + std::to_string(m.E) + " K=" + std::to_string(m.K) + " " +
+                 recipe_name(m.recipe));
+    const HostPack pack = random_pack(m.recipe, m.E, H, I, 700 + m.E + m.K);
+    const LayerConfig cfg = make_config(m.recipe, m.E, cap, H, I, m.K);
+    std::vector<std::vector<RankInputs>> calls(1);
+    for (int r = 0; r < W; ++r)
+      calls[0].push_back(random_inputs(counts[r], H, m.K, m.E, 800 + r,
+                                       r % 2 ? Routing::kZipf : Routing::kUniform, 0.05));
+    FleetSetup s{W, cfg, &pack};
+    const auto outs = run_calls(s, calls, OutMode::kCaller);
+    LayerConfig c1 = cfg;
+    c1.fleet.max_tokens_per_rank = W * cap;
+    FleetSetup s1{1, c1, &pack};
+    const auto single = run_calls(s1, {{concat_ranks(calls[0])}}, OutMode::kCaller);
+    const auto split = split_rows(single[0][0], calls[0]);
+    const Reference ref = reference_forward(cfg, pack, calls[0]);
+    Bits got, want;
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(count_nan(outs[0][r]), 0u) << "rank " << r;
+      EXPECT_EQ(bitwise_diff(outs[0][r], split[r], H), "") << "W=8 vs W=1, rank " << r;
+      EXPECT_LE(rel_l2(outs[0][r], ref.out[r]), kTolerance) << "rank " << r;
+      got.insert(got.end(), outs[0][r].begin(), outs[0][r].end());
+      want.insert(want.end(), ref.out[r].begin(), ref.out[r].end());
+    }
+    EXPECT_GE(bitwise_fraction(got, want), kMinBitwiseFraction);
+  }
+}
+
 }  // namespace
 }  // namespace moe_ep::test
