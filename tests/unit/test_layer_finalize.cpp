@@ -401,5 +401,55 @@ TEST(InputLayouts, PaddedRowsAndEmptyNullInputs) {
   }
 }
 
+// Several layers (the MoE layers of one model) share one fleet: interleaved calls on two layers
+// give bitwise what each gives on a fleet of its own, also after the other is destroyed.
+TEST(SharedFleet, TwoLayersInterleavedMatchTheirOwnFleets) {
+  const int W = 4;
+  const HostPack pa = random_pack(Recipe::kNvfp4, kE, kH, kI, 17);
+  const HostPack pb = random_pack(Recipe::kBf16, 2 * kE, 2 * kH, kI, 18);
+  const LayerConfig ca = make_config(Recipe::kNvfp4, kE, kCap, kH, kI, kK);
+  const LayerConfig cb = make_config(Recipe::kBf16, 2 * kE, 8, 2 * kH, kI, 2);
+  const auto calls_a = some_calls(W, 1500, {kCap, 9, 4});
+  std::vector<std::vector<RankInputs>> calls_b;
+  for (int c = 0; c < 3; ++c) {
+    calls_b.emplace_back();
+    for (int r = 0; r < W; ++r)
+      calls_b.back().push_back(random_inputs(8 - c - r, 2 * kH, 2, 2 * kE, 1600 + 10 * c + r));
+  }
+  FleetSetup sa{W, ca, &pa}, sb{W, cb, &pb};
+  const auto own_a = run_calls(sa, calls_a, OutMode::kCaller);
+  const auto own_b = run_calls(sb, calls_b, OutMode::kCaller);
+
+  auto fleet = make_cpu_fleet(W);
+  std::vector<std::vector<Bits>> got_a(3, std::vector<Bits>(W)), got_b(3, std::vector<Bits>(W));
+  run_fleet(W, [&](int r) {
+    Bootstrap b;
+    b.world_size = W;
+    b.rank = r;
+    b.backend = Backend::kCPU;
+    b.cpu_fleet = fleet;
+    const int ela = kE / W, elb = 2 * kE / W;
+    auto la =
+        std::make_unique<MegaLayer>(b, ca, pa.view(r * ela, ela), pa.epilogue_view(r * ela, ela));
+    MegaLayer lb(b, cb, pb.view(r * elb, elb), pb.epilogue_view(r * elb, elb));
+    auto take = [](const Tensor& t) {
+      return Bits(t.ptr<uint16_t>(), t.ptr<uint16_t>() + t.numel());
+    };
+    for (int c = 0; c < 2; ++c) {
+      got_a[c][r] = take(la->forward(calls_a[c][r].forward_inputs()));
+      got_b[c][r] = take(lb.forward(calls_b[c][r].forward_inputs()));
+    }
+    la->destroy();
+    la.reset();
+    got_b[2][r] = take(lb.forward(calls_b[2][r].forward_inputs()));
+    lb.destroy();
+  });
+  for (int c = 0; c < 3; ++c)
+    for (int r = 0; r < W; ++r) {
+      if (c < 2) EXPECT_EQ(bitwise_diff(got_a[c][r], own_a[c][r], kH), "") << "layer A call " << c;
+      EXPECT_EQ(bitwise_diff(got_b[c][r], own_b[c][r], 2 * kH), "") << "layer B call " << c;
+    }
+}
+
 }  // namespace
 }  // namespace moe_ep::test
