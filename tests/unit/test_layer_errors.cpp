@@ -313,6 +313,93 @@ TEST(BadInput, ABadRankMakesItsPeerFailNamingItAndBothRecover) {
   }
 }
 
+// Every way one rank's call can be rejected locally must release its peers at once (they are
+// already waiting in the same collective op), naming the rank; then both ranks run on as before.
+struct LocalRejection {
+  const char* name;
+  std::function<void(MegaLayer&, const RankInputs&)> bad_call;  // run by rank 1
+};
+
+class OneRankRejects : public ::testing::TestWithParam<LocalRejection> {};
+
+TEST_P(OneRankRejects, PeerFailsPromptlyNamingItAndBothRecover) {
+  const int W = 2, El = kE / W;
+  const HostPack pack = random_pack(Recipe::kNvfp4, kE, kH, kI, 60);
+  const LayerConfig cfg = make_config(Recipe::kNvfp4, kE, kCap, kH, kI, kK);
+  const std::vector<RankInputs> good = {random_inputs(4, kH, kK, kE, 61),
+                                        random_inputs(6, kH, kK, kE, 62)};
+  const int64_t kTimeout = 4000;
+  auto fleet = make_cpu_fleet(W);
+  std::vector<Bits> before(W), after(W);
+  std::vector<Caught> errs(W), after_err(W);
+  double peer_ms = 0;
+  run_fleet(W, [&](int r) {
+    MegaLayer layer(boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
+                    pack.epilogue_view(r * El, El));
+    before[r] = run_into(layer, good[r].forward_inputs(), good[r].T);
+    const auto t0 = Clock::now();
+    errs[r] = catch_error([&] {
+      if (r == 1)
+        GetParam().bad_call(layer, good[r]);
+      else
+        run_into(layer, good[r].forward_inputs(), good[r].T);
+    });
+    if (r == 0) peer_ms = ms_since(t0);
+    after_err[r] =
+        catch_error([&] { after[r] = run_into(layer, good[r].forward_inputs(), good[r].T); });
+  });
+  ASSERT_TRUE(errs[1].thrown) << "the bad call was accepted";
+  ASSERT_TRUE(errs[0].thrown) << "rank 0 returned normally although rank 1 failed the call";
+  EXPECT_EQ(int(errs[0].code), int(ErrorCode::kPeer)) << errs[0].what;
+  EXPECT_TRUE(contains(errs[0].what, "rank 1")) << errs[0].what;
+  EXPECT_LT(peer_ms, kTimeout / 2) << "rank 0 waited for the timeout: " << errs[0].what
+                                   << " (rank 1's error: " << errs[1].what << ")";
+  for (int r = 0; r < W; ++r) {
+    EXPECT_FALSE(after_err[r].thrown) << "rank " << r << " after: " << after_err[r].what;
+    EXPECT_EQ(bitwise_diff(after[r], before[r], kH), "") << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Calls, OneRankRejects,
+    ::testing::Values(LocalRejection{"ViewUnknownWorkspace",
+                                     [](MegaLayer& l, const RankInputs& in) {
+                                       ForwardInputs fi = in.forward_inputs();
+                                       fi.workspace = WorkspaceId{7};
+                                       l.forward_view(fi);
+                                     }},
+                      LocalRejection{"ViewOverCapacity",
+                                     [](MegaLayer& l, const RankInputs&) {
+                                       const RankInputs over =
+                                           random_inputs(kCap + 2, kH, kK, kE, 63);
+                                       l.forward_view(over.forward_inputs());
+                                     }},
+                      LocalRejection{"UnfinalizedOnFinalizingLayer",
+                                     [](MegaLayer& l, const RankInputs& in) {
+                                       l.forward_unfinalized(in.forward_inputs());
+                                     }},
+                      LocalRejection{"OwnedForwardHidden3D",
+                                     [](MegaLayer& l, const RankInputs& in) {
+                                       ForwardInputs fi = in.forward_inputs();
+                                       fi.hidden_states = TensorView::contiguous(
+                                           fi.hidden_states.data, DType::kBF16, {1, in.T, kH});
+                                       l.forward(fi);
+                                     }},
+                      LocalRejection{"CallerOutWrongShape",
+                                     [](MegaLayer& l, const RankInputs& in) {
+                                       Bits out(size_t(in.T) * kH);
+                                       l.forward(in.forward_inputs(),
+                                                 TensorView::contiguous(out.data(), DType::kBF16,
+                                                                        {in.T - 1, kH}));
+                                     }},
+                      LocalRejection{"OwnedForwardUnknownWorkspace",
+                                     [](MegaLayer& l, const RankInputs& in) {
+                                       ForwardInputs fi = in.forward_inputs();
+                                       fi.workspace = WorkspaceId{-1};
+                                       l.forward(fi);
+                                     }}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 // W = 2, rank 1 never makes the call: rank 0 times out with an error naming peer rank 1 and the
 // stage it waited at.
 TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
