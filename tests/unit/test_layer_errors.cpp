@@ -638,6 +638,52 @@ TEST(Config, WeightTensorsOfTheWrongShapeOrDtypeAreNamed) {
   EXPECT_TRUE(c.thrown && contains(c.what, "scale")) << c.what;
 }
 
+// Construction is collective: when one rank's weights or epilogue vectors are rejected, its
+// peers (already waiting in the construction collective) fail at once naming it, and the fleet
+// stays usable: a valid layer built on it next works on every rank.
+TEST(Config, ConstructionRejectedOnOneRankReleasesPeersAndKeepsTheFleetUsable) {
+  const int W = 2, El = kE / W;
+  const HostPack pack = random_pack(Recipe::kNvfp4, kE, kH, kI, 64);
+  const LayerConfig cfg = make_config(Recipe::kNvfp4, kE, kCap, kH, kI, kK);
+  const std::vector<RankInputs> in = {random_inputs(5, kH, kK, kE, 65),
+                                      random_inputs(3, kH, kK, kE, 66)};
+  FleetSetup own{W, cfg, &pack};
+  const auto want = run_calls(own, {in}, OutMode::kCaller);
+  const int64_t kTimeout = 3000;
+  for (int which = 0; which < 2; ++which) {
+    SCOPED_TRACE(which == 0 ? "w13 of the wrong shape on rank 1" : "fc2_alpha of the wrong size");
+    auto fleet = make_cpu_fleet(W);
+    std::vector<Caught> errs(W), later(W);
+    std::vector<Bits> out(W);
+    double rank0_ms = 0;
+    std::vector<float> short_alpha(El - 1, 1.0f);
+    run_fleet(W, [&](int r) {
+      WeightPack w = pack.view(r * El, El);
+      EpilogueVectors ep = pack.epilogue_view(r * El, El);
+      if (r == 1 && which == 0) w.w13.shape[2] += 2;
+      if (r == 1 && which == 1)
+        ep.fc2_alpha = TensorView::contiguous(short_alpha.data(), DType::kF32, {El - 1});
+      const auto t0 = Clock::now();
+      errs[r] = catch_error([&] { MegaLayer bad(boot(W, r, fleet, kTimeout), cfg, w, ep); });
+      if (r == 0) rank0_ms = ms_since(t0);
+      later[r] = catch_error([&] {
+        MegaLayer layer(boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
+                        pack.epilogue_view(r * El, El));
+        out[r] = run_into(layer, in[r].forward_inputs(), in[r].T);
+        layer.destroy();
+      });
+    });
+    EXPECT_TRUE(errs[1].thrown && contains(errs[1].what, which == 0 ? "w13" : "fc2_alpha"))
+        << errs[1].what;
+    EXPECT_TRUE(errs[0].thrown && contains(errs[0].what, "rank 1")) << "rank 0: " << errs[0].what;
+    EXPECT_LT(rank0_ms, kTimeout / 2) << "rank 0 waited for the timeout: " << errs[0].what;
+    for (int r = 0; r < W; ++r) {
+      EXPECT_FALSE(later[r].thrown) << "rank " << r << ", the next layer: " << later[r].what;
+      if (!later[r].thrown) EXPECT_EQ(bitwise_diff(out[r], want[0][r], kH), "") << "rank " << r;
+    }
+  }
+}
+
 // NaN scale bytes (E4M3 0x7F / 0xFF, UE8M0 0xFF) are rejected at construction, naming the tensor.
 TEST(Config, NanScalesAreRejectedAtConstruction) {
   struct Case {
