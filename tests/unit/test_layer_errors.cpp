@@ -320,6 +320,8 @@ struct LocalRejection {
   std::function<void(MegaLayer&, const RankInputs&)> bad_call;  // run by rank 1
 };
 
+void PrintTo(const LocalRejection& c, std::ostream* os) { *os << c.name; }
+
 class OneRankRejects : public ::testing::TestWithParam<LocalRejection> {};
 
 TEST_P(OneRankRejects, PeerFailsPromptlyNamingItAndBothRecover) {

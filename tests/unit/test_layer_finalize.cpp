@@ -36,6 +36,10 @@ struct FinalizeCase {
   int world;
 };
 
+void PrintTo(const FinalizeCase& c, std::ostream* os) {
+  *os << recipe_name(c.recipe) << (c.topk_in_fc1 ? " topk_in_fc1" : "") << " W=" << c.world;
+}
+
 class Finalize : public ::testing::TestWithParam<FinalizeCase> {};
 
 TEST_P(Finalize, FinalizedEqualsSlotOrderSumOfUnfinalized) {
@@ -52,7 +56,8 @@ TEST_P(Finalize, FinalizedEqualsSlotOrderSumOfUnfinalized) {
   for (size_t c = 0; c < calls.size(); ++c) {
     const Reference ref = reference_forward(cfg, pack, calls[c]);
     for (int r = 0; r < p.world; ++r)
-      EXPECT_LE(rel_l2(fin[c][r], ref.out[r]), 1e-3) << "call " << c << " rank " << r;
+      EXPECT_LE(rel_l2(fin[c][r], ref.out[r]), reference_tolerance(p.recipe))
+          << "call " << c << " rank " << r;
   }
 }
 
@@ -303,8 +308,10 @@ TEST(Epilogue, PerCallVectorsOverrideTheLayersForThatCallOnly) {
   const Reference ref_plain = reference_forward(cfg, pack, in);
   const Reference ref_scaled = reference_forward(cfg, scaled, in);
   for (int r = 0; r < W; ++r) {
-    EXPECT_LE(rel_l2(plain[r], ref_plain.out[r]), 1e-3) << "rank " << r;
-    EXPECT_LE(rel_l2(over[r], ref_scaled.out[r]), 1e-3) << "per-call vectors, rank " << r;
+    EXPECT_LE(rel_l2(plain[r], ref_plain.out[r]), reference_tolerance(Recipe::kNvfp4))
+        << "rank " << r;
+    EXPECT_LE(rel_l2(over[r], ref_scaled.out[r]), reference_tolerance(Recipe::kNvfp4))
+        << "per-call vectors, rank " << r;
     EXPECT_GT(rel_l2(over[r], plain[r]), 0.1) << "per-call vectors had no effect, rank " << r;
     EXPECT_EQ(bitwise_diff(plain_again[r], plain[r], kH), "") << "layer's own vectors changed";
   }

@@ -65,6 +65,10 @@ struct MovementCase {
   bool topk_in_fc1;
 };
 
+void PrintTo(const MovementCase& c, std::ostream* os) {
+  *os << "W=" << c.world << (c.topk_in_fc1 ? " topk_in_fc1" : "");
+}
+
 class DataMovement : public ::testing::TestWithParam<MovementCase> {};
 
 TEST_P(DataMovement, EverySlotReachesItsExpertAndComesBack) {
