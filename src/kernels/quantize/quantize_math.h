@@ -264,13 +264,15 @@ MOE_EP_HD uint8_t mxfp4_block(const uint32_t* w, uint32_t* out) {
 }
 
 // MXFP8 block of 32 elements (16 words) -> 8 output words; returns the UE8M0 scale byte.
-// NaN and Inf need no detour: the scale ignores NaN, and the conversion saturates / keeps NaN.
 MOE_EP_HD uint8_t mxfp8_block(const uint32_t* w, uint32_t* out) {
-  float amax = 0.0f;
-  MOE_EP_UNROLL
-  for (int i = 0; i < 16; ++i) {
-    amax = fmt::max_ignore_nan(amax, fabs_hd(bf16_lo(w[i])));
-    amax = fmt::max_ignore_nan(amax, fabs_hd(bf16_hi(w[i])));
+  const float amax = amax_bf16_words_nan<16>(w);
+  if (!finite_hd(amax)) {  // the reference, so NaN/Inf never meet the hardware conversion
+    uint16_t x[32];
+    uint8_t b[32];
+    unpack_bf16<16>(w, x);
+    const uint8_t sb = fmt::quantize_block_mxfp8(x, b);
+    bytes_to_words<32>(b, out);
+    return sb;
   }
   const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
   const float inv = fmt::exp2i(127 - int(sb));
