@@ -71,11 +71,16 @@ nb::dlpack::dtype dtype_to_dlpack(DType t, Framework fw) {
   switch (t) {
     case DType::kU8:
     case DType::kF8E4M3:
-    case DType::kF8E8M0: return {uint8_t(C::UInt), 8, 1};
-    case DType::kI32: return {uint8_t(C::Int), 32, 1};
-    case DType::kI64: return {uint8_t(C::Int), 64, 1};
-    case DType::kF32: return {uint8_t(C::Float), 32, 1};
-    case DType::kF16: return {uint8_t(C::Float), 16, 1};
+    case DType::kF8E8M0:
+      return {uint8_t(C::UInt), 8, 1};
+    case DType::kI32:
+      return {uint8_t(C::Int), 32, 1};
+    case DType::kI64:
+      return {uint8_t(C::Int), 64, 1};
+    case DType::kF32:
+      return {uint8_t(C::Float), 32, 1};
+    case DType::kF16:
+      return {uint8_t(C::Float), 16, 1};
     case DType::kBF16:
       // numpy cannot hold bfloat16: hand out the bits as uint16.
       if (fw == kNumpy) return {uint8_t(C::UInt), 16, 1};
@@ -88,8 +93,8 @@ template <class Array>
 TensorView to_view(const Array& a, const char* name) {
   TensorView v;
   if (a.ndim() < 1 || a.ndim() > size_t(kMaxDims))
-    invalid(std::string(name) + " has " + std::to_string(a.ndim()) +
-            " dims; moe_ep takes 1 to " + std::to_string(kMaxDims));
+    invalid(std::string(name) + " has " + std::to_string(a.ndim()) + " dims; moe_ep takes 1 to " +
+            std::to_string(kMaxDims));
   v.data = const_cast<void*>(static_cast<const void*>(a.data()));
   v.dtype = dtype_from_dlpack(a.dtype(), name);
   if (dtype_size(v.dtype) * 8 != a.dtype().bits)
@@ -101,11 +106,15 @@ TensorView to_view(const Array& a, const char* name) {
   }
   switch (a.device_type()) {
     case nb::device::cpu::value:
-    case nb::device::cuda_host::value: v.device = {DeviceKind::kCPU, 0}; break;
-    case nb::device::cuda::value: v.device = {DeviceKind::kCUDA, int(a.device_id())}; break;
+    case nb::device::cuda_host::value:
+      v.device = {DeviceKind::kCPU, 0};
+      break;
+    case nb::device::cuda::value:
+      v.device = {DeviceKind::kCUDA, int(a.device_id())};
+      break;
     default:
-      invalid(std::string(name) + " is on DLPack device type " +
-              std::to_string(a.device_type()) + "; moe_ep takes CPU and CUDA memory");
+      invalid(std::string(name) + " is on DLPack device type " + std::to_string(a.device_type()) +
+              "; moe_ep takes CPU and CUDA memory");
   }
   return v;
 }
@@ -124,8 +133,8 @@ nb::object to_python(const TensorView& v, nb::handle owner, Framework fw) {
     shape[d] = size_t(v.shape[d]);
     strides[d] = v.strides[d];
   }
-  const int dev = v.device.kind == DeviceKind::kCPU ? nb::device::cpu::value
-                                                     : nb::device::cuda::value;
+  const int dev =
+      v.device.kind == DeviceKind::kCPU ? nb::device::cpu::value : nb::device::cuda::value;
   if (fw == kNumpy && v.device.kind != DeviceKind::kCPU) fw = kDlpack;
   const nb::dlpack::dtype dt = dtype_to_dlpack(v.dtype, fw);
   if (fw == kNumpy)
@@ -148,8 +157,8 @@ nb::object owned_to_python(Tensor t, Framework fw) {
 }
 
 DType parse_dtype(const std::string& s) {
-  for (DType t : {DType::kU8, DType::kF8E4M3, DType::kF8E8M0, DType::kI32, DType::kI64,
-                  DType::kF32, DType::kBF16, DType::kF16})
+  for (DType t : {DType::kU8, DType::kF8E4M3, DType::kF8E8M0, DType::kI32, DType::kI64, DType::kF32,
+                  DType::kBF16, DType::kF16})
     if (s == dtype_name(t)) return t;
   invalid("unknown dtype name '" + s + "'");
 }
@@ -311,8 +320,9 @@ NB_MODULE(_moe_ep, m) {
       },
       "spec"_a, "world_size"_a, "backend"_a);
 
-  m.def("_resolve_backend",
-        [](const std::string& b) { return std::string(backend_name(resolve_backend(parse_backend(b)))); });
+  m.def("_resolve_backend", [](const std::string& b) {
+    return std::string(backend_name(resolve_backend(parse_backend(b))));
+  });
 
   m.def("_nccl_unique_id", []() -> nb::bytes {
 #if defined(MOE_EP_HAVE_CUDA)
@@ -385,9 +395,9 @@ NB_MODULE(_moe_ep, m) {
             new (self) PyLayer{std::move(layer)};
           },
           "spec"_a, "w13"_a, "w2"_a, "w13_scale"_a.none(), "w2_scale"_a.none(),
-          "fc1_alpha"_a.none(), "fc2_alpha"_a.none(), "fc1_norm_const"_a.none(),
-          "world_size"_a, "rank"_a, "backend"_a, "device"_a, "cpu_fleet"_a.none(),
-          "nccl_unique_id"_a.none(), "nccl_comm"_a, "timeout_ms"_a, "warmup_timeout_ms"_a)
+          "fc1_alpha"_a.none(), "fc2_alpha"_a.none(), "fc1_norm_const"_a.none(), "world_size"_a,
+          "rank"_a, "backend"_a, "device"_a, "cpu_fleet"_a.none(), "nccl_unique_id"_a.none(),
+          "nccl_comm"_a, "timeout_ms"_a, "warmup_timeout_ms"_a)
       .def(
           "forward",
           [](PyLayer& s, const InArray& x, const InArray& ids, const InArray& w,
@@ -461,8 +471,7 @@ NB_MODULE(_moe_ep, m) {
            [](PyLayer& s, int ws) { return s.get().workspace_capacity(WorkspaceId{ws}); })
       .def("workspace_bytes",
            [](PyLayer& s, int ws) { return s.get().workspace_bytes(WorkspaceId{ws}); })
-      .def("select_workspace",
-           [](PyLayer& s, int t) { return s.get().select_workspace(t).index; })
+      .def("select_workspace", [](PyLayer& s, int t) { return s.get().select_workspace(t).index; })
       .def("select_workspace_collective",
            [](PyLayer& s, int t) {
              MegaLayer& layer = s.get();
@@ -505,8 +514,9 @@ NB_MODULE(_moe_ep, m) {
       .def_prop_ro("num_local_experts", [](PyLayer& s) { return s.get().num_local_experts(); })
       .def_prop_ro("backend",
                    [](PyLayer& s) { return std::string(backend_name(s.get().backend())); })
-      .def_prop_ro("recipe",
-                   [](PyLayer& s) { return std::string(recipe_name(s.get().config().recipe.recipe)); })
+      .def_prop_ro(
+          "recipe",
+          [](PyLayer& s) { return std::string(recipe_name(s.get().config().recipe.recipe)); })
       .def_prop_ro("hidden_size", [](PyLayer& s) { return s.get().config().fleet.hidden_size; })
       .def_prop_ro("top_k", [](PyLayer& s) { return s.get().config().recipe.top_k; })
       .def_prop_ro("do_finalize", [](PyLayer& s) { return s.get().config().recipe.do_finalize; })
@@ -519,7 +529,8 @@ NB_MODULE(_moe_ep, m) {
 
   m.def(
       "_pack_expert_weights",
-      [](const std::string& recipe, nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> w13,
+      [](const std::string& recipe,
+         nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> w13,
          nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> w2,
          float input_norm_const,
          std::optional<nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>>
