@@ -31,7 +31,7 @@ void expect_tensor(const TensorView& t, const char* name, DType dtype,
   if (!(t.device == device))
     invalid(std::string(name) + " is on " + t.describe() + ", the layer runs on " +
             (device.kind == DeviceKind::kCPU ? std::string("cpu")
-                                              : "cuda:" + std::to_string(device.index)));
+                                             : "cuda:" + std::to_string(device.index)));
   if (t.numel() > 0 && t.data == nullptr) invalid(std::string(name) + " has a null data pointer");
   if (contiguous && !t.is_contiguous())
     invalid(std::string(name) + " must be contiguous (strides " + str(t.strides[0]) + ", " +

@@ -35,7 +35,8 @@ struct AlignedBytes {
   size_t size = 0;
   void allocate(size_t n) {
     size = n;
-    ptr.reset(static_cast<uint8_t*>(std::aligned_alloc(256, std::max<size_t>(256, (n + 255) / 256 * 256))));
+    ptr.reset(static_cast<uint8_t*>(
+        std::aligned_alloc(256, std::max<size_t>(256, (n + 255) / 256 * 256))));
     if (!ptr) throw Error(ErrorCode::kBackend, "out of host memory (" + std::to_string(n) + " B)");
   }
   uint8_t* data() const { return ptr.get(); }
@@ -78,8 +79,8 @@ class CpuBackend final : public LayerBackend {
       bad = e.what();
     }
     // Construction is collective: every rank learns whether every rank accepted its weights.
-    const auto ok = fleet_->allgather(channel_, rank(), bad.empty() ? 0 : 1, next_ticket(0),
-                                      seq_, "construct", boot_.warmup_timeout_ms);
+    const auto ok = fleet_->allgather(channel_, rank(), bad.empty() ? 0 : 1, next_ticket(0), seq_,
+                                      "construct", boot_.warmup_timeout_ms);
     if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, bad);
     for (int r = 0; r < boot.world_size; ++r)
       if (ok[r])
@@ -96,8 +97,8 @@ class CpuBackend final : public LayerBackend {
     check_usable();
     auto ws = std::make_unique<Workspace>();
     const ActFormat act = act_format(cfg_.recipe.recipe, shape_.H);
-    ws->layout = WorkspaceLayout::make(W(), capacity, shape_.H, shape_.K, act.data_bytes,
-                                       act.scale_bytes);
+    ws->layout =
+        WorkspaceLayout::make(W(), capacity, shape_.H, shape_.K, act.data_bytes, act.scale_bytes);
     ws->mem.allocate(ws->layout.total_bytes);
     std::memset(ws->mem.data(), 0, ws->layout.total_bytes);
     const int idx = int(workspaces_.size());
@@ -197,8 +198,8 @@ class CpuBackend final : public LayerBackend {
     try {
       return fn();
     } catch (const Error& e) {
-      if (e.code() == ErrorCode::kPeer && std::string(e.what()).find("abandoned") ==
-                                              std::string::npos)
+      if (e.code() == ErrorCode::kPeer &&
+          std::string(e.what()).find("abandoned") == std::string::npos)
         broken_ = e.what();
       throw;
     }
@@ -297,21 +298,20 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
   for (int64_t i = 0; i < int64_t(T) * K; ++i) {
     if (ids[i] < -1 || ids[i] >= E) {
       const std::string why = "topk_ids[" + std::to_string(i / K) + ", " + std::to_string(i % K) +
-                              "] = " + std::to_string(ids[i]) + " is out of range [-1, E = " +
-                              std::to_string(E) + ")";
+                              "] = " + std::to_string(ids[i]) +
+                              " is out of range [-1, E = " + std::to_string(E) + ")";
       abandon_call(why);
       throw Error(ErrorCode::kInvalidArgument, why);
     }
   }
 
   EpilogueParams ep;
-  ep.fc1_alpha = in.epilogue.fc1_alpha.defined() ? in.epilogue.fc1_alpha.ptr<float>()
-                                                 : fc1_alpha_.data();
-  ep.fc2_alpha = in.epilogue.fc2_alpha.defined() ? in.epilogue.fc2_alpha.ptr<float>()
-                                                 : fc2_alpha_.data();
-  ep.fc1_norm_const = in.epilogue.fc1_norm_const.defined()
-                          ? in.epilogue.fc1_norm_const.ptr<float>()
-                          : fc1_nc_.data();
+  ep.fc1_alpha =
+      in.epilogue.fc1_alpha.defined() ? in.epilogue.fc1_alpha.ptr<float>() : fc1_alpha_.data();
+  ep.fc2_alpha =
+      in.epilogue.fc2_alpha.defined() ? in.epilogue.fc2_alpha.ptr<float>() : fc2_alpha_.data();
+  ep.fc1_norm_const = in.epilogue.fc1_norm_const.defined() ? in.epilogue.fc1_norm_const.ptr<float>()
+                                                           : fc1_nc_.data();
 
   const int ws_idx = in.workspace;
   const WorkspaceLayout& L = get_ws(ws_idx).layout;
@@ -366,8 +366,8 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
         for (int k = 0; k < K; ++k) {
           const int e = meta.ids()[k];
           if (e >= 0 && e / El == rank())
-            pairs[e % El].push_back(Pair{s, *meta.token(), k, mine + L.recv_act(s, i),
-                                         meta.weights()[k]});
+            pairs[e % El].push_back(
+                Pair{s, *meta.token(), k, mine + L.recv_act(s, i), meta.weights()[k]});
         }
       }
     }

@@ -36,8 +36,8 @@ class CpuFleet {
   void* peer_ptr(int channel, int peer, int key);
 
   // All-gather of one int64 per rank (a barrier at `ticket`).
-  std::vector<int64_t> allgather(int channel, int rank, int64_t value, uint64_t ticket,
-                                 int64_t seq, const char* stage, int64_t timeout_ms);
+  std::vector<int64_t> allgather(int channel, int rank, int64_t value, uint64_t ticket, int64_t seq,
+                                 const char* stage, int64_t timeout_ms);
 
  private:
   struct Channel {
