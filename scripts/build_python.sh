@@ -17,10 +17,11 @@ PY_ABS=$(cd "$(dirname "$PY_ABS")" && pwd)/$(basename "$PY_ABS")
 cache="$BUILD/CMakeCache.txt"
 if ! grep -q "^MOE_EP_PYTHON:BOOL=ON" "$cache" 2>/dev/null ||
    ! grep -q "^Python_EXECUTABLE:[A-Z]*=$PY_ABS\$" "$cache" 2>/dev/null; then
+  mkdir -p "$BUILD"
   echo "[python] configure $BUILD (MOE_EP_PYTHON=ON, $PY_ABS)"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_PYTHON=ON \
     -DPython_EXECUTABLE="$PY_ABS" -DPython3_EXECUTABLE="$PY_ABS" \
-    >"$BUILD.python-configure.log" 2>&1 || { cat "$BUILD.python-configure.log"; exit 1; }
+    >"$BUILD/python-configure.log" 2>&1 || { cat "$BUILD/python-configure.log"; exit 1; }
 fi
 cmake --build "$BUILD" --target _moe_ep -j "${JOBS:-$(nproc)}"
 

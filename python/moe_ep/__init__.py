@@ -46,7 +46,9 @@ from ._errors import (  # noqa: E402
     BY_CODE as _BY_CODE,
 )
 
-_moe_ep._set_error_classes(_BY_CODE)
+# One Python class per moe_ep::ErrorCode, matched by the library's code names.
+_by_name = {cls.code: cls for cls in _BY_CODE}
+_moe_ep._set_error_classes([_by_name.get(n, Error) for n in _moe_ep._error_code_names()])
 
 from ._moe_ep import CpuFleet  # noqa: E402
 from .distributed import bootstrap_from_process_group, nccl_unique_id  # noqa: E402

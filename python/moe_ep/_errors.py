@@ -66,7 +66,7 @@ class StateError(Error):
     code = "state"
 
 
-# In the order of moe_ep::ErrorCode (include/moe_ep/status.h).
+# Registered with the extension by code name (error_code_name in src/common/status.cpp).
 BY_CODE = [
     InvalidArgumentError,
     CapacityError,

@@ -337,6 +337,19 @@ def test_unsupported_configuration(bf16_pack):
         make_layer(bf16_pack, count=E // 2)  # weights for 4 experts, config says 8 on W = 1
 
 
+def test_error_classes_follow_the_library_codes():
+    names = moe_ep._moe_ep._error_code_names()
+    classes = {c.code: c for c in (moe_ep.InvalidArgumentError, moe_ep.CapacityError,
+                                   moe_ep.UnsupportedError, moe_ep.DestroyedError,
+                                   moe_ep.PeerError, moe_ep.BackendError, moe_ep.StateError)}
+    assert sorted(names) == sorted(classes)  # every library code has its class
+    for c in classes.values():
+        assert issubclass(c, moe_ep.Error) and issubclass(c, RuntimeError)
+    assert issubclass(moe_ep.InvalidArgumentError, ValueError)
+    assert issubclass(moe_ep.CapacityError, ValueError)
+    assert not issubclass(moe_ep.PeerError, ValueError)
+
+
 def test_properties(bf16_pack):
     with make_layer(bf16_pack) as layer:
         assert layer.output_is_reduced is True
