@@ -4,6 +4,7 @@
 # python/moe_ep/*.py are linked beside the built _moe_ep*.so and a .pth file points at them.
 # Editing a .py file needs no rebuild. `pip install .` builds a wheel instead (docs/python.md).
 #   BUILD_DIR=build (default)   PYTHON=.venv/bin/python (default)
+#   MOE_EP_CMAKE_ARGS="..."     extra configure arguments (e.g. -DGTEST_ROOT=... on the GPU machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD_DIR:-build}
@@ -20,7 +21,7 @@ if ! grep -q "^MOE_EP_PYTHON:BOOL=ON" "$cache" 2>/dev/null ||
   mkdir -p "$BUILD"
   echo "[python] configure $BUILD (MOE_EP_PYTHON=ON, $PY_ABS)"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_PYTHON=ON \
-    -DPython_EXECUTABLE="$PY_ABS" -DPython3_EXECUTABLE="$PY_ABS" \
+    -DPython_EXECUTABLE="$PY_ABS" -DPython3_EXECUTABLE="$PY_ABS" ${MOE_EP_CMAKE_ARGS:-} \
     >"$BUILD/python-configure.log" 2>&1 || { cat "$BUILD/python-configure.log"; exit 1; }
 fi
 cmake --build "$BUILD" --target _moe_ep -j "${JOBS:-$(nproc)}"
