@@ -34,31 +34,41 @@ def framework_of(a):
 
 
 def _is_ml_bf16(dtype):
-    return getattr(dtype, "name", None) == "bfloat16"
+    # An ml_dtypes.bfloat16 array cannot exist unless ml_dtypes was imported.
+    ml = sys.modules.get("ml_dtypes")
+    return ml is not None and dtype == ml.bfloat16
 
 
 def to_extension(a):
-    """An object nanobind's ndarray caster takes without copying, or None."""
+    """An object nanobind's ndarray caster takes without copying (None stays None). Hot path:
+    called for every tensor of every forward."""
     if a is None:
         return None
-    if is_torch(a):
-        t = _torch()
-        a = a.detach()  # DLPack refuses tensors that require grad
+    if type(a) is np.ndarray:
+        return a.view(np.uint16) if _is_ml_bf16(a.dtype) else a
+    t = _torch()
+    if t is not None and isinstance(a, t.Tensor):
+        if a.requires_grad:
+            a = a.detach()  # DLPack refuses tensors that require grad
         if a.dtype in _torch_byte_dtypes(t):
             a = a.view(t.uint8)  # float8 scale bytes cross as raw bytes
         return a
     if isinstance(a, np.ndarray):
-        if _is_ml_bf16(a.dtype):
-            return a.view(np.uint16)  # ml_dtypes.bfloat16: the extension takes uint16 bits
-        return a
-    if isinstance(a, np.generic) or isinstance(a, (list, tuple, float, int)):
+        return a.view(np.uint16) if _is_ml_bf16(a.dtype) else a
+    if isinstance(a, (np.generic, list, tuple, float, int)):
         return np.asarray(a)
     return a  # cupy and other DLPack producers
 
 
+_BYTE_DTYPES = None
+
+
 def _torch_byte_dtypes(t):
-    names = ("float8_e4m3fn", "float8_e8m0fnu", "float8_e5m2")
-    return tuple(getattr(t, n) for n in names if hasattr(t, n))
+    global _BYTE_DTYPES
+    if _BYTE_DTYPES is None:
+        names = ("float8_e4m3fn", "float8_e8m0fnu", "float8_e5m2")
+        _BYTE_DTYPES = frozenset(getattr(t, n) for n in names if hasattr(t, n))
+    return _BYTE_DTYPES
 
 
 def bf16_like(x, rows, cols):
@@ -113,7 +123,12 @@ def stream_for(x, stream=None):
     if device_of(x)[0] != "cuda":
         return 0
     if is_torch(x):
-        return int(_torch().cuda.current_stream(x.device).cuda_stream)
+        t = _torch()
+        index = x.device.index
+        raw = getattr(t._C, "_cuda_getCurrentRawStream", None)  # what current_stream() reads
+        if raw is not None and index is not None:
+            return int(raw(index))
+        return int(t.cuda.current_stream(x.device).cuda_stream)
     if is_cupy(x):
         import cupy
 
