@@ -184,6 +184,39 @@ def test_two_ranks_on_threads(bf16_pack):
             assert R.rel_l2(outs[r][0], ref) <= TOL
 
 
+def test_four_ranks_collective_workspace_selection(bf16_pack):
+    W = 4
+    fleet = moe_ep.CpuFleet(W)
+    tokens = [3, 0, 4, 1]  # the largest T (4) decides the workspace on every rank
+    data = [inputs(t, seed=30 + r) for r, t in enumerate(tokens)]
+    chosen, outs, errors = [None] * W, [None] * W, []
+
+    def rank_main(r):
+        try:
+            layer = make_layer(bf16_pack, first=r * E // W, count=E // W, world_size=W, rank=r,
+                               cpu_fleet=fleet)
+            small = layer.create_workspace(4)
+            layer.create_workspace(8)
+            ws = layer.select_workspace(tokens[r], collective=True)
+            chosen[r] = (ws, small)
+            outs[r] = layer(*data[r], workspace=ws)
+            layer.destroy()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append((r, e))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(W)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for r in range(W):
+        ws, small = chosen[r]
+        assert ws == small  # capacity 4, on every rank, also those with fewer tokens
+        if tokens[r]:
+            assert R.rel_l2(outs[r], reference(bf16_pack, "bf16", *data[r])) <= TOL
+
+
 def test_peer_that_never_arrives_is_reported(bf16_pack):
     fleet = moe_ep.CpuFleet(2)
     with pytest.raises(moe_ep.PeerError, match="peer rank 1"):  # rank 1 never constructs
@@ -331,6 +364,10 @@ def test_unsupported_configuration(bf16_pack):
     assert "W = 3" in text and "H = 100" in text and "bias" in text
     assert moe_ep.unsupported_reasons(num_experts=8, max_tokens_per_rank=16, hidden_size=H,
                                       intermediate_size=I, top_k=2) == []
+    if not moe_ep.cuda_backend_available():
+        cuda = moe_ep.unsupported_reasons(num_experts=8, max_tokens_per_rank=16, hidden_size=H,
+                                          intermediate_size=I, top_k=2, backend="cuda")
+        assert any("CUDA" in r for r in cuda)
     with pytest.raises(moe_ep.UnsupportedError, match="bias"):
         make_layer(bf16_pack, has_expert_bias=True)
     with pytest.raises(ValueError, match="w13"):
