@@ -687,7 +687,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
         }
     }
     const EpTransport tp = comm.transport(c.ws);
-    cudaEvent_t ev[4];
+    cudaEvent_t ev[6];
     for (auto& e : ev) CK(cudaEventCreate(&e));
     auto stats = [](std::vector<float> v, double* out) {
       std::sort(v.begin(), v.end());
@@ -695,88 +695,106 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       out[1] = v.front() * 1000.0;
       out[2] = v.back() * 1000.0;
     };
+    auto dispatch = [&](int tokens, int blocks) {
+      EpDispatchParams dp;
+      dp.tp = tp;
+      dp.act = c.act;
+      dp.act_stride = c.g.act_bytes;
+      dp.topk_ids = c.ids;
+      dp.topk_weights = c.w;
+      dp.num_tokens = tokens;
+      dp.num_local_experts = c.g.El();
+      dp.num_blocks = blocks;
+      CK(launch_ep_dispatch(dp, c.stream));
+    };
+    auto combine = [&](int blocks) {
+      EpCombineParams cp;
+      cp.tp = tp;
+      cp.y = c.y;
+      cp.y_stride = c.g.H;
+      cp.num_local_experts = c.g.El();
+      cp.num_blocks = blocks;
+      CK(launch_ep_combine(cp, c.stream));
+    };
+    auto wait = [&](EpStage st) { CK(launch_ep_wait(EpWaitParams{tp, st}, c.stream)); };
+    auto ms = [&](int a, int b) {
+      float v = 0;
+      CK(cudaEventElapsedTime(&v, ev[a], ev[b]));
+      return v;
+    };
     int nv = 0;
     rep.val[nv++] = dispatch_bytes;
     rep.val[nv++] = combine_bytes;
     rep.val[nv++] = double(grid.size());
     for (int blocks : grid) {
-      std::vector<float> td, tc;
+      std::vector<float> td, tc, tdk, tck;
       for (int it = 0; it < 25; ++it) {
         comm.barrier();  // ranks start each timed stage together
         CK(cudaEventRecord(ev[0], c.stream));
-        EpDispatchParams dp;
-        dp.tp = tp;
-        dp.act = c.act;
-        dp.act_stride = c.g.act_bytes;
-        dp.topk_ids = c.ids;
-        dp.topk_weights = c.w;
-        dp.num_tokens = T;
-        dp.num_local_experts = c.g.El();
-        dp.num_blocks = blocks;
-        CK(launch_ep_dispatch(dp, c.stream));
-        CK(launch_ep_wait(EpWaitParams{tp, EpStage::kDispatch}, c.stream));
+        dispatch(T, blocks);
         CK(cudaEventRecord(ev[1], c.stream));
+        wait(EpStage::kDispatch);
+        CK(cudaEventRecord(ev[2], c.stream));
         CK(cudaStreamSynchronize(c.stream));
         comm.barrier();
-        CK(cudaEventRecord(ev[2], c.stream));
-        EpCombineParams cp;
-        cp.tp = tp;
-        cp.y = c.y;
-        cp.y_stride = c.g.H;
-        cp.num_local_experts = c.g.El();
-        cp.num_blocks = blocks;
-        CK(launch_ep_combine(cp, c.stream));
-        CK(launch_ep_wait(EpWaitParams{tp, EpStage::kCombine}, c.stream));
         CK(cudaEventRecord(ev[3], c.stream));
+        combine(blocks);
+        CK(cudaEventRecord(ev[4], c.stream));
+        wait(EpStage::kCombine);
+        CK(cudaEventRecord(ev[5], c.stream));
         CK(cudaStreamSynchronize(c.stream));
-        float a = 0, b = 0;
-        CK(cudaEventElapsedTime(&a, ev[0], ev[1]));
-        CK(cudaEventElapsedTime(&b, ev[2], ev[3]));
         if (it >= 5) {  // warmup
-          td.push_back(a);
-          tc.push_back(b);
+          td.push_back(ms(0, 2));
+          tdk.push_back(ms(0, 1));
+          tc.push_back(ms(3, 5));
+          tck.push_back(ms(3, 4));
         }
       }
       comm.check();
       rep.val[nv++] = blocks;
-      stats(td, rep.val + nv);
-      nv += 3;
-      stats(tc, rep.val + nv);
-      nv += 3;
+      for (auto* v : {&td, &tc, &tdk, &tck}) {
+        stats(*v, rep.val + nv);
+        nv += 3;
+      }
     }
-    // Decode latency: one token per rank, dispatch + wait + combine + wait.
+    // Decode: one token per rank, dispatch + wait + combine + wait, launched one by one and as
+    // a replayed CUDA graph (what a captured forward sees).
     {
-      std::vector<float> tl;
+      std::vector<float> tl, tg;
       for (int it = 0; it < 40; ++it) {
         comm.barrier();
         CK(cudaEventRecord(ev[0], c.stream));
-        EpDispatchParams dp;
-        dp.tp = tp;
-        dp.act = c.act;
-        dp.act_stride = c.g.act_bytes;
-        dp.topk_ids = c.ids;
-        dp.topk_weights = c.w;
-        dp.num_tokens = 1;
-        dp.num_local_experts = c.g.El();
-        dp.num_blocks = 16;
-        CK(launch_ep_dispatch(dp, c.stream));
-        CK(launch_ep_wait(EpWaitParams{tp, EpStage::kDispatch}, c.stream));
-        EpCombineParams cp;
-        cp.tp = tp;
-        cp.y = c.y;
-        cp.y_stride = c.g.H;
-        cp.num_local_experts = c.g.El();
-        cp.num_blocks = 16;
-        CK(launch_ep_combine(cp, c.stream));
-        CK(launch_ep_wait(EpWaitParams{tp, EpStage::kCombine}, c.stream));
+        dispatch(1, 16);
+        wait(EpStage::kDispatch);
+        combine(16);
+        wait(EpStage::kCombine);
         CK(cudaEventRecord(ev[1], c.stream));
         CK(cudaStreamSynchronize(c.stream));
-        float a = 0;
-        CK(cudaEventElapsedTime(&a, ev[0], ev[1]));
-        if (it >= 10) tl.push_back(a);
+        if (it >= 10) tl.push_back(ms(0, 1));
       }
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+      dispatch(1, 16);
+      wait(EpStage::kDispatch);
+      combine(16);
+      wait(EpStage::kCombine);
+      CK(cudaStreamEndCapture(c.stream, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int it = 0; it < 40; ++it) {
+        comm.barrier();
+        CK(cudaEventRecord(ev[0], c.stream));
+        CK(cudaGraphLaunch(exec, c.stream));
+        CK(cudaEventRecord(ev[1], c.stream));
+        CK(cudaStreamSynchronize(c.stream));
+        if (it >= 10) tg.push_back(ms(0, 1));
+      }
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph));
       comm.check();
       stats(tl, rep.val + nv);
+      nv += 3;
+      stats(tg, rep.val + nv);
       nv += 3;
     }
     rep.nval = nv;
@@ -787,32 +805,32 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
   expect_all_passed(r);
   if (r.hung || r.rep[0].failed || r.rep[1].failed) return;
 
-  // Report: per grid size, the slowest rank's median (the stage ends when both ranks are done).
-  std::string json = "[\n";
+  // Report: per grid size, the slowest rank's numbers (a stage ends when both ranks are done).
+  auto worst = [&](int i) { return std::max(r.rep[0].val[i], r.rep[1].val[i]); };
+  const double db = worst(0), cb = worst(1);
+  const int ng = int(r.rep[0].val[2]);
   std::printf(
       "DSV3 EP=2 transfer (H 7168, 4096 tokens/rank, K 8, nvfp4 rows 4032 B, bf16 rows "
-      "14336 B); NVLink ceiling %.0f GB/s per direction\n",
-      kCeilingGBps);
-  std::printf("%7s %10s %10s %8s %10s %10s %8s\n", "blocks", "disp_us", "disp_GB/s", "frac",
-              "comb_us", "comb_GB/s", "frac");
-  const double db = std::max(r.rep[0].val[0], r.rep[1].val[0]);
-  const double cb = std::max(r.rep[0].val[1], r.rep[1].val[1]);
-  const int ng = int(r.rep[0].val[2]);
+      "14336 B); bytes per direction: dispatch %.1f MB, combine %.1f MB; NVLink ceiling "
+      "%.0f GB/s per direction\n",
+      db / 1e6, cb / 1e6, kCeilingGBps);
+  std::printf("%7s | %9s %9s %6s | %9s %9s %6s | %9s %9s | %9s %9s\n", "blocks", "disp_us", "GB/s",
+              "frac", "comb_us", "GB/s", "frac", "dkern_us", "GB/s", "ckern_us", "GB/s");
+  std::string json = "[\n";
+  char buf[1024];
   for (int gi = 0; gi < ng; ++gi) {
-    const int base = 3 + gi * 7;
+    const int base = 3 + gi * 13;
     const int blocks = int(r.rep[0].val[base]);
-    double d[3], cmb[3];
-    for (int j = 0; j < 3; ++j) {
-      d[j] = std::max(r.rep[0].val[base + 1 + j], r.rep[1].val[base + 1 + j]);
-      cmb[j] = std::max(r.rep[0].val[base + 4 + j], r.rep[1].val[base + 4 + j]);
-    }
-    const double dg = db / (d[0] * 1e3), cg = cb / (cmb[0] * 1e3);
-    std::printf("%7d %10.1f %10.1f %7.0f%% %10.1f %10.1f %7.0f%%\n", blocks, d[0], dg,
-                100 * dg / kCeilingGBps, cmb[0], cg, 100 * cg / kCeilingGBps);
-    char buf[1024];
-    for (int st = 0; st < 2; ++st) {
-      const double* v = st == 0 ? d : cmb;
-      const double bytes = st == 0 ? db : cb;
+    const double d = worst(base + 1), cm = worst(base + 4), dk = worst(base + 7),
+                 ck2 = worst(base + 10);
+    std::printf("%7d | %9.1f %9.1f %5.0f%% | %9.1f %9.1f %5.0f%% | %9.1f %9.1f | %9.1f %9.1f\n",
+                blocks, d, db / (d * 1e3), 100 * db / (d * 1e3) / kCeilingGBps, cm, cb / (cm * 1e3),
+                100 * cb / (cm * 1e3) / kCeilingGBps, dk, db / (dk * 1e3), ck2, cb / (ck2 * 1e3));
+    const char* names[4] = {"dispatch+wait", "combine+wait", "dispatch_kernel", "combine_kernel"};
+    for (int st = 0; st < 4; ++st) {
+      const int o = base + 1 + 3 * st;
+      const double bytes = (st % 2 == 0) ? db : cb;
+      const double med = worst(o);
       std::snprintf(buf, sizeof(buf),
                     "  {\"device\": \"2x H200 NVLink\", \"ep\": 2, \"shape\": \"dsv3\", "
                     "\"tokens_per_rank\": 4096, \"top_k\": 8, \"stage\": \"%s\", "
@@ -820,28 +838,29 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
                     "\"max_us\": %.2f, \"bytes_per_direction\": %.0f, \"nvlink_GBps\": %.1f, "
                     "\"ceiling_GBps\": %.0f, \"fraction\": %.3f, "
                     "\"config\": {\"blocks\": %d, \"threads\": 512}},\n",
-                    st == 0 ? "dispatch+wait" : "combine+wait", v[0], v[1], v[2], bytes,
-                    bytes / (v[0] * 1e3), kCeilingGBps, bytes / (v[0] * 1e3) / kCeilingGBps,
-                    blocks);
+                    names[st], med, worst(o + 1), worst(o + 2), bytes, bytes / (med * 1e3),
+                    kCeilingGBps, bytes / (med * 1e3) / kCeilingGBps, blocks);
       json += buf;
     }
   }
-  const int lb = 3 + ng * 7;
-  const double lat = std::max(r.rep[0].val[lb], r.rep[1].val[lb]);
+  const int lb = 3 + ng * 13;
   std::printf(
       "decode round trip (1 token/rank, dispatch+wait+combine+wait, 16 blocks): "
-      "median %.1f us (min %.1f, max %.1f)\n",
-      lat, std::max(r.rep[0].val[lb + 1], r.rep[1].val[lb + 1]),
-      std::max(r.rep[0].val[lb + 2], r.rep[1].val[lb + 2]));
-  char buf[512];
-  std::snprintf(buf, sizeof(buf),
-                "  {\"device\": \"2x H200 NVLink\", \"ep\": 2, \"shape\": \"dsv3\", "
-                "\"tokens_per_rank\": 1, \"stage\": \"dispatch+wait+combine+wait\", "
-                "\"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, "
-                "\"config\": {\"blocks\": 16, \"threads\": 512}}\n]\n",
-                lat, std::max(r.rep[0].val[lb + 1], r.rep[1].val[lb + 1]),
-                std::max(r.rep[0].val[lb + 2], r.rep[1].val[lb + 2]));
-  json += buf;
+      "stream launches median %.1f us (min %.1f, max %.1f); CUDA graph median %.1f us "
+      "(min %.1f, max %.1f)\n",
+      worst(lb), worst(lb + 1), worst(lb + 2), worst(lb + 3), worst(lb + 4), worst(lb + 5));
+  for (int gmode = 0; gmode < 2; ++gmode) {
+    const int o = lb + 3 * gmode;
+    std::snprintf(buf, sizeof(buf),
+                  "  {\"device\": \"2x H200 NVLink\", \"ep\": 2, \"shape\": \"dsv3\", "
+                  "\"tokens_per_rank\": 1, \"stage\": \"dispatch+wait+combine+wait\", "
+                  "\"launch\": \"%s\", \"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, "
+                  "\"config\": {\"blocks\": 16, \"threads\": 512}}%s\n",
+                  gmode == 0 ? "stream" : "graph", worst(o), worst(o + 1), worst(o + 2),
+                  gmode == 0 ? "," : "");
+    json += buf;
+  }
+  json += "]\n";
   if (const char* path = std::getenv("MOE_EP_BENCH_JSON")) {
     std::ofstream(path) << json;
     std::printf("wrote %s\n", path);

@@ -20,8 +20,7 @@ cudaError_t launch_ep_wait(const EpWaitParams& p, cudaStream_t stream);
 cudaError_t launch_ep_combine(const EpCombineParams& p, cudaStream_t stream);
 cudaError_t launch_ep_finalize_reference(const EpFinalizeParams& p, cudaStream_t stream);
 
-// Default grid of dispatch / combine: enough blocks to keep NVLink busy (DEVICE.md: 16-24 SMs
-// reach ~350 GB/s of stores), the rest of the GPU stays free for compute.
+// Default grid of dispatch / combine (num_blocks = 0): every SM, since nothing overlaps them yet.
 int ep_default_blocks(int num_sms);
 
 }  // namespace moe_ep
