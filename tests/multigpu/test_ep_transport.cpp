@@ -429,6 +429,67 @@ EpCommOptions opts(int rank, int64_t timeout_ms = 10000) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Host-only checks (no GPU needed).
+
+TEST(EpHost, UniqueIdHexRoundTrip) {
+  NcclUniqueIdBytes id;
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 37 + 11);
+  const std::string hex = ep_unique_id_to_hex(id);
+  EXPECT_EQ(hex.size(), 256u);
+  EXPECT_EQ(ep_unique_id_from_hex(hex), id);
+  EXPECT_THROW(ep_unique_id_from_hex(hex.substr(1)), Error);
+  std::string bad = hex;
+  bad[10] = 'g';
+  EXPECT_THROW(ep_unique_id_from_hex(bad), Error);
+}
+
+TEST(EpHost, ErrorMessageNamesPeerStageAndCall) {
+  EpErrorRecord r{};
+  r.flag = 1;
+  r.stage = int32_t(EpStage::kCombine);
+  r.peer = 3;
+  r.rank = 1;
+  r.call = 17;
+  r.expected = 34;
+  r.observed = 33;
+  r.waited_ns = 2500000000ull;
+  const std::string m = ep_error_message(r);
+  EXPECT_NE(m.find("rank 1: peer rank 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("'combine' of call 17"), std::string::npos) << m;
+  EXPECT_NE(m.find("2500 ms"), std::string::npos) << m;
+}
+
+TEST(EpHost, EpochSignalsGrowAcrossStagesAndCalls) {
+  for (uint64_t n = 1; n < 100; ++n) {
+    EXPECT_LT(ep_dispatch_signal(n), ep_combine_signal(n));
+    EXPECT_LT(ep_combine_signal(n), ep_dispatch_signal(n + 1));
+  }
+}
+
+// Launchers reject bad parameters on the host, before anything reaches a device.
+TEST(EpHost, LaunchersRejectBadParameters) {
+  EpDispatchParams dp;  // world 1, rank 0, no state, no peer pointers
+  EXPECT_EQ(launch_ep_dispatch(dp, nullptr), cudaErrorInvalidValue);
+  EpCombineParams cp;
+  EXPECT_EQ(launch_ep_combine(cp, nullptr), cudaErrorInvalidValue);
+  EpWaitParams wp;
+  wp.stage = EpStage::kBarrier;
+  EXPECT_EQ(launch_ep_wait(wp, nullptr), cudaErrorInvalidValue);
+  // A transport with a peer pointer missing.
+  EpState fake_state{};
+  uint8_t fake_window[16];
+  dp.tp.world_size = 2;
+  dp.tp.state = &fake_state;
+  dp.tp.layout = WorkspaceLayout::make(2, 8, 64, 2, 32, 0);
+  dp.tp.peer_base[0] = fake_window;
+  EXPECT_EQ(launch_ep_dispatch(dp, nullptr), cudaErrorInvalidValue);
+  // Every pointer there, but a row stride that is not a multiple of 16.
+  dp.tp.peer_base[1] = fake_window;
+  dp.act_stride = 40;
+  EXPECT_EQ(launch_ep_dispatch(dp, nullptr), cudaErrorInvalidValue);
+}
+
+// ---------------------------------------------------------------------------------------------
 
 TEST(MultiGpu, DataMovementBitwise) {
   SKIP_UNLESS_2_GPUS();
