@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
 #if defined(MOE_EP_HAVE_CUDA_HEADERS)
@@ -583,6 +584,144 @@ TEST(RowQuantizers, RowsAreBlocksInOrder) {
     const Mxfp8Block m8 = mxfp8(x.data() + 32 * b);
     ASSERT_EQ(s8[b], m8.scale);
     ASSERT_EQ(0, std::memcmp(q8 + 32 * b, m8.q, 32));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The GPU kernels' element math (src/kernels/quantize/quantize_math.h) against formats.h. The
+// functions are __host__ __device__; here they run on the CPU, where they must agree with the
+// reference on every input that can differ (the GPU tests check the kernels themselves).
+
+namespace qm = moe_ep::kernels::qmath;
+
+TEST(QuantizeMath, E2m1MagnitudeCodeEveryRelevantFloat) {
+  // Every float in [2^-3, 16) (all rounding decisions happen there), a stride through all
+  // other finite floats and the infinities.
+  int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (int64_t u = 0x3e000000; u < 0x41800000; ++u) {
+    const float q = from_bits(uint32_t(u));
+    bad += qm::e2m1_mag_code(q) != (float_to_e2m1(q) & 7u);
+  }
+  EXPECT_EQ(bad, 0);
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099) {
+    const float q = from_bits(uint32_t(u));
+    if (std::isnan(q)) continue;
+    ASSERT_EQ(qm::e2m1_mag_code(q), float_to_e2m1(q) & 7u) << std::hex << u;
+  }
+  EXPECT_EQ(qm::e2m1_mag_code(INFINITY), 7u);
+  EXPECT_EQ(qm::e2m1_mag_code(-INFINITY), 7u);
+  EXPECT_EQ(qm::e2m1_mag_code(3.4e38f), 7u);
+}
+
+// RN(a / s) by a * RN(1 / s) and two FMAs equals the IEEE division for every mantissa of a
+// (two binades, a in [1, 4)) against every E4M3 mantissa of s: exponents only shift both sides
+// while a / s and the FMA residual (about 2^-24 a) stay normal.
+TEST(QuantizeMath, MarksteinDivisionEveryMantissaPair) {
+  int64_t bad = 0, n = 0;
+  for (int m = 8; m < 16; ++m) {
+    const float s = float(m) / 8.0f, r = 1.0f / s;
+    const uint32_t lo = bits(1.0f), hi = bits(4.0f);
+#pragma omp parallel for reduction(+ : bad, n) schedule(static)
+    for (int64_t u = lo; u < hi; ++u) {
+      const float a = from_bits(uint32_t(u));
+      bad += bits(qm::div_by_scale(a, s, r)) != bits(a / s);
+      ++n;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(n, int64_t(8) * 2 * (1 << 23));
+  // Scales at the ends of the E4M3 range, random a.
+  std::mt19937 rng(3);
+  for (float s : {0x1p-9f, 0x1.8p-8f, 448.0f, 6.0f}) {
+    for (int i = 0; i < 200000; ++i) {
+      const float a = from_bits(rng() & 0x7fffffffu);
+      if (!std::isfinite(a) || a / s > 1e30f) continue;
+      const float q = qm::div_by_scale(a, s, 1.0f / s);
+      ASSERT_EQ(qm::e2m1_mag_code(q), qm::e2m1_mag_code(a / s)) << a << " / " << s;
+      if (a >= 0x1p-100f && a / s >= 0x1p-126f) ASSERT_EQ(bits(q), bits(a / s)) << a << " / " << s;
+    }
+  }
+}
+
+TEST(QuantizeMath, FastDivision) {
+  std::mt19937 rng(4);
+  for (uint32_t d = 1; d < 70000; d += (d < 2048 ? 1 : 97)) {
+    const qm::FastDivU32 fd(d);
+    for (uint32_t n : {0u, 1u, d - 1, d, d + 1, 2 * d - 1, 0x7fffffffu, 0x7fffffffu - d}) {
+      ASSERT_EQ(fd.div(n), n / d) << n << " / " << d;
+    }
+    for (int i = 0; i < 50; ++i) {
+      const uint32_t n = rng() & 0x7fffffffu;
+      ASSERT_EQ(fd.div(n), n / d) << n << " / " << d;
+    }
+  }
+}
+
+TEST(QuantizeMath, BytePermMatchesPtxSemantics) {
+  EXPECT_EQ(qm::byte_perm(0x33221100u, 0x77665544u, 0x7531), 0x77553311u);
+  EXPECT_EQ(qm::byte_perm(0x33221100u, 0x77665544u, 0x6420), 0x66442200u);
+  EXPECT_EQ(qm::byte_perm(0x33221100u, 0x77665544u, 0x3210), 0x33221100u);
+}
+
+// Random blocks of every kind the kernels meet: uniform bit patterns (NaN, Inf, subnormals
+// included), Gaussian data over a wide range of magnitudes, zeros, and injected specials.
+std::vector<uint16_t> random_block_bits(std::mt19937& rng, int n, int kind) {
+  std::vector<uint16_t> x(n);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float sigma = std::exp2(float(int(rng() % 200) - 100));
+  for (int i = 0; i < n; ++i) {
+    switch (kind % 5) {
+      case 0:
+        x[i] = uint16_t(rng());
+        break;
+      case 1:
+      case 2:
+        x[i] = float_to_bf16(nd(rng) * sigma);
+        break;
+      case 3:
+        x[i] = (rng() % 4) ? 0 : float_to_bf16(nd(rng));
+        break;
+      default:
+        x[i] = float_to_bf16(nd(rng) * sigma);
+    }
+  }
+  if (kind % 5 == 4) {
+    const uint16_t specials[] = {0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x8000, 0x0001, 0x7f7f, 0xff7f};
+    x[rng() % n] = specials[rng() % 8];
+  }
+  return x;
+}
+
+void to_words(const std::vector<uint16_t>& x, uint32_t* w) {
+  for (size_t i = 0; i < x.size() / 2; ++i)
+    w[i] = uint32_t(x[2 * i]) | (uint32_t(x[2 * i + 1]) << 16);
+}
+
+TEST(QuantizeMath, BlocksEqualReference) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> lnc(-40.0f, 40.0f);
+  for (int rep = 0; rep < 300000; ++rep) {
+    {
+      const std::vector<uint16_t> x = random_block_bits(rng, 16, rep);
+      uint32_t w[8], out[2];
+      uint8_t ref[8];
+      const float nc = rep % 3 == 0 ? 1.0f : std::exp2(lnc(rng));
+      const uint8_t sb_ref = quantize_block_nvfp4(x.data(), nc, ref);
+      to_words(x, w);
+      const uint8_t sb =
+          nc == 1.0f ? qm::nvfp4_block<true>(w, nc, out) : qm::nvfp4_block<false>(w, nc, out);
+      ASSERT_EQ(sb, sb_ref) << "nvfp4 rep " << rep << " nc " << nc;
+      ASSERT_EQ(0, std::memcmp(out, ref, 8)) << "nvfp4 rep " << rep << " nc " << nc;
+    }
+    const std::vector<uint16_t> x = random_block_bits(rng, 32, rep);
+    uint32_t w[16], out[8];
+    uint8_t ref[32];
+    to_words(x, w);
+    ASSERT_EQ(qm::mxfp4_block(w, out), quantize_block_mxfp4(x.data(), ref)) << rep;
+    ASSERT_EQ(0, std::memcmp(out, ref, 16)) << "mxfp4 rep " << rep;
+    ASSERT_EQ(qm::mxfp8_block(w, out), quantize_block_mxfp8(x.data(), ref)) << rep;
+    ASSERT_EQ(0, std::memcmp(out, ref, 32)) << "mxfp8 rep " << rep;
   }
 }
 
