@@ -640,6 +640,37 @@ TEST(Config, WeightTensorsOfTheWrongShapeOrDtypeAreNamed) {
   EXPECT_TRUE(c.thrown && contains(c.what, "scale")) << c.what;
 }
 
+TEST(Config, BootstrapAndWorkspaceMistakesAreNamed) {
+  const HostPack pack = random_pack(Recipe::kBf16, kE, kH, kI, 67);
+  const LayerConfig cfg = make_config(Recipe::kBf16, kE, kCap, kH, kI, kK);
+  // W > 1 without a fleet; a fleet of another size.
+  Caught c = catch_error(
+      [&] { MegaLayer l(boot(2, 0, nullptr), cfg, pack.view(0, 2), pack.epilogue_view(0, 2)); });
+  EXPECT_TRUE(c.thrown && contains(c.what, "fleet")) << c.what;
+  c = catch_error([&] {
+    MegaLayer l(boot(2, 0, make_cpu_fleet(3)), cfg, pack.view(0, 2), pack.epilogue_view(0, 2));
+  });
+  EXPECT_TRUE(c.thrown && contains(c.what, "3") && contains(c.what, "2")) << c.what;
+  // Weights on a device the CPU backend cannot read.
+  c = catch_error([&] {
+    WeightPack w = pack.view(0, kE);
+    w.w2.device = Device{DeviceKind::kCUDA, 0};
+    MegaLayer l(boot(1, 0, nullptr), cfg, w, pack.epilogue_view(0, kE));
+  });
+  EXPECT_TRUE(c.thrown && contains(c.what, "w2")) << c.what;
+  // Workspace calls with impossible arguments.
+  MegaLayer layer(boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
+  c = catch_error([&] { layer.create_workspace(0); });
+  EXPECT_TRUE(c.thrown && contains(c.what, "0")) << c.what;
+  c = catch_error([&] { layer.warmup(WorkspaceId{3}); });
+  EXPECT_TRUE(c.thrown && contains(c.what, "3")) << c.what;
+  c = catch_error([&] { layer.workspace_capacity(WorkspaceId{3}); });
+  EXPECT_TRUE(c.thrown && contains(c.what, "3")) << c.what;
+  // The layer still works.
+  const RankInputs in = random_inputs(3, kH, kK, kE, 68);
+  EXPECT_EQ(count_nan(run_into(layer, in.forward_inputs(), in.T)), 0u);
+}
+
 // Construction is collective: when one rank's weights or epilogue vectors are rejected, its
 // peers (already waiting in the construction collective) fail at once naming it, and the fleet
 // stays usable: a valid layer built on it next works on every rank.
