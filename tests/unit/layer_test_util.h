@@ -13,6 +13,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,11 @@
 #include "moe_ep/layer.h"
 #include "moe_ep/status.h"
 #include "moe_ep/tensor.h"
+
+namespace moe_ep {
+// GoogleTest prints parameters through PrintTo found by argument-dependent lookup.
+inline void PrintTo(Recipe r, std::ostream* os) { *os << recipe_name(r); }
+}  // namespace moe_ep
 
 namespace moe_ep::test {
 
@@ -105,13 +111,14 @@ inline std::string lower(std::string s) {
 
 struct Rng {
   uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x1234567ull) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  // The seed is mixed first: nearby seeds must not give the same stream shifted by a step.
+  explicit Rng(uint64_t seed) : s(mix(seed ^ 0x5DEECE66Dull) ^ mix(seed + 0x1234567ull)) {}
+  static uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
   }
+  uint64_t next() { return mix(s += 0x9E3779B97F4A7C15ull); }
   double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
   int below(int n) { return int(next() % uint64_t(n)); }
   // Approximately normal (sum of four uniforms), std 1.

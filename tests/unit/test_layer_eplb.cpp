@@ -59,8 +59,6 @@ void remap(std::vector<RankInputs>& ranks, int a, int b) {
     for (auto& id : r.ids) id = id == a ? b : (id == b ? a : id);
 }
 
-void PrintTo(Recipe r, std::ostream* os) { *os << recipe_name(r); }
-
 class Eplb : public ::testing::TestWithParam<Recipe> {};
 
 TEST_P(Eplb, MovingExpertsAndRemappingIdsKeepsOutputsBitwise) {
@@ -184,6 +182,55 @@ TEST_P(Eplb, MovingExpertsAndRemappingIdsKeepsOutputsBitwise) {
   const Reference ref = reference_forward(cfg, pack, phase_inputs[0]);
   for (int r = 0; r < kW; ++r)
     EXPECT_LE(rel_l2(outs[0][r], ref.out[r]), reference_tolerance(recipe)) << "rank " << r;
+}
+
+// A redundant copy (EPLB replicates a hot expert into another physical slot): after copying
+// global expert 2 (rank 0) over global expert 5 (rank 1) through kernel_weights() /
+// expert_weight_views(), routing a token's slot to 5 instead of 2 gives bitwise the same output.
+TEST_P(Eplb, RedundantCopyOnAnotherRankGivesTheSameBits) {
+  const Recipe recipe = GetParam();
+  const HostPack pack = random_pack(recipe, kE, kH, kI, 41 + int(recipe));
+  const LayerConfig cfg = make_config(recipe, kE, kCap, kH, kI, kK);
+  std::vector<RankInputs> inputs;
+  for (int r = 0; r < kW; ++r)
+    inputs.push_back(random_inputs(kCap, kH, kK, kE, 400 + r, Routing::kOneExpert, 0.0, 2));
+  for (auto& in : inputs)  // expert 5 is overwritten by the copy: nothing may use it before
+    for (auto& id : in.ids) id = id == 5 ? -1 : id;
+  std::vector<RankInputs> moved = inputs;
+  int rerouted = 0;
+  for (auto& in : moved)
+    for (int t = 0; t < in.T; t += 2)  // every other token's slot 0 goes to the copy
+      for (int k = 0; k < kK; ++k)
+        if (in.ids[t * kK + k] == 2 &&
+            std::count(in.ids.begin() + t * kK, in.ids.begin() + (t + 1) * kK, 5) == 0) {
+          in.ids[t * kK + k] = 5;
+          ++rerouted;
+        }
+  ASSERT_GT(rerouted, 4);
+  auto fleet = make_cpu_fleet(kW);
+  std::barrier sync(kW);
+  ExpertState staged;
+  std::vector<Bits> before(kW), after(kW);
+  run_fleet(kW, [&](int r) {
+    Bootstrap b;
+    b.world_size = kW;
+    b.rank = r;
+    b.backend = Backend::kCPU;
+    b.cpu_fleet = fleet;
+    MegaLayer layer(b, cfg, pack.view(r * kLocal, kLocal), pack.epilogue_view(r * kLocal, kLocal));
+    auto run = [&](const RankInputs& in) {
+      Tensor t = layer.forward(in.forward_inputs());
+      return Bits(t.ptr<uint16_t>(), t.ptr<uint16_t>() + t.numel());
+    };
+    before[r] = run(inputs[r]);
+    if (r == 0) staged = read_expert(layer, 2);
+    sync.arrive_and_wait();
+    if (r == 1) write_expert(layer, 5 - kLocal, staged);
+    sync.arrive_and_wait();
+    after[r] = run(moved[r]);
+    layer.destroy();
+  });
+  for (int r = 0; r < kW; ++r) EXPECT_EQ(bitwise_diff(after[r], before[r], kH), "") << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Eplb,
