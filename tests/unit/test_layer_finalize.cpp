@@ -4,6 +4,8 @@
 // thread counts give bitwise the same output; per-call epilogue vectors and num_tokens.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "layer_test_util.h"
 
 namespace moe_ep::test {
@@ -99,6 +101,34 @@ TEST_P(Finalize, UnfinalizedWeightsAreOnesWhenFc1AppliesThem) {
     layer.destroy();
   });
   for (int r = 0; r < p.world; ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+}
+
+// An empty slot (id -1) contributes nothing: whatever its top-k weight holds (here NaN) is
+// never read, in fc1 or in the finalize.
+TEST_P(Finalize, EmptySlotWeightsAreNeverRead) {
+  const auto p = GetParam();
+  const HostPack pack = random_pack(p.recipe, kE, kH, kI, 8);
+  LayerConfig cfg = make_config(p.recipe, kE, kCap, kH, kI, kK);
+  cfg.recipe.apply_topk_in_fc1 = p.topk_in_fc1;
+  auto zero = some_calls(p.world, 808, {kCap, 6});
+  auto nan = zero;
+  for (auto& call : zero)
+    for (auto& in : call)
+      for (size_t i = 0; i < in.ids.size(); ++i)
+        if (in.ids[i] < 0) in.w[i] = 0.0f;
+  for (auto& call : nan)
+    for (auto& in : call)
+      for (size_t i = 0; i < in.ids.size(); ++i)
+        if (in.ids[i] < 0) in.w[i] = std::numeric_limits<float>::quiet_NaN();
+  FleetSetup s{p.world, cfg, &pack};
+  for (OutMode mode : {OutMode::kCaller, OutMode::kUnfinalized}) {
+    SCOPED_TRACE(out_mode_name(mode));
+    const auto a = run_calls(s, zero, mode);
+    const auto b = run_calls(s, nan, mode);
+    expect_same(b, a, "NaN vs 0 weights in empty slots");
+    for (const auto& call : b)
+      for (const auto& out : call) EXPECT_EQ(count_nan(out), 0u);
+  }
 }
 
 std::vector<FinalizeCase> finalize_cases() {
