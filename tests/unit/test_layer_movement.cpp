@@ -76,6 +76,9 @@ TEST_P(DataMovement, EverySlotReachesItsExpertAndComesBack) {
   const bool in_fc1 = GetParam().topk_in_fc1;
   const int E = W * kLocal;
   ASSERT_LE(3 + E, kH);
+  // The design rests on sigmoid(32) == 1.0f, so that h = 32 u exactly.
+  ASSERT_EQ(fmt::swiglu(kGate, 3.0f, -1.0f), 96.0f);
+  ASSERT_EQ(1.0f / (1.0f + std::exp(-kGate)), 1.0f);
   const HostPack pack = payload_pack(E);
   LayerConfig cfg = make_config(Recipe::kBf16, E, kCap, kH, kI, kK);
   cfg.recipe.apply_topk_in_fc1 = in_fc1;
