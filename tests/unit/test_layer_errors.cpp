@@ -519,6 +519,30 @@ TEST(Lifetime, ForwardModeMismatchIsAnErrorAndChangesNothing) {
   }
 }
 
+TEST(Lifetime, PropertiesAsVllmReadsThem) {
+  const int W = 2;
+  const HostPack pack = random_pack(Recipe::kMxfp4Mxfp8, 2 * kE, kH, kI, 69);
+  const LayerConfig cfg = make_config(Recipe::kMxfp4Mxfp8, 2 * kE, kCap, kH, kI, kK);
+  auto fleet = make_cpu_fleet(W);
+  std::vector<std::string> bad(W);
+  run_fleet(W, [&](int r) {
+    MegaLayer layer(boot(W, r, fleet), cfg, pack.view(r * kE, kE), pack.epilogue_view(r * kE, kE));
+    auto check = [&](bool ok, const char* what) {
+      if (!ok) bad[r] += std::string(what) + "; ";
+    };
+    check(layer.topk_indices_dtype() == DType::kI32, "topk index dtype int32");
+    check(layer.output_is_reduced(), "output is reduced");
+    check(!layer.is_monolithic(), "not monolithic");
+    check(layer.rank() == r && layer.world_size() == W, "rank and world size");
+    check(layer.num_local_experts() == kE, "E_local");
+    check(layer.backend() == Backend::kCPU, "backend");
+    check(layer.config().recipe.recipe == Recipe::kMxfp4Mxfp8, "config");
+    check(layer.workspace_capacity(layer.default_workspace()) == kCap, "default capacity");
+    layer.destroy();
+  });
+  for (int r = 0; r < W; ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
@@ -526,6 +550,9 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   LayerConfig good = make_config(Recipe::kNvfp4, 8, 16, 256, 128, 2);
   EXPECT_TRUE(unsupported_reasons(good, 2).empty());
   EXPECT_TRUE(unsupported_reasons(good, 8).empty());
+  // Where no CUDA backend can run, asking for it gives a reason instead of an empty list.
+  if (resolve_backend(Backend::kAuto) == Backend::kCPU)
+    EXPECT_FALSE(unsupported_reasons(good, 2, Backend::kCUDA).empty());
 
   // Three problems, three reasons, each naming its value and limit.
   LayerConfig three = make_config(Recipe::kBf16, 6, 16, 100, 90, 2);
