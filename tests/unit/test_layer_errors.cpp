@@ -412,7 +412,7 @@ TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
   const int64_t kTimeout = 1000;
   auto fleet = make_cpu_fleet(W);
   std::atomic<bool> rank0_done{false};
-  Caught err, sticky;
+  Caught err, sticky, late;
   double elapsed = 0, sticky_ms = 0;
   auto errs = run_fleet_collect(W, [&](int r) {
     MegaLayer layer(boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
@@ -431,6 +431,9 @@ TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
       const auto t0 = Clock::now();
       while (!rank0_done && ms_since(t0) < 30000)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      // Now make the call, late: rank 0 has given up on it, so this must fail too, naming rank
+      // 0 — not return an output computed with whatever its buffers hold.
+      late = catch_error([&] { layer.forward(in.forward_inputs()); });
     }
     // The destructors run destroy() on desynchronized ranks: bounded, never throws.
   });
@@ -446,6 +449,9 @@ TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
   EXPECT_EQ(int(sticky.code), int(ErrorCode::kPeer)) << sticky.what;
   EXPECT_TRUE(contains(sticky.what, "rank 1")) << sticky.what;
   EXPECT_LT(sticky_ms, kTimeout * 0.5) << "the sticky error waited again: " << sticky.what;
+  EXPECT_TRUE(late.thrown) << "rank 1's late call returned an output without rank 0";
+  EXPECT_EQ(int(late.code), int(ErrorCode::kPeer)) << late.what;
+  EXPECT_TRUE(contains(late.what, "rank 0")) << late.what;
 }
 
 TEST(Lifetime, CallsAfterDestroyFailClearlyAndDestroyIsIdempotent) {
