@@ -41,6 +41,10 @@ struct ForwardInputs {
   EpilogueVectors epilogue;
   std::optional<WorkspaceId> workspace;  // default workspace when left out
   void* stream = nullptr;                // cudaStream_t for the CUDA backend
+  // Optional int32 scalar on the layer's device: the number of valid leading tokens, read when
+  // the forward runs (so a CUDA graph captured at T rows replays with any count <= T). Rows at
+  // and past it are not computed; their outputs are written as zeros.
+  const int32_t* num_tokens = nullptr;
 };
 
 struct UnfinalizedOutput {

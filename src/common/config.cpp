@@ -9,10 +9,14 @@ namespace moe_ep {
 
 const char* recipe_name(Recipe r) {
   switch (r) {
-    case Recipe::kNvfp4: return "nvfp4";
-    case Recipe::kMxfp4Mxfp8: return "mxfp4_mxfp8";
-    case Recipe::kMxfp4Bf16: return "mxfp4_bf16";
-    case Recipe::kBf16: return "bf16";
+    case Recipe::kNvfp4:
+      return "nvfp4";
+    case Recipe::kMxfp4Mxfp8:
+      return "mxfp4_mxfp8";
+    case Recipe::kMxfp4Bf16:
+      return "mxfp4_bf16";
+    case Recipe::kBf16:
+      return "bf16";
   }
   return "?";
 }
@@ -25,19 +29,26 @@ std::optional<Recipe> parse_recipe(const std::string& name) {
 
 RecipeTraits recipe_traits(Recipe r) {
   switch (r) {
-    case Recipe::kNvfp4: return {true, 16, true, false};
-    case Recipe::kMxfp4Mxfp8: return {true, 32, false, true};
-    case Recipe::kMxfp4Bf16: return {true, 32, false, false};
-    case Recipe::kBf16: return {false, 0, false, false};
+    case Recipe::kNvfp4:
+      return {true, 16, true, false};
+    case Recipe::kMxfp4Mxfp8:
+      return {true, 32, false, true};
+    case Recipe::kMxfp4Bf16:
+      return {true, 32, false, false};
+    case Recipe::kBf16:
+      return {false, 0, false, false};
   }
   return {};
 }
 
 const char* backend_name(Backend b) {
   switch (b) {
-    case Backend::kAuto: return "auto";
-    case Backend::kCPU: return "cpu";
-    case Backend::kCUDA: return "cuda";
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kCPU:
+      return "cpu";
+    case Backend::kCUDA:
+      return "cuda";
   }
   return "?";
 }
@@ -51,8 +62,8 @@ std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_siz
   if (world_size < 1) r.push_back("world size W = " + s(world_size) + " must be >= 1");
   if (f.num_experts < 1) r.push_back("num_experts E = " + s(f.num_experts) + " must be >= 1");
   if (world_size >= 1 && f.num_experts >= 1 && f.num_experts % world_size != 0)
-    r.push_back("num_experts E = " + s(f.num_experts) + " is not divisible by the EP world size W = " +
-                s(world_size));
+    r.push_back("num_experts E = " + s(f.num_experts) +
+                " is not divisible by the EP world size W = " + s(world_size));
   if (f.max_tokens_per_rank < 1)
     r.push_back("max_tokens_per_rank = " + s(f.max_tokens_per_rank) + " must be >= 1");
   if (f.hidden_size < 64 || f.hidden_size % 64 != 0)
@@ -65,8 +76,7 @@ std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_siz
   if (rc.top_k > kMaxTopK)
     r.push_back("top_k K = " + s(rc.top_k) + " exceeds the supported maximum " + s(kMaxTopK));
   if (rc.swiglu_limit && !(*rc.swiglu_limit > 0.0f && std::isfinite(*rc.swiglu_limit)))
-    r.push_back("swiglu_limit = " + std::to_string(*rc.swiglu_limit) +
-                " must be finite and > 0");
+    r.push_back("swiglu_limit = " + std::to_string(*rc.swiglu_limit) + " must be finite and > 0");
   if (!(rc.input_norm_const > 0.0f && std::isfinite(rc.input_norm_const)))
     r.push_back("input_norm_const = " + std::to_string(rc.input_norm_const) +
                 " must be finite and > 0");

@@ -11,26 +11,38 @@ size_t dtype_size(DType t) {
   switch (t) {
     case DType::kU8:
     case DType::kF8E4M3:
-    case DType::kF8E8M0: return 1;
+    case DType::kF8E8M0:
+      return 1;
     case DType::kBF16:
-    case DType::kF16: return 2;
+    case DType::kF16:
+      return 2;
     case DType::kI32:
-    case DType::kF32: return 4;
-    case DType::kI64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kI64:
+      return 8;
   }
   return 1;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kU8: return "uint8";
-    case DType::kF8E4M3: return "float8_e4m3fn";
-    case DType::kF8E8M0: return "float8_e8m0fnu";
-    case DType::kI32: return "int32";
-    case DType::kI64: return "int64";
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
+    case DType::kU8:
+      return "uint8";
+    case DType::kF8E4M3:
+      return "float8_e4m3fn";
+    case DType::kF8E8M0:
+      return "float8_e8m0fnu";
+    case DType::kI32:
+      return "int32";
+    case DType::kI64:
+      return "int64";
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
   }
   return "?";
 }

@@ -27,8 +27,8 @@ struct WorkspaceLayout {
   int act_row_bytes = 0;   // one token row in the activation format, 16-byte aligned
   int meta_row_bytes = 0;  // token index + K ids + K weights, 16-byte aligned
 
-  size_t recv_act_off = 0, recv_meta_off = 0, recv_count_off = 0, signals_off = 0,
-         combine_off = 0, out_off = 0, total_bytes = 0;
+  size_t recv_act_off = 0, recv_meta_off = 0, recv_count_off = 0, signals_off = 0, combine_off = 0,
+         out_off = 0, total_bytes = 0;
 
   static constexpr size_t kAlign = 256;
   MOE_EP_HD static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }

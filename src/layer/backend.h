@@ -22,7 +22,8 @@ struct ValidatedForward {
   TensorView weights;  // f32 [T, K] contiguous
   EpilogueVectors epilogue;
   int workspace = 0;
-  int tokens = 0;
+  int tokens = 0;                       // rows of x (an upper bound when num_tokens is set)
+  const int32_t* num_tokens = nullptr;  // device-side valid count, see ForwardInputs
   void* stream = nullptr;
 };
 
@@ -50,6 +51,9 @@ class LayerBackend {
   virtual int allreduce_max(int value) = 0;  // collective
   virtual Tensor allocate(DType dtype, std::initializer_list<int64_t> shape) = 0;
   virtual void destroy() = 0;  // collective; called once
+  // This rank rejected a collective call's arguments before taking part: tell the peers (where
+  // the transport can) so they fail fast instead of timing out.
+  virtual void abandon_call(const std::string& why) { (void)why; }
 };
 
 std::unique_ptr<LayerBackend> make_cpu_backend(const Bootstrap& boot, const LayerConfig& config,

@@ -31,7 +31,7 @@ void expect_tensor(const TensorView& t, const char* name, DType dtype,
   if (!(t.device == device))
     invalid(std::string(name) + " is on " + t.describe() + ", the layer runs on " +
             (device.kind == DeviceKind::kCPU ? std::string("cpu")
-                                              : "cuda:" + std::to_string(device.index)));
+                                             : "cuda:" + std::to_string(device.index)));
   if (t.numel() > 0 && t.data == nullptr) invalid(std::string(name) + " has a null data pointer");
   if (contiguous && !t.is_contiguous())
     invalid(std::string(name) + " must be contiguous (strides " + str(t.strides[0]) + ", " +
@@ -176,6 +176,7 @@ ValidatedForward validate_inputs(const MegaLayer& layer, LayerBackend& b, const 
   v.epilogue = in.epilogue;
   v.tokens = int(T);
   v.stream = in.stream;
+  v.num_tokens = in.num_tokens;
   return v;
 }
 
@@ -186,8 +187,15 @@ void MegaLayer::forward(const ForwardInputs& in, const TensorView& out) {
   if (!config_.recipe.do_finalize)
     throw Error(ErrorCode::kState,
                 "forward() on a layer built with do_finalize = false; call forward_unfinalized()");
-  ValidatedForward v = validate_inputs(*this, b, in);
-  expect_tensor(out, "out", DType::kBF16, {v.tokens, config_.fleet.hidden_size}, b.device(), true);
+  ValidatedForward v;
+  try {
+    v = validate_inputs(*this, b, in);
+    expect_tensor(out, "out", DType::kBF16, {v.tokens, config_.fleet.hidden_size}, b.device(),
+                  true);
+  } catch (const Error& e) {
+    b.abandon_call(e.what());
+    throw;
+  }
   ForwardTargets t;
   t.out = out;
   b.forward(v, t);
@@ -205,11 +213,13 @@ TensorView MegaLayer::forward_view(const ForwardInputs& in) {
   auto& b = live("forward");
   const int ws = in.workspace ? in.workspace->index : 0;
   const int64_t T = in.hidden_states.ndim == 2 ? in.hidden_states.shape[0] : 0;
-  b.workspace_capacity(ws);
-  if (T > b.workspace_capacity(ws))
-    throw Error(ErrorCode::kCapacity, "hidden_states has T = " + str(T) +
-                                          " tokens, more than the workspace capacity " +
-                                          str(b.workspace_capacity(ws)));
+  if (T > b.workspace_capacity(ws)) {
+    const std::string msg = "hidden_states has T = " + str(T) +
+                            " tokens, more than the workspace capacity " +
+                            str(b.workspace_capacity(ws));
+    b.abandon_call(msg);
+    throw Error(ErrorCode::kCapacity, msg);
+  }
   TensorView out = b.workspace_output(ws, int(T));
   forward(in, out);
   return out;
@@ -220,7 +230,13 @@ UnfinalizedOutput MegaLayer::forward_unfinalized(const ForwardInputs& in) {
   if (config_.recipe.do_finalize)
     throw Error(ErrorCode::kState,
                 "forward_unfinalized() on a layer built with do_finalize = true; call forward()");
-  ValidatedForward v = validate_inputs(*this, b, in);
+  ValidatedForward v;
+  try {
+    v = validate_inputs(*this, b, in);
+  } catch (const Error& e) {
+    b.abandon_call(e.what());
+    throw;
+  }
   const int64_t T = v.tokens, K = config_.recipe.top_k, H = config_.fleet.hidden_size;
   UnfinalizedOutput o;
   o.rows = b.allocate(DType::kBF16, {T * K, H});

@@ -1,6 +1,7 @@
 #include "reference/cpu_fleet.h"
 
 #include <chrono>
+#include <memory>
 
 #include "moe_ep/config.h"
 #include "moe_ep/status.h"
@@ -14,32 +15,49 @@ std::shared_ptr<CpuFleet> make_cpu_fleet(int world_size) {
   return std::make_shared<CpuFleet>(world_size);
 }
 
-CpuFleet::CpuFleet(int world_size)
-    : world_size_(world_size),
-      arrived_(world_size, 0),
-      abandoned_seq_(world_size, -1),
-      abandon_why_(world_size) {}
+CpuFleet::CpuFleet(int world_size) : world_size_(world_size), opened_(world_size, 0) {}
 
-void CpuFleet::barrier(int rank, uint64_t ticket, int64_t call_seq, const char* stage,
+CpuFleet::Channel& CpuFleet::channel(int c) {
+  auto it = channels_.find(c);
+  if (it == channels_.end()) {
+    Channel ch;
+    ch.arrived.assign(world_size_, 0);
+    ch.abandoned_seq.assign(world_size_, -1);
+    ch.why.assign(world_size_, "");
+    it = channels_.emplace(c, std::move(ch)).first;
+  }
+  return it->second;
+}
+
+int CpuFleet::open_channel(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int c = opened_[rank]++;
+  channel(c);
+  return c;
+}
+
+void CpuFleet::barrier(int c, int rank, uint64_t ticket, int64_t seq, const char* stage,
                        int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (arrived_[rank] < ticket) arrived_[rank] = ticket;
+  Channel& ch = channel(c);
+  if (ch.arrived[rank] < ticket) ch.arrived[rank] = ticket;
   cv_.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     int missing = -1;
     for (int r = 0; r < world_size_; ++r) {
-      if (r != rank && abandoned_seq_[r] == call_seq && call_seq >= 0)
-        throw Error(ErrorCode::kPeer, "moe_ep: rank " + std::to_string(r) +
-                                          " abandoned the call at stage '" + stage +
-                                          "': " + abandon_why_[r]);
-      if (missing < 0 && arrived_[r] < ticket) missing = r;
+      if (r != rank && ch.abandoned_seq[r] == seq)
+        throw Error(ErrorCode::kPeer, "moe_ep: peer rank " + std::to_string(r) +
+                                          " abandoned the call (stage '" + stage +
+                                          "'): " + ch.why[r]);
+      if (missing < 0 && ch.arrived[r] < ticket) missing = r;
     }
     if (missing < 0) return;
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      bool all = true;
-      for (int r = 0; r < world_size_; ++r) all = all && arrived_[r] >= ticket;
-      if (all) return;
+      missing = -1;
+      for (int r = 0; r < world_size_ && missing < 0; ++r)
+        if (ch.arrived[r] < ticket) missing = r;
+      if (missing < 0) return;
       throw Error(ErrorCode::kPeer, "moe_ep: rank " + std::to_string(rank) + " timed out after " +
                                         std::to_string(timeout_ms) + " ms at stage '" + stage +
                                         "' waiting for peer rank " + std::to_string(missing));
@@ -47,49 +65,43 @@ void CpuFleet::barrier(int rank, uint64_t ticket, int64_t call_seq, const char* 
   }
 }
 
-void CpuFleet::abandon(int rank, int64_t call_seq, const std::string& why) {
+void CpuFleet::abandon(int c, int rank, int64_t seq, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  abandoned_seq_[rank] = call_seq;
-  abandon_why_[rank] = why;
+  Channel& ch = channel(c);
+  ch.abandoned_seq[rank] = seq;
+  ch.why[rank] = why;
   cv_.notify_all();
 }
 
-void CpuFleet::publish(int rank, int key, void* ptr) {
+void CpuFleet::publish(int c, int rank, int key, void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
-  windows_[{rank, key}] = ptr;
+  channel(c).windows[{rank, key}] = ptr;
 }
 
-void* CpuFleet::peer_ptr(int peer, int key) {
+void* CpuFleet::peer_ptr(int c, int peer, int key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = windows_.find({peer, key});
-  if (it == windows_.end())
+  auto& w = channel(c).windows;
+  auto it = w.find({peer, key});
+  if (it == w.end())
     throw Error(ErrorCode::kPeer, "moe_ep: rank " + std::to_string(peer) +
-                                      " has not published window " + std::to_string(key));
+                                      " has not published workspace " + std::to_string(key));
   return it->second;
 }
 
-std::vector<int64_t> CpuFleet::allgather(int rank, int64_t value, uint64_t ticket,
-                                         int64_t call_seq, const char* stage,
-                                         int64_t timeout_ms) {
+std::vector<int64_t> CpuFleet::allgather(int c, int rank, int64_t value, uint64_t ticket,
+                                         int64_t seq, const char* stage, int64_t timeout_ms) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto& slot = gathered_[ticket];
+    auto& slot = channel(c).gathered[ticket];
     if (slot.empty()) slot.assign(world_size_, 0);
     slot[rank] = value;
   }
-  barrier(rank, ticket, call_seq, stage, timeout_ms);
-  std::vector<int64_t> out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    out = gathered_[ticket];
-  }
-  // Everyone has read once every rank passed the next barrier; entries are small and keyed by
-  // ticket, so old ones are dropped lazily here.
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = gathered_.begin(); it != gathered_.end() && it->first + 64 < ticket;)
-      it = gathered_.erase(it);
-  }
+  barrier(c, rank, ticket, seq, stage, timeout_ms);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& g = channel(c).gathered;
+  std::vector<int64_t> out = g[ticket];
+  // Entries far behind every rank are no longer read by anyone.
+  while (!g.empty() && g.begin()->first + 64 < ticket) g.erase(g.begin());
   return out;
 }
 
