@@ -20,9 +20,9 @@ struct QuantTraits {
 
 template <QuantFormat F, bool kUnitNorm>
 __device__ __forceinline__ uint8_t quantize_words(const uint32_t* w, float norm_const,
-                                                  uint32_t* out, const float* rcp_table) {
+                                                  uint32_t* out) {
   if constexpr (F == QuantFormat::kNvfp4) {
-    return qmath::nvfp4_block<kUnitNorm>(w, norm_const, out, rcp_table);
+    return qmath::nvfp4_block<kUnitNorm>(w, norm_const, out);
   } else if constexpr (F == QuantFormat::kMxfp4) {
     return qmath::mxfp4_block(w, out);
   } else {
@@ -41,14 +41,6 @@ __global__ void __launch_bounds__(256)
   const uint32_t blocks_per_row = blocks_per_row_div.d;
   const uint32_t total = uint32_t(rows > 0 ? rows : 0) * blocks_per_row;
   const uint32_t num_threads = gridDim.x * blockDim.x;
-
-  // NVFP4: RN(1 / s) for every positive E4M3 scale code (the scale is never negative or NaN).
-  __shared__ float rcp_table[F == QuantFormat::kNvfp4 ? 128 : 1];
-  if constexpr (F == QuantFormat::kNvfp4) {
-    for (int i = threadIdx.x; i < 128; i += blockDim.x)
-      rcp_table[i] = __fdiv_rn(1.0f, qmath::e4m3_value(uint8_t(i)));
-    __syncthreads();
-  }
 
   for (uint32_t base = blockIdx.x * blockDim.x + threadIdx.x; base < total;
        base += num_threads * kBlocksPerThread) {
@@ -79,7 +71,7 @@ __global__ void __launch_bounds__(256)
       const uint32_t g = base + j * num_threads;
       if (g >= total) break;
       uint32_t o[Tr::kOutWords];
-      const uint8_t s = quantize_words<F, kUnitNorm>(w[j], p.norm_const, o, rcp_table);
+      const uint8_t s = quantize_words<F, kUnitNorm>(w[j], p.norm_const, o);
       // Outputs are contiguous: block g's bytes start at g * kOutWords * 4.
       uint32_t* dst = reinterpret_cast<uint32_t*>(p.data) + int64_t(g) * Tr::kOutWords;
       if constexpr (kVector) {
