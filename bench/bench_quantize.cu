@@ -146,7 +146,8 @@ int main(int argc, char** argv) {
       probe.input = reinterpret_cast<const uint16_t*>(uintptr_t(256));
       probe.data = reinterpret_cast<uint8_t*>(uintptr_t(256));
       const int chosen = moe_ep::kernels::quantize_launch_config(f, probe).blocks_per_thread;
-      for (int bpt : {1, 2}) results.push_back(run_case(f, T, hidden, bpt, bpt == chosen, iters));
+      for (int bpt : {1, 2, 4})
+        results.push_back(run_case(f, T, hidden, bpt, bpt == chosen, iters));
     }
   }
 

@@ -9,7 +9,7 @@
 // out NaN: the block amax ignores NaN elements, and an Inf amax saturates the scale.
 #pragma once
 
-#include <cmath>  // host paths of the .cu files use std::fmax / std::nearbyint too
+#include <cmath>  // host paths of the .cu files use std::nearbyint / std::exp too
 #include <cstdint>
 #include <cstring>
 
@@ -71,12 +71,16 @@ MOE_EP_HD float add_rn(float a, float b) {
 MOE_EP_HD float abs_f(float x) { return bits_float(float_bits(x) & 0x7fffffffu); }
 MOE_EP_HD bool is_nan(float x) { return (float_bits(x) & 0x7fffffffu) > 0x7f800000u; }
 
-// max that ignores NaN operands (fmaxf semantics on both sides).
+// max that ignores NaN operands, quiet or signaling. Not std::fmax on the host: glibc follows
+// IEEE 754-2008 maxNum there and returns NaN for a signaling NaN operand, while the GPU's max
+// ignores every NaN (a bf16 sNaN such as 0x7f87 would give the block a NaN scale on the CPU).
 MOE_EP_HD float max_ignore_nan(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return fmaxf(a, b);
 #else
-  return std::fmax(a, b);
+  if (is_nan(b)) return a;
+  if (is_nan(a)) return b;
+  return a < b ? b : a;
 #endif
 }
 

@@ -244,6 +244,7 @@ TEST(QuantizeGpu, StridesAlignmentAndBlocksPerThread) {
     check_case({f, 300, 2048, 2048 + 3, 1.0f});  // odd stride: scalar path
     check_case({f, 1000, 7168, 7168, 1.0f}, 1);  // both instances of the vector path
     check_case({f, 1000, 7168, 7168, 1.0f}, 2);
+    check_case({f, 1000, 7168, 7168, 1.0f}, 4);
   }
   // Norm constants that overflow amax * nc for large rows, and tiny ones.
   check_case({QuantFormat::kNvfp4, 256, 2048, 2048, 0x1p100f});
@@ -306,6 +307,7 @@ TEST(QuantizeGpu, RejectsBadArguments) {
   p.num_tokens = 0;  // T = 0: nothing to do, nothing launched
   EXPECT_EQ(launch_quantize(QuantFormat::kNvfp4, p, nullptr), cudaSuccess);
   EXPECT_EQ(launch_quantize_with(QuantFormat::kNvfp4, p, 3, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_quantize_with(QuantFormat::kNvfp4, p, 4, nullptr), cudaSuccess);
 }
 
 }  // namespace

@@ -405,6 +405,31 @@ TEST(BlockPolicy, NanElementsIgnoredByScale) {
   EXPECT_EQ(mxfp8(all_nan.data()).q[0], 0x7f);
 }
 
+// Signaling NaNs (bf16 0x7f81..0x7fbf and negatives) are ignored by the scale like quiet ones,
+// wherever they sit in the block (the host's std::fmax would not: it returns NaN for them).
+TEST(BlockPolicy, SignalingNanIgnoredByScale) {
+  std::mt19937 rng(21);
+  for (uint16_t snan : {uint16_t(0x7f87), uint16_t(0xff81), uint16_t(0x7fbf), uint16_t(0x7fc0)}) {
+    for (int pos = 0; pos < 32; ++pos) {
+      uint16_t x[32], y[32];
+      for (int i = 0; i < 32; ++i) x[i] = y[i] = float_to_bf16(float(int(rng() % 2001) - 1000));
+      x[pos] = snan;
+      y[pos] = 0;
+      uint8_t px[32], py[32];
+      const int npos = pos % 16;
+      uint16_t xn[16], yn[16];
+      std::memcpy(xn, x + (pos / 16) * 16, 32);
+      std::memcpy(yn, y + (pos / 16) * 16, 32);
+      ASSERT_EQ(quantize_block_nvfp4(xn, 1.0f, px), quantize_block_nvfp4(yn, 1.0f, py)) << pos;
+      ASSERT_EQ(nib(px, npos), 0x7);
+      ASSERT_EQ(quantize_block_mxfp4(x, px), quantize_block_mxfp4(y, py)) << pos;
+      ASSERT_EQ(quantize_block_mxfp8(x, px), quantize_block_mxfp8(y, py)) << pos;
+      ASSERT_EQ(px[pos], 0x7f);
+      ASSERT_EQ(block_amax(x, 32), block_amax(y, 32));
+    }
+  }
+}
+
 TEST(BlockPolicy, OneHugeValue) {
   std::vector<float> x = gaussian(32, 1.0f, 13);
   x[7] = 3.0e37f;

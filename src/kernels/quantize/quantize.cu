@@ -36,15 +36,20 @@ constexpr int kThreads = 256;
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-// Two blocks per thread doubles the loads each thread has in flight where the grid would
-// otherwise be small per SM; one keeps more threads for the small-T decode shapes.
-int blocks_per_thread_for(int64_t total_blocks) { return total_blocks >= (1 << 18) ? 2 : 1; }
+// Measured on the H200 (bench/results/h200-quantize-2026-11-29-run1.json, T = 4096, H = 7168):
+// two blocks per thread help NVFP4 (more math per byte, 66.6% -> 68.6% of the copy ceiling)
+// and hurt MXFP4 / MXFP8 (74.6% -> 70.5%, 84.7% -> 81.7%); small grids keep one.
+int blocks_per_thread_for(QuantFormat f, int64_t total_blocks) {
+  return f == QuantFormat::kNvfp4 && total_blocks >= (1 << 18) ? 2 : 1;
+}
 
 template <QuantFormat F, bool kUnitNorm>
 cudaError_t launch_for(const QuantizeParams& p, const QuantizeLaunch& c, cudaStream_t stream) {
   const qmath::FastDivU32 bpr(uint32_t(p.hidden / quant_block_elems(F)));
   if (c.vector_loads) {
-    if (c.blocks_per_thread == 2)
+    if (c.blocks_per_thread == 4)
+      quantize_bf16_kernel<F, 4, true, kUnitNorm><<<c.grid, c.threads, 0, stream>>>(p, bpr);
+    else if (c.blocks_per_thread == 2)
       quantize_bf16_kernel<F, 2, true, kUnitNorm><<<c.grid, c.threads, 0, stream>>>(p, bpr);
     else
       quantize_bf16_kernel<F, 1, true, kUnitNorm><<<c.grid, c.threads, 0, stream>>>(p, bpr);
@@ -70,7 +75,7 @@ QuantizeLaunch config_with(QuantFormat f, const QuantizeParams& p, int blocks_pe
 QuantizeLaunch quantize_launch_config(QuantFormat f, const QuantizeParams& p) {
   const int64_t total = int64_t(p.num_tokens > 0 ? p.num_tokens : 0) *
                         (p.hidden > 0 ? p.hidden / quant_block_elems(f) : 0);
-  return config_with(f, p, blocks_per_thread_for(total));
+  return config_with(f, p, blocks_per_thread_for(f, total));
 }
 
 namespace {
@@ -90,7 +95,7 @@ bool valid(QuantFormat f, const QuantizeParams& p) {
 
 cudaError_t launch_quantize_with(QuantFormat f, const QuantizeParams& p, int blocks_per_thread,
                                  cudaStream_t stream) {
-  if (!valid(f, p) || (blocks_per_thread != 1 && blocks_per_thread != 2))
+  if (!valid(f, p) || (blocks_per_thread != 1 && blocks_per_thread != 2 && blocks_per_thread != 4))
     return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
   const QuantizeLaunch c = config_with(f, p, blocks_per_thread);

@@ -46,7 +46,7 @@ QuantizeLaunch quantize_launch_config(QuantFormat f, const QuantizeParams& p);
 // > 0), then launches on `stream`. T = 0 launches nothing. Returns the launch error.
 cudaError_t launch_quantize(QuantFormat f, const QuantizeParams& p, cudaStream_t stream);
 
-// The same with blocks_per_thread (1 or 2) forced instead of chosen (benchmarks compare them).
+// The same with blocks_per_thread (1, 2 or 4) forced instead of chosen (benchmarks compare).
 cudaError_t launch_quantize_with(QuantFormat f, const QuantizeParams& p, int blocks_per_thread,
                                  cudaStream_t stream);
 
