@@ -592,8 +592,6 @@ inline const char* out_mode_name(OutMode m) {
   return "?";
 }
 
-inline uint16_t load_bits(const void* p, size_t i) { return static_cast<const uint16_t*>(p)[i]; }
-
 // SPEC §3 finalize of an unfinalized output: fp32, separate multiply and add, slot order.
 inline Bits sum_unfinalized(const UnfinalizedOutput& u, const RankInputs& in) {
   const int T = in.T, K = in.K, H = in.H;
@@ -619,9 +617,7 @@ struct FleetSetup {
   LayerConfig cfg;
   const HostPack* pack = nullptr;
   int64_t timeout_ms = 30000;
-  int omp_threads = 0;                // > 0: omp_set_num_threads in every rank thread
-  std::vector<int> extra_workspaces;  // capacities created after construction
-  std::function<std::optional<WorkspaceId>(MegaLayer&, int call, int rank)> pick_workspace;
+  int omp_threads = 0;  // > 0: omp_set_num_threads in every rank thread
 };
 
 inline void set_omp_threads(int n) { omp_set_num_threads(n); }
@@ -646,12 +642,10 @@ inline std::vector<std::vector<Bits>> run_calls(const FleetSetup& s,
     LayerConfig cfg = s.cfg;
     if (mode == OutMode::kUnfinalized) cfg.recipe.do_finalize = false;
     MegaLayer layer(b, cfg, s.pack->view(r * El, El), s.pack->epilogue_view(r * El, El));
-    for (int cap : s.extra_workspaces) layer.create_workspace(cap);
     TensorView prev_view;
     for (size_t c = 0; c < calls.size(); ++c) {
       const RankInputs& in = calls[c][r];
       ForwardInputs fi = in.forward_inputs();
-      if (s.pick_workspace) fi.workspace = s.pick_workspace(layer, int(c), r);
       Bits& out = outs[c][r];
       switch (mode) {
         case OutMode::kCaller: {
