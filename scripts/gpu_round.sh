@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
-#   scripts/gpu_round.sh [build] [test] [sanitize] [bench] [cli]     (default: all)
+#   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [bench] [cli]     (default: all)
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-steps="${*:-build test sanitize bench cli}"
+steps="${*:-build test sanitize multigpu bench cli}"
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 # NVLink multicast stays off on these machines (DEVICE.md).
@@ -51,6 +51,14 @@ if has sanitize; then
       --gtest_filter='GpuLayer.SmallForSanitizer' >"$OUT/sanitize_$tool.log" 2>&1 || status=1
     echo "$tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)"
   done
+fi
+
+if has multigpu; then
+  echo "== multi-GPU tests (one process per GPU; skip below 2 GPUs)"
+  MOE_EP_BENCH_JSON="$OUT/ep_transfer.json" "$BUILD/tests/multigpu/moe_ep_multigpu_tests" \
+    --gtest_output=json:"$OUT/multigpu_tests.json" >"$OUT/multigpu_tests.log" 2>&1 || status=1
+  grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure|rank [0-9]|DSV3|blocks|^ +[0-9]+ |decode" \
+    "$OUT/multigpu_tests.log" | head -80
 fi
 
 if has bench; then

@@ -12,14 +12,14 @@ echo "[test] format check"
 ./scripts/format.sh --check
 
 echo "[test] configure + build ($BUILD)"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_TESTS=ON -DMOE_EP_BENCH=ON \
   -DPython3_EXECUTABLE="$PWD/.venv/bin/python" >"$BUILD.configure.log" 2>&1 ||
   { cat "$BUILD.configure.log"; exit 1; }
 grep "moe_ep:" "$BUILD.configure.log" || true
 cmake --build "$BUILD" -j "$JOBS"
 
 echo "[test] C++ tests"
-(cd "$BUILD" && ctest --output-on-failure)
+(cd "$BUILD" && ctest --output-on-failure --no-tests=error)
 
 if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
   echo "[test] Python tests"

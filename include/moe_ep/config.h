@@ -26,9 +26,9 @@ std::optional<Recipe> parse_recipe(const std::string& name);  // "nvfp4", "mxfp4
 
 // Per-recipe storage facts (SPEC §3.1 checkpoint layout).
 struct RecipeTraits {
-  bool weights_4bit;      // w13/w2 are packed E2M1 bytes (else bf16 elements)
-  int weight_block;       // elements per weight scale (16 or 32; 0 for bf16)
-  bool e4m3_scales;       // scale bytes are E4M3 (else UE8M0)
+  bool weights_4bit;        // w13/w2 are packed E2M1 bytes (else bf16 elements)
+  int weight_block;         // elements per weight scale (16 or 32; 0 for bf16)
+  bool e4m3_scales;         // scale bytes are E4M3 (else UE8M0)
   bool topk_in_fc1_forced;  // the recipe always applies the top-k weight in fc1
 };
 RecipeTraits recipe_traits(Recipe r);
@@ -70,8 +70,8 @@ struct Bootstrap {
   int device = 0;                    // CUDA ordinal of this rank
   void* nccl_comm = nullptr;         // a caller's ncclComm_t, or
   std::optional<std::array<char, 128>> nccl_unique_id;  // an ncclUniqueId shared by all ranks
-  std::shared_ptr<CpuFleet> cpu_fleet;                   // CPU backend with W > 1
-  int64_t timeout_ms = 30000;         // every wait on a peer gives up after this
+  std::shared_ptr<CpuFleet> cpu_fleet;                  // CPU backend with W > 1
+  int64_t timeout_ms = 30000;                           // every wait on a peer gives up after this
   int64_t warmup_timeout_ms = 120000;  // the same for construction, warmup and destroy
 };
 

@@ -3,11 +3,13 @@
 // CUDA kernels, so both round the same way bit for bit.
 //
 // Policy (docs/quantization.md): rounding is to nearest, ties to even; E4M3 and E2M1 saturate
-// to their largest finite value (±448, ±6), Inf included; NaN becomes E4M3 0x7F and E2M1 +6
-// (the CUDA toolkit's conversions do the same). Block scales never come out NaN: the block
-// amax ignores NaN elements, and an Inf amax saturates the scale.
+// to their largest finite value (±448, ±6), Inf included; NaN of either sign becomes E4M3 0x7F
+// and E2M1 +6, exactly as the CUDA toolkit's host conversions (__nv_cvt_float_to_fp8 with
+// __NV_SATFINITE, __nv_cvt_float_to_fp4 with cudaRoundNearest) do. Block scales never come
+// out NaN: the block amax ignores NaN elements, and an Inf amax saturates the scale.
 #pragma once
 
+#include <cmath>  // host paths of the .cu files use std::nearbyint / std::exp too
 #include <cstdint>
 #include <cstring>
 
@@ -15,7 +17,6 @@
 #define MOE_EP_HD __host__ __device__ __forceinline__
 #else
 #define MOE_EP_HD inline
-#include <cmath>
 #endif
 
 namespace moe_ep::fmt {
@@ -70,12 +71,16 @@ MOE_EP_HD float add_rn(float a, float b) {
 MOE_EP_HD float abs_f(float x) { return bits_float(float_bits(x) & 0x7fffffffu); }
 MOE_EP_HD bool is_nan(float x) { return (float_bits(x) & 0x7fffffffu) > 0x7f800000u; }
 
-// max that ignores NaN operands (fmaxf semantics on both sides).
+// max that ignores NaN operands, quiet or signaling. Not std::fmax on the host: glibc follows
+// IEEE 754-2008 maxNum there and returns NaN for a signaling NaN operand, while the GPU's max
+// ignores every NaN (a bf16 sNaN such as 0x7f87 would give the block a NaN scale on the CPU).
 MOE_EP_HD float max_ignore_nan(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return fmaxf(a, b);
 #else
-  return std::fmax(a, b);
+  if (is_nan(b)) return a;
+  if (is_nan(a)) return b;
+  return a < b ? b : a;
 #endif
 }
 
@@ -101,7 +106,7 @@ MOE_EP_HD float bf16_to_float(uint16_t b) { return bits_float(uint32_t(b) << 16)
 MOE_EP_HD uint16_t float_to_bf16(float f) {
   uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  // NaN: canonical quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
   return uint16_t(u >> 16);
 }
 
@@ -125,7 +130,7 @@ MOE_EP_HD uint32_t small_float_code(float a) {
 constexpr float kE4M3Max = 448.0f;
 
 MOE_EP_HD uint8_t float_to_e4m3(float f) {
-  if (is_nan(f)) return 0x7f;
+  if (is_nan(f)) return 0x7f;  // canonical NaN, whatever the sign
   const uint8_t sign = uint8_t((float_bits(f) >> 24) & 0x80u);
   const float a = abs_f(f);
   if (a >= kE4M3Max) return sign | 0x7e;
@@ -258,21 +263,23 @@ MOE_EP_HD uint8_t quantize_block_mxfp8(const T* x, uint8_t* q) {
 }
 
 // Dequantized element values as the GEMMs see them (q * s; the NVFP4 norm constant stays in).
+// The product is exact (<= 4 significant bits, smallest 2^-136); mul_rn keeps a
+// caller's `acc += dequant(...) * w` from being contracted into one FMA with it.
 MOE_EP_HD float e2m1_packed_at(const uint8_t* packed, int i) {
   const uint8_t byte = packed[i >> 1];
   return e2m1_to_float((i & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xf));
 }
 
 MOE_EP_HD float dequant_nvfp4(const uint8_t* packed, const uint8_t* scales, int i) {
-  return e2m1_packed_at(packed, i) * e4m3_to_float(scales[i / kNvfp4Block]);
+  return mul_rn(e2m1_packed_at(packed, i), e4m3_to_float(scales[i / kNvfp4Block]));
 }
 
 MOE_EP_HD float dequant_mxfp4(const uint8_t* packed, const uint8_t* scales, int i) {
-  return e2m1_packed_at(packed, i) * ue8m0_to_float(scales[i / kMxBlock]);
+  return mul_rn(e2m1_packed_at(packed, i), ue8m0_to_float(scales[i / kMxBlock]));
 }
 
 MOE_EP_HD float dequant_mxfp8(const uint8_t* q, const uint8_t* scales, int i) {
-  return e4m3_to_float(q[i]) * ue8m0_to_float(scales[i / kMxBlock]);
+  return mul_rn(e4m3_to_float(q[i]), ue8m0_to_float(scales[i / kMxBlock]));
 }
 
 // Row quantizers over n elements (n a multiple of the block).

@@ -12,9 +12,9 @@
 namespace moe_ep {
 
 enum class DType : uint8_t {
-  kU8,       // raw bytes: packed E2M1 pairs, E4M3 / UE8M0 scale bytes
-  kF8E4M3,   // E4M3 bytes tagged as such (accepted wherever E4M3 bytes are expected)
-  kF8E8M0,   // UE8M0 bytes tagged as such (accepted wherever UE8M0 bytes are expected)
+  kU8,      // raw bytes: packed E2M1 pairs, E4M3 / UE8M0 scale bytes
+  kF8E4M3,  // E4M3 bytes tagged as such (accepted wherever E4M3 bytes are expected)
+  kF8E8M0,  // UE8M0 bytes tagged as such (accepted wherever UE8M0 bytes are expected)
   kI32,
   kI64,
   kF32,

@@ -28,9 +28,8 @@ struct PackedExperts {
 // nvfp4: each expert's tensor gets a global scale gs = amax / (6 * 448) so its block scales use
 // the E4M3 range; fc1_alpha = gs13 / input_norm_const and fc2_alpha = gs2 / fc1_norm_const, so
 // alpha * acc is the true dot product. fc1_norm_const (per expert) may be null (all 1).
-PackedExperts pack_expert_weights(Recipe recipe, const float* w13, const float* w2,
-                                  int num_experts, int hidden, int inter,
-                                  float input_norm_const = 1.0f,
+PackedExperts pack_expert_weights(Recipe recipe, const float* w13, const float* w2, int num_experts,
+                                  int hidden, int inter, float input_norm_const = 1.0f,
                                   const float* fc1_norm_const = nullptr);
 
 }  // namespace moe_ep

@@ -184,9 +184,12 @@ ValidatedForward validate_inputs(const MegaLayer& layer, LayerBackend& b, const 
 
 void MegaLayer::forward(const ForwardInputs& in, const TensorView& out) {
   auto& b = live("forward");
-  if (!config_.recipe.do_finalize)
-    throw Error(ErrorCode::kState,
-                "forward() on a layer built with do_finalize = false; call forward_unfinalized()");
+  if (!config_.recipe.do_finalize) {
+    const char* msg =
+        "forward() on a layer built with do_finalize = false; call forward_unfinalized()";
+    b.abandon_call(msg);
+    throw Error(ErrorCode::kState, msg);
+  }
   ValidatedForward v;
   try {
     v = validate_inputs(*this, b, in);
@@ -213,23 +216,30 @@ TensorView MegaLayer::forward_view(const ForwardInputs& in) {
   auto& b = live("forward");
   const int ws = in.workspace ? in.workspace->index : 0;
   const int64_t T = in.hidden_states.ndim == 2 ? in.hidden_states.shape[0] : 0;
-  if (T > b.workspace_capacity(ws)) {
-    const std::string msg = "hidden_states has T = " + str(T) +
-                            " tokens, more than the workspace capacity " +
-                            str(b.workspace_capacity(ws));
-    b.abandon_call(msg);
-    throw Error(ErrorCode::kCapacity, msg);
+  TensorView out;
+  try {
+    const int cap = b.workspace_capacity(ws);  // throws for an unknown workspace
+    if (T > cap)
+      throw Error(ErrorCode::kCapacity, "hidden_states has T = " + str(T) +
+                                            " tokens, more than the workspace capacity " +
+                                            str(cap));
+    out = b.workspace_output(ws, int(T));
+  } catch (const Error& e) {
+    b.abandon_call(e.what());
+    throw;
   }
-  TensorView out = b.workspace_output(ws, int(T));
   forward(in, out);
   return out;
 }
 
 UnfinalizedOutput MegaLayer::forward_unfinalized(const ForwardInputs& in) {
   auto& b = live("forward_unfinalized");
-  if (config_.recipe.do_finalize)
-    throw Error(ErrorCode::kState,
-                "forward_unfinalized() on a layer built with do_finalize = true; call forward()");
+  if (config_.recipe.do_finalize) {
+    const char* msg =
+        "forward_unfinalized() on a layer built with do_finalize = true; call forward()";
+    b.abandon_call(msg);
+    throw Error(ErrorCode::kState, msg);
+  }
   ValidatedForward v;
   try {
     v = validate_inputs(*this, b, in);

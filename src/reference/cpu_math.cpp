@@ -55,6 +55,39 @@ void dots_4rows(const float* const* w, const std::vector<const float*>& x, int n
   for (; p < P; ++p) dot_block<4, 1>(w, &x[p], n, out + size_t(p) * out_stride, out_stride);
 }
 
+// Both E2M1 values of every packed byte, and every E4M3 / UE8M0 byte's value.
+struct DecodeTables {
+  float e2m1_pair[256][2];
+  float e4m3[256];
+  float ue8m0[256];
+  DecodeTables() {
+    for (int b = 0; b < 256; ++b) {
+      e2m1_pair[b][0] = fmt::e2m1_to_float(uint8_t(b & 0xf));
+      e2m1_pair[b][1] = fmt::e2m1_to_float(uint8_t(b >> 4));
+      e4m3[b] = fmt::e4m3_to_float(uint8_t(b));
+      ue8m0[b] = fmt::ue8m0_to_float(uint8_t(b));
+    }
+  }
+};
+const DecodeTables& tables() {
+  static const DecodeTables t;
+  return t;
+}
+
+// n 4-bit values (packed) times their block scales (scale values given per block).
+inline void dequant_4bit(const uint8_t* q, const uint8_t* s, const float* scale_table, int block,
+                         int n, float* out) {
+  const auto& pair = tables().e2m1_pair;
+  for (int b = 0; b < n / block; ++b) {
+    const float sc = scale_table[s[b]];
+    for (int i = 0; i < block / 2; ++i) {
+      const uint8_t byte = q[b * block / 2 + i];
+      out[b * block + 2 * i] = pair[byte][0] * sc;
+      out[b * block + 2 * i + 1] = pair[byte][1] * sc;
+    }
+  }
+}
+
 }  // namespace
 
 float dot_fixed(const float* a, const float* b, int n) {
@@ -95,11 +128,14 @@ void encode_activation(const RecipeConfig& rc, const ActFormat& f, const uint16_
 void decode_activation(Recipe r, const ActFormat& f, const uint8_t* row, int H, float* out) {
   switch (r) {
     case Recipe::kNvfp4:
-      for (int i = 0; i < H; ++i) out[i] = fmt::dequant_nvfp4(row, row + f.data_bytes, i);
+      dequant_4bit(row, row + f.data_bytes, tables().e4m3, kNvfp4Block, H, out);
       break;
-    case Recipe::kMxfp4Mxfp8:
-      for (int i = 0; i < H; ++i) out[i] = fmt::dequant_mxfp8(row, row + f.data_bytes, i);
+    case Recipe::kMxfp4Mxfp8: {
+      const auto& t = tables();
+      for (int i = 0; i < H; ++i)
+        out[i] = t.e4m3[row[i]] * t.ue8m0[row[f.data_bytes + i / kMxBlock]];
       break;
+    }
     case Recipe::kMxfp4Bf16:
     case Recipe::kBf16: {
       const uint16_t* x = reinterpret_cast<const uint16_t*>(row);
@@ -119,27 +155,15 @@ namespace {
 void dequant_weight_row(Recipe r, const uint8_t* data, const uint8_t* scales, size_t row, int n,
                         float* out) {
   switch (r) {
-    case Recipe::kNvfp4: {
-      const uint8_t* q = data + row * (n / 2);
-      const uint8_t* s = scales + row * (n / kNvfp4Block);
-      for (int b = 0; b < n / kNvfp4Block; ++b) {
-        const float sc = fmt::e4m3_to_float(s[b]);
-        for (int i = 0; i < kNvfp4Block; ++i)
-          out[b * kNvfp4Block + i] = fmt::e2m1_packed_at(q, b * kNvfp4Block + i) * sc;
-      }
+    case Recipe::kNvfp4:
+      dequant_4bit(data + row * (n / 2), scales + row * (n / kNvfp4Block), tables().e4m3,
+                   kNvfp4Block, n, out);
       break;
-    }
     case Recipe::kMxfp4Mxfp8:
-    case Recipe::kMxfp4Bf16: {
-      const uint8_t* q = data + row * (n / 2);
-      const uint8_t* s = scales + row * (n / kMxBlock);
-      for (int b = 0; b < n / kMxBlock; ++b) {
-        const float sc = fmt::ue8m0_to_float(s[b]);
-        for (int i = 0; i < kMxBlock; ++i)
-          out[b * kMxBlock + i] = fmt::e2m1_packed_at(q, b * kMxBlock + i) * sc;
-      }
+    case Recipe::kMxfp4Bf16:
+      dequant_4bit(data + row * (n / 2), scales + row * (n / kMxBlock), tables().ue8m0, kMxBlock, n,
+                   out);
       break;
-    }
     case Recipe::kBf16: {
       const uint16_t* q = reinterpret_cast<const uint16_t*>(data) + row * n;
       for (int i = 0; i < n; ++i) out[i] = fmt::bf16_to_float(q[i]);

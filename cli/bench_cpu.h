@@ -1,0 +1,24 @@
+// `moe-ep bench`: BENCH.md records for the backend this process runs on, and on the CPU an
+// OpenBLAS sgemm of the same dequantized problem measured in the same run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace moe_ep::cli {
+
+struct BenchOptions {
+  std::string shape;
+  int experts;
+  std::string recipes;
+  std::string tokens;
+  int ranks;
+  int iters;
+  uint64_t seed;
+  std::string routing;
+  std::string json;
+};
+
+int cmd_bench(const BenchOptions& o);
+
+}  // namespace moe_ep::cli

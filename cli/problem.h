@@ -1,0 +1,63 @@
+// Problems the `moe-ep` command runs: named model shapes, random weights quantized by the
+// library's own packer, inputs and routing per rank, a float64 dense reference, and a runner
+// that drives one layer per rank (a thread each) through the public API.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moe_ep/layer.h"
+#include "moe_ep/weight_prep.h"
+
+namespace moe_ep::cli {
+
+struct ModelShape {
+  std::string name;
+  int H, I, E, K;
+};
+const std::vector<ModelShape>& model_shapes();
+std::optional<ModelShape> find_shape(const std::string& name);
+
+struct Problem {
+  ModelShape shape;
+  Recipe recipe = Recipe::kNvfp4;
+  int world_size = 1;
+  int capacity = 0;
+  std::optional<float> swiglu_limit;
+  bool apply_topk_in_fc1 = false;
+  std::vector<float> w13, w2;  // fp32 master weights (empty when loaded already packed)
+  PackedExperts pack;
+  std::vector<std::vector<uint16_t>> x;    // per rank: bf16 [T, H]
+  std::vector<std::vector<int32_t>> ids;   // per rank: [T, K]
+  std::vector<std::vector<float>> topk_w;  // per rank: [T, K]
+  int tokens(int rank) const { return int(ids[rank].size()) / shape.K; }
+  LayerConfig config() const;
+};
+
+// Uniform top-k without repeats, or Zipf(1.1) over experts ("zipf").
+Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_size,
+                            const std::vector<int>& tokens_per_rank, uint64_t seed,
+                            const std::string& routing, bool verbose);
+
+// Sets new inputs (same weights) with the given token counts.
+void make_random_inputs(Problem& p, const std::vector<int>& tokens_per_rank, uint64_t seed,
+                        const std::string& routing);
+
+// float64 math on the master weights, no quantization: what every recipe approximates.
+std::vector<double> dense_reference(const Problem& p, int rank);
+
+struct RunResult {
+  std::vector<std::vector<uint16_t>> out;        // per rank: bf16 [T, H]
+  double median_ms = 0, min_ms = 0, max_ms = 0;  // slowest rank per iteration
+  Backend backend = Backend::kCPU;
+  size_t workspace_bytes = 0;
+};
+RunResult run_layers(const Problem& p, Backend backend, int iterations);
+
+double rel_l2(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b);
+double rel_l2(const std::vector<uint16_t>& a, const std::vector<double>& ref);
+bool has_nan(const std::vector<uint16_t>& a);
+
+}  // namespace moe_ep::cli

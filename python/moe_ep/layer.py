@@ -1,0 +1,429 @@
+"""MoeEpLayer: the MoE expert-parallel layer as an inference engine calls it (vLLM's names)."""
+
+import collections
+import dataclasses
+
+from . import _moe_ep
+from . import _tensors as T
+
+KernelWeights = collections.namedtuple(
+    "KernelWeights", ["fc1_weight", "fc1_scale", "fc2_weight", "fc2_scale"]
+)
+KernelWeights.__doc__ = (
+    "Kernel-resident weights as byte tensors [E_local, bytes_per_expert] aliasing the memory "
+    "the kernels read (scales are None for the bf16 recipe)."
+)
+ExpertWeightViews = collections.namedtuple(
+    "ExpertWeightViews", ["weights", "fc1_alpha", "fc2_alpha", "fc1_norm_const"]
+)
+UnfinalizedOutput = collections.namedtuple("UnfinalizedOutput", ["rows", "weights", "indices"])
+UnfinalizedOutput.__doc__ = (
+    "rows bf16 [T*K, H] (row t*K+k is y[t,k]), weights f32 [T, K], indices i32 [T, K] (row of "
+    "each slot in rows, -1 for an empty slot)."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    """A workspace profile of a layer (created collectively, in the same order on all ranks)."""
+
+    index: int
+    capacity: int
+
+
+_CONFIG_FIELDS = (
+    "num_experts",
+    "max_tokens_per_rank",
+    "hidden_size",
+    "intermediate_size",
+    "top_k",
+    "recipe",
+    "swiglu_limit",
+    "apply_topk_in_fc1",
+    "do_finalize",
+    "input_norm_const",
+    "activation_dtype",
+    "combine_dtype",
+    "has_expert_bias",
+    "has_custom_swiglu_alpha_beta",
+)
+
+
+def _dtype_name(d):
+    """'bfloat16' from a torch/numpy dtype or a string."""
+    if d is None:
+        return "bfloat16"
+    if isinstance(d, str):
+        return d
+    name = str(d)
+    return name.split(".")[-1]  # torch.bfloat16 -> bfloat16
+
+
+def _spec(**kw):
+    spec = _moe_ep._Spec()
+    unknown = set(kw) - set(_CONFIG_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown configuration keyword(s): {sorted(unknown)}")
+    for k, v in kw.items():
+        if v is None:
+            continue
+        if k in ("activation_dtype", "combine_dtype"):
+            v = _dtype_name(v)
+        setattr(spec, k, v)
+    return spec
+
+
+def unsupported_reasons(
+    *,
+    num_experts,
+    max_tokens_per_rank,
+    hidden_size,
+    intermediate_size,
+    top_k,
+    recipe="bf16",
+    world_size=1,
+    backend="cpu",
+    swiglu_limit=None,
+    apply_topk_in_fc1=False,
+    do_finalize=True,
+    input_norm_const=1.0,
+    activation_dtype="bfloat16",
+    combine_dtype="bfloat16",
+    has_expert_bias=False,
+    has_custom_swiglu_alpha_beta=False,
+):
+    """Every human-readable reason why this configuration cannot run on `backend`
+    ('cpu', 'cuda' or 'auto'); an empty list when it can."""
+    spec = _spec(
+        num_experts=num_experts,
+        max_tokens_per_rank=max_tokens_per_rank,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        top_k=top_k,
+        recipe=recipe,
+        swiglu_limit=swiglu_limit,
+        apply_topk_in_fc1=apply_topk_in_fc1,
+        do_finalize=do_finalize,
+        input_norm_const=input_norm_const,
+        activation_dtype=activation_dtype,
+        combine_dtype=combine_dtype,
+        has_expert_bias=has_expert_bias,
+        has_custom_swiglu_alpha_beta=has_custom_swiglu_alpha_beta,
+    )
+    return list(_moe_ep._unsupported_reasons(spec, int(world_size), backend))
+
+
+class MoeEpLayer:
+    """One MoE layer of one EP rank (SPEC §4).
+
+    Construction is collective over the EP group: every rank constructs its layer with the
+    same configuration (on the CPU backend with W > 1, each rank on its own Python thread,
+    sharing one ``CpuFleet``).
+
+    Weights are this rank's E_local experts as the checkpoint stores them:
+
+    - 4-bit recipes: ``w13`` uint8 [E_local, 2I, H/2], ``w2`` uint8 [E_local, H, I/2],
+      ``w13_scale`` [E_local, 2I, H/g], ``w2_scale`` [E_local, H, I/g] (uint8 or float8 bytes)
+    - ``bf16``: ``w13`` bf16 [E_local, 2I, H], ``w2`` bf16 [E_local, H, I] (torch.bfloat16,
+      or numpy uint16 bits / ml_dtypes.bfloat16); no scales.
+
+    They are copied at construction. ``hidden_size`` and ``intermediate_size`` default to
+    what the weights' shapes say.
+
+    Bootstrap (pick one):
+
+    - CPU: ``backend='cpu'`` (the default for host weights); W > 1 needs ``cpu_fleet``.
+    - CUDA: ``world_size``, ``rank``, ``device`` and ``nccl_unique_id`` (128 bytes, the same on
+      every rank; see ``moe_ep.nccl_unique_id()``) or ``nccl_comm`` (an ncclComm_t as int).
+    - CUDA from torch.distributed: ``process_group=`` a group (or ``torch.distributed.group.WORLD``);
+      rank and world size come from it and the NCCL unique id is broadcast over it.
+    """
+
+    def __init__(
+        self,
+        w13,
+        w2,
+        w13_scale=None,
+        w2_scale=None,
+        *,
+        num_experts,
+        max_tokens_per_rank,
+        top_k,
+        recipe="bf16",
+        hidden_size=None,
+        intermediate_size=None,
+        swiglu_limit=None,
+        apply_topk_in_fc1=False,
+        do_finalize=True,
+        input_norm_const=1.0,
+        activation_dtype="bfloat16",
+        combine_dtype="bfloat16",
+        has_expert_bias=False,
+        has_custom_swiglu_alpha_beta=False,
+        fc1_alpha=None,
+        fc2_alpha=None,
+        fc1_norm_const=None,
+        world_size=1,
+        rank=0,
+        backend=None,
+        device=None,
+        cpu_fleet=None,
+        nccl_unique_id=None,
+        nccl_comm=0,
+        process_group=None,
+        timeout_ms=30000,
+        warmup_timeout_ms=120000,
+    ):
+        if hidden_size is None:
+            hidden_size = int(w2.shape[1])
+        if intermediate_size is None:
+            intermediate_size = int(w13.shape[1]) // 2
+        wdev = T.device_of(w13)
+        if process_group is not None:
+            from .distributed import bootstrap_from_process_group
+
+            boot = bootstrap_from_process_group(process_group, device=device)
+            world_size, rank = boot["world_size"], boot["rank"]
+            device, nccl_unique_id = boot["device"], boot["nccl_unique_id"]
+            if backend is None:
+                backend = "cuda"
+        if backend is None:
+            backend = "cuda" if wdev[0] == "cuda" else "cpu"
+        if device is None:
+            device = wdev[1] if wdev[0] == "cuda" else 0
+        elif not isinstance(device, int):
+            device = device.index if getattr(device, "index", None) is not None else 0
+        if nccl_unique_id is not None:
+            nccl_unique_id = bytes(nccl_unique_id)
+        self._framework = T.TORCH if T.is_torch(w13) else T.NUMPY
+        spec = _spec(
+            num_experts=num_experts,
+            max_tokens_per_rank=max_tokens_per_rank,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            top_k=top_k,
+            recipe=recipe,
+            swiglu_limit=swiglu_limit,
+            apply_topk_in_fc1=apply_topk_in_fc1,
+            do_finalize=do_finalize,
+            input_norm_const=input_norm_const,
+            activation_dtype=activation_dtype,
+            combine_dtype=combine_dtype,
+            has_expert_bias=has_expert_bias,
+            has_custom_swiglu_alpha_beta=has_custom_swiglu_alpha_beta,
+        )
+        x = T.to_extension
+        self._impl = _moe_ep._Layer(
+            spec,
+            x(w13),
+            x(w2),
+            x(w13_scale),
+            x(w2_scale),
+            x(fc1_alpha),
+            x(fc2_alpha),
+            x(fc1_norm_const),
+            int(world_size),
+            int(rank),
+            str(backend),
+            int(device),
+            cpu_fleet,
+            nccl_unique_id,
+            int(nccl_comm),
+            int(timeout_ms),
+            int(warmup_timeout_ms),
+        )
+        self._hidden_size = int(hidden_size)
+        self._top_k = int(top_k)
+
+    # --- forward -------------------------------------------------------------------------
+    def __call__(
+        self,
+        hidden_states,
+        topk_ids,
+        topk_weights,
+        *,
+        fc1_alpha=None,
+        fc2_alpha=None,
+        fc1_norm_const=None,
+        workspace=None,
+        return_workspace_view=False,
+        stream=None,
+        num_tokens=None,
+    ):
+        """The finalized output bf16 [T, H] in the caller's framework and on its device.
+
+        With ``return_workspace_view`` the output is a zero-copy view of the workspace, valid in
+        stream order until the next call that uses that workspace; otherwise it is a fresh
+        tensor (torch.empty / numpy.empty) that the library writes into.
+        ``stream``: defaults to torch's (or cupy's) current stream for CUDA tensors.
+        ``num_tokens``: optional int32 one-element tensor on the layer's device, the number of
+        valid leading rows read when the forward runs (a CUDA graph captured at T rows replays
+        with any count <= T; rows past it come back as zeros).
+        """
+        x = T.to_extension
+        ws = self._ws_index(workspace)
+        s = T.stream_for(hidden_states, stream)
+        if return_workspace_view:
+            out = self._impl.forward_view(
+                x(hidden_states), x(topk_ids), x(topk_weights), x(fc1_alpha), x(fc2_alpha),
+                x(fc1_norm_const), ws, s, x(num_tokens), T.framework_of(hidden_states),
+            )
+            return T.as_bf16_result(out, hidden_states)
+        rows = int(hidden_states.shape[0]) if len(hidden_states.shape) >= 1 else 0
+        out = T.bf16_like(hidden_states, rows, self._hidden_size)
+        self._impl.forward(
+            x(hidden_states), x(topk_ids), x(topk_weights), x(out), x(fc1_alpha), x(fc2_alpha),
+            x(fc1_norm_const), ws, s, x(num_tokens),
+        )
+        return out
+
+    forward = __call__
+
+    def forward_unfinalized(
+        self,
+        hidden_states,
+        topk_ids,
+        topk_weights,
+        *,
+        fc1_alpha=None,
+        fc2_alpha=None,
+        fc1_norm_const=None,
+        workspace=None,
+        stream=None,
+        num_tokens=None,
+    ):
+        """Only on a layer built with do_finalize=False: UnfinalizedOutput(rows, weights,
+        indices); summing them as in SPEC §3 gives bitwise the finalized output."""
+        x = T.to_extension
+        rows, weights, indices = self._impl.forward_unfinalized(
+            x(hidden_states), x(topk_ids), x(topk_weights), x(fc1_alpha), x(fc2_alpha),
+            x(fc1_norm_const), self._ws_index(workspace), T.stream_for(hidden_states, stream),
+            x(num_tokens), T.framework_of(hidden_states),
+        )
+        return UnfinalizedOutput(T.as_bf16_result(rows, hidden_states), weights, indices)
+
+    # --- workspaces ----------------------------------------------------------------------
+    @property
+    def default_workspace(self):
+        return Workspace(0, self._impl.workspace_capacity(0))
+
+    def create_workspace(self, capacity):
+        """A new workspace of `capacity` tokens per rank (collective: same order on all ranks)."""
+        i = self._impl.create_workspace(int(capacity))
+        return Workspace(i, self._impl.workspace_capacity(i))
+
+    def select_workspace(self, num_tokens, *, collective=False):
+        """The smallest workspace that holds `num_tokens`: the largest T of any rank in this
+        call, or with ``collective=True`` this rank's T (the maximum is found over the group)."""
+        if collective:
+            i = self._impl.select_workspace_collective(int(num_tokens))
+        else:
+            i = self._impl.select_workspace(int(num_tokens))
+        return Workspace(i, self._impl.workspace_capacity(i))
+
+    def workspace_bytes(self, workspace=None):
+        return self._impl.workspace_bytes(max(self._ws_index(workspace), 0))
+
+    def warmup(self, workspace=None):
+        """Does every lazy step so that a following forward can be captured in a CUDA graph."""
+        self._impl.warmup(self._ws_index(workspace))
+
+    @staticmethod
+    def _ws_index(workspace):
+        if workspace is None:
+            return -1
+        if isinstance(workspace, Workspace):
+            return workspace.index
+        return int(workspace)
+
+    # --- weights (EPLB) --------------------------------------------------------------------
+    def kernel_weights(self):
+        """KernelWeights of byte tensors [E_local, bytes_per_expert] aliasing kernel memory."""
+        return KernelWeights(*self._impl.kernel_weights(self._framework))
+
+    def expert_weight_views(self):
+        """ExpertWeightViews(weights=KernelWeights, fc1_alpha, fc2_alpha, fc1_norm_const)."""
+        v = self._impl.expert_weight_views(self._framework)
+        return ExpertWeightViews(KernelWeights(*v[:4]), *v[4:])
+
+    # --- lifetime --------------------------------------------------------------------------
+    def destroy(self):
+        """Collective and idempotent; any later call raises moe_ep.DestroyedError. Views from
+        kernel_weights() / return_workspace_view must not be used after it."""
+        self._impl.destroy()
+
+    @property
+    def destroyed(self):
+        return self._impl.destroyed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+    # --- properties as vLLM reads them -------------------------------------------------------
+    @property
+    def can_overlap_shared_experts(self):
+        return self._impl.can_overlap_shared_experts
+
+    @property
+    def output_is_reduced(self):
+        return self._impl.output_is_reduced
+
+    @property
+    def is_monolithic(self):
+        return self._impl.is_monolithic
+
+    @property
+    def topk_indices_dtype(self):
+        """torch.int32 when torch is importable, else numpy.int32."""
+        try:
+            import torch
+
+            return torch.int32
+        except ImportError:
+            import numpy
+
+            return numpy.int32
+
+    @property
+    def rank(self):
+        return self._impl.rank
+
+    @property
+    def world_size(self):
+        return self._impl.world_size
+
+    @property
+    def num_local_experts(self):
+        return self._impl.num_local_experts
+
+    @property
+    def backend(self):
+        return self._impl.backend
+
+    @property
+    def recipe(self):
+        return self._impl.recipe
+
+    @property
+    def hidden_size(self):
+        return self._hidden_size
+
+    @property
+    def top_k(self):
+        return self._top_k
+
+    @property
+    def max_tokens_per_rank(self):
+        return self._impl.max_tokens_per_rank
+
+    def __repr__(self):
+        if self._impl.destroyed:
+            return "MoeEpLayer(destroyed)"
+        return (
+            f"MoeEpLayer(recipe={self.recipe}, backend={self.backend}, rank={self.rank}/"
+            f"{self.world_size}, E_local={self.num_local_experts}, H={self.hidden_size}, "
+            f"K={self.top_k}, capacity={self.max_tokens_per_rank})"
+        )

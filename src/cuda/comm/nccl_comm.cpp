@@ -1,0 +1,360 @@
+#include "cuda/comm/nccl_comm.h"
+
+#include <cstring>
+#include <string>
+
+#include "cuda/comm/nccl_dev_comm.h"
+#include "moe_ep/status.h"
+
+namespace moe_ep {
+
+static_assert(sizeof(ncclUniqueId) == sizeof(NcclUniqueIdBytes), "ncclUniqueId size");
+
+namespace {
+
+void nccl_check(ncclResult_t r, ncclComm_t comm, const std::string& what) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  std::string msg = what + " failed: " + ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') msg += std::string(" (") + last + ")";
+  throw Error(ErrorCode::kBackend, msg);
+}
+
+void cuda_check(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return;
+  throw Error(ErrorCode::kBackend, what + " failed: " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+NcclUniqueIdBytes ep_create_unique_id() {
+  ncclUniqueId id;
+  nccl_check(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+  NcclUniqueIdBytes out;
+  std::memcpy(out.data(), &id, sizeof(id));
+  return out;
+}
+
+std::string ep_unique_id_to_hex(const NcclUniqueIdBytes& id) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  s.reserve(id.size() * 2);
+  for (char c : id) {
+    const auto b = static_cast<unsigned char>(c);
+    s.push_back(kHex[b >> 4]);
+    s.push_back(kHex[b & 15]);
+  }
+  return s;
+}
+
+NcclUniqueIdBytes ep_unique_id_from_hex(const std::string& hex) {
+  NcclUniqueIdBytes out{};
+  if (hex.size() != out.size() * 2)
+    throw Error(ErrorCode::kInvalidArgument, "NCCL unique id: " + std::to_string(hex.size()) +
+                                                 " hex digits, expected " +
+                                                 std::to_string(out.size() * 2));
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("NCCL unique id: '") + c + "' is not a hex digit");
+  };
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<char>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
+  return out;
+}
+
+std::string ep_error_message(const EpErrorRecord& r) {
+  const auto stage = static_cast<EpStage>(r.stage);
+  std::string msg = "rank " + std::to_string(r.rank) + ": peer rank " + std::to_string(r.peer) +
+                    " did not arrive at stage '" + ep_stage_name(stage) + "'";
+  if (stage != EpStage::kBarrier) msg += " of call " + std::to_string(r.call);
+  msg += " within " + std::to_string(r.waited_ns / 1000000) + " ms (signal expected " +
+         std::to_string(r.expected) + ", last seen " + std::to_string(r.observed) +
+         "); the transport is unusable until destroyed";
+  return msg;
+}
+
+struct EpComm::Impl {
+  ncclComm_t comm = nullptr;
+  bool owns_comm = false;
+  int rank = 0, world = 1, device = 0;
+  EpCommOptions opt;
+  EpDevComm* dev_comm = nullptr;
+  EpErrorRecord* error_host = nullptr;  // pinned, mapped
+  EpErrorRecord* error_dev = nullptr;   // its device alias
+  EpState* comm_state = nullptr;        // state of the barrier's error mirror
+  cudaStream_t stream = nullptr;        // setup / teardown work
+  int* scratch = nullptr;               // allreduce_max
+  std::vector<EpWorkspace> workspaces;
+  bool destroyed = false;
+
+  void init() {
+    int n = 0, r = 0;
+    nccl_check(ncclCommCount(comm, &n), comm, "ncclCommCount");
+    nccl_check(ncclCommUserRank(comm, &r), comm, "ncclCommUserRank");
+    world = n;
+    rank = r;
+    if (world > kEpMaxRanks)
+      throw Error(ErrorCode::kUnsupported, "EP world size " + std::to_string(world) +
+                                               " exceeds the transport's limit of " +
+                                               std::to_string(kEpMaxRanks) + " ranks");
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&error_host), sizeof(EpErrorRecord),
+                             cudaHostAllocMapped),
+               "cudaHostAlloc(error record)");
+    std::memset(error_host, 0, sizeof(EpErrorRecord));
+    cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev), error_host, 0),
+               "cudaHostGetDevicePointer(error record)");
+    cuda_check(cudaMalloc(&comm_state, sizeof(EpState)), "cudaMalloc(state)");
+    cuda_check(cudaMemset(comm_state, 0, sizeof(EpState)), "cudaMemset(state)");
+    cuda_check(cudaMalloc(&scratch, sizeof(int)), "cudaMalloc(scratch)");
+    EpDevCommInfo info;
+    nccl_check(ep_dev_comm_create(comm, opt.lsa_barriers, &dev_comm, &info), comm,
+               "ncclDevCommCreate");
+    if (info.lsa_size != info.num_ranks)
+      throw Error(
+          ErrorCode::kUnsupported,
+          "EP world of " + std::to_string(info.num_ranks) +
+              " ranks spans more than one "
+              "NVLink (LSA) domain (LSA size " +
+              std::to_string(info.lsa_size) +
+              "); inter-node EP over NCCL GIN is designed (docs/protocol.md) but not built");
+  }
+
+  EpTransport make_transport(const EpWorkspace* ws, bool warmup) const {
+    EpTransport tp;
+    if (ws != nullptr) {
+      tp.layout = ws->layout;
+      for (int r = 0; r < world; ++r) tp.peer_base[r] = ws->peer_base[r];
+      tp.state = ws->state;
+    } else {
+      tp.state = comm_state;
+    }
+    tp.rank = rank;
+    tp.world_size = world;
+    tp.error = error_dev;
+    tp.timeout_ns = uint64_t(warmup ? opt.warmup_timeout_ms : opt.timeout_ms) * 1000000ull;
+    return tp;
+  }
+
+  // Bounded barrier; a timeout lands in the sticky record (the caller decides to throw).
+  void barrier_nothrow_peer() {
+    cuda_check(ep_launch_lsa_barrier(dev_comm, make_transport(nullptr, true), stream),
+               "LSA barrier launch");
+    cuda_check(cudaStreamSynchronize(stream), "LSA barrier");
+  }
+
+  std::optional<EpErrorRecord> read_error() const {
+    if (error_host == nullptr) return std::nullopt;
+    const volatile EpErrorRecord* r = error_host;
+    if (r->flag == 0u) return std::nullopt;
+    EpErrorRecord out;
+    out.flag = r->flag;
+    out.stage = r->stage;
+    out.peer = r->peer;
+    out.rank = r->rank;
+    out.call = r->call;
+    out.expected = r->expected;
+    out.observed = r->observed;
+    out.waited_ns = r->waited_ns;
+    return out;
+  }
+
+  // Frees everything; collects the first failure into `first`.
+  void release(std::string* first) {
+    auto note_nccl = [&](ncclResult_t r, const char* what) {
+      if (r != ncclSuccess && first->empty())
+        *first = std::string(what) + " failed: " + ncclGetErrorString(r);
+    };
+    auto note_cuda = [&](cudaError_t e, const char* what) {
+      if (e != cudaSuccess && first->empty())
+        *first = std::string(what) + " failed: " + cudaGetErrorString(e);
+    };
+    for (auto& ws : workspaces) {
+      if (ws.window != nullptr) note_nccl(ncclCommWindowDeregister(comm, ws.window), "deregister");
+      if (ws.base != nullptr) note_nccl(ncclMemFree(ws.base), "ncclMemFree");
+      if (ws.state != nullptr) note_cuda(cudaFree(ws.state), "cudaFree(state)");
+    }
+    workspaces.clear();
+    if (dev_comm != nullptr) note_nccl(ep_dev_comm_destroy(comm, dev_comm), "ncclDevCommDestroy");
+    dev_comm = nullptr;
+    if (comm_state != nullptr) note_cuda(cudaFree(comm_state), "cudaFree(state)");
+    comm_state = nullptr;
+    if (scratch != nullptr) note_cuda(cudaFree(scratch), "cudaFree(scratch)");
+    scratch = nullptr;
+    if (error_host != nullptr) note_cuda(cudaFreeHost(error_host), "cudaFreeHost");
+    error_host = nullptr;
+    error_dev = nullptr;
+    if (stream != nullptr) note_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
+    stream = nullptr;
+    if (owns_comm && comm != nullptr) note_nccl(ncclCommDestroy(comm), "ncclCommDestroy");
+    comm = nullptr;
+  }
+};
+
+EpComm::EpComm(ncclComm_t comm, const EpCommOptions& options) : impl_(std::make_unique<Impl>()) {
+  if (comm == nullptr) throw Error(ErrorCode::kInvalidArgument, "EpComm: null ncclComm_t");
+  impl_->opt = options;
+  if (options.device >= 0) cuda_check(cudaSetDevice(options.device), "cudaSetDevice");
+  cuda_check(cudaGetDevice(&impl_->device), "cudaGetDevice");
+  impl_->comm = comm;
+  try {
+    impl_->init();
+  } catch (...) {
+    std::string ignored;
+    impl_->release(&ignored);
+    throw;
+  }
+}
+
+EpComm::EpComm(const NcclUniqueIdBytes& id, int rank, int world_size, const EpCommOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    throw Error(ErrorCode::kInvalidArgument, "EpComm: rank " + std::to_string(rank) +
+                                                 " is outside the world [0, " +
+                                                 std::to_string(world_size) + ")");
+  impl_->opt = options;
+  if (options.device >= 0) cuda_check(cudaSetDevice(options.device), "cudaSetDevice");
+  cuda_check(cudaGetDevice(&impl_->device), "cudaGetDevice");
+  ncclUniqueId uid;
+  std::memcpy(&uid, id.data(), sizeof(uid));
+  nccl_check(ncclCommInitRank(&impl_->comm, world_size, uid, rank), nullptr, "ncclCommInitRank");
+  impl_->owns_comm = true;
+  try {
+    impl_->init();
+  } catch (...) {
+    std::string ignored;
+    impl_->release(&ignored);
+    throw;
+  }
+}
+
+EpComm::~EpComm() {
+  try {
+    destroy();
+  } catch (...) {
+    // The destructor never throws; destroy() reports to callers that ask.
+  }
+}
+
+int EpComm::rank() const { return impl_->rank; }
+int EpComm::world_size() const { return impl_->world; }
+int EpComm::device() const { return impl_->device; }
+ncclComm_t EpComm::nccl() const { return impl_->comm; }
+bool EpComm::destroyed() const { return impl_->destroyed; }
+int EpComm::num_workspaces() const { return int(impl_->workspaces.size()); }
+
+const EpWorkspace& EpComm::workspace(int ws) const {
+  if (ws < 0 || ws >= num_workspaces())
+    throw Error(ErrorCode::kInvalidArgument, "workspace " + std::to_string(ws) +
+                                                 " does not exist (have " +
+                                                 std::to_string(num_workspaces()) + ")");
+  return impl_->workspaces[size_t(ws)];
+}
+
+int EpComm::create_workspace(const WorkspaceLayout& layout) {
+  check();
+  Impl& m = *impl_;
+  if (layout.world_size != m.world)
+    throw Error(ErrorCode::kInvalidArgument,
+                "workspace layout for " + std::to_string(layout.world_size) +
+                    " ranks, communicator has " + std::to_string(m.world));
+  if (layout.top_k < 1 || layout.top_k > kEpMaxTopK || layout.capacity < 1 ||
+      layout.capacity >= (1 << 23) || layout.hidden % 8 != 0 || layout.act_row_bytes % 16 != 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "workspace layout: top_k " + std::to_string(layout.top_k) + " (1.." +
+                    std::to_string(kEpMaxTopK) + "), capacity " + std::to_string(layout.capacity) +
+                    " (1..2^23), hidden " + std::to_string(layout.hidden) + " (multiple of 8)");
+  EpWorkspace ws;
+  ws.layout = layout;
+  ws.bytes = WorkspaceLayout::align_up(layout.total_bytes, NCCL_WIN_REQUIRED_ALIGNMENT);
+  m.workspaces.push_back(ws);  // owned from here on, so destroy() frees partial work
+  EpWorkspace& w = m.workspaces.back();
+  void* base = nullptr;
+  nccl_check(ncclMemAlloc(&base, w.bytes), m.comm,
+             "ncclMemAlloc(" + std::to_string(w.bytes) + " bytes)");
+  w.base = static_cast<uint8_t*>(base);
+  nccl_check(ncclCommWindowRegister(m.comm, base, w.bytes, &w.window, NCCL_WIN_COLL_SYMMETRIC),
+             m.comm, "ncclCommWindowRegister(SYMMETRIC)");
+  cuda_check(cudaMalloc(&w.state, sizeof(EpState)), "cudaMalloc(state)");
+  cuda_check(cudaMemsetAsync(w.state, 0, sizeof(EpState), m.stream), "cudaMemset(state)");
+  // Zero signals and counts; the barrier below orders it before any peer's first signal.
+  cuda_check(cudaMemsetAsync(w.base, 0, w.bytes, m.stream), "cudaMemset(window)");
+  w.peer_base.assign(size_t(m.world), nullptr);
+  cuda_check(ep_query_lsa_bases(m.dev_comm, w.window, m.world, w.peer_base.data(), m.stream),
+             "LSA base pointers");
+  for (int r = 0; r < m.world; ++r)
+    if (w.peer_base[size_t(r)] == nullptr)
+      throw Error(ErrorCode::kBackend, "no LSA pointer for rank " + std::to_string(r));
+  m.barrier_nothrow_peer();
+  check();
+  return num_workspaces() - 1;
+}
+
+EpTransport EpComm::transport(int ws, bool warmup) const {
+  return impl_->make_transport(&workspace(ws), warmup);
+}
+
+void EpComm::set_timeouts(int64_t timeout_ms, int64_t warmup_timeout_ms) {
+  if (timeout_ms <= 0 || warmup_timeout_ms <= 0)
+    throw Error(ErrorCode::kInvalidArgument, "timeouts must be > 0 ms (got " +
+                                                 std::to_string(timeout_ms) + ", " +
+                                                 std::to_string(warmup_timeout_ms) + ")");
+  impl_->opt.timeout_ms = timeout_ms;
+  impl_->opt.warmup_timeout_ms = warmup_timeout_ms;
+}
+
+int64_t EpComm::timeout_ms(bool warmup) const {
+  return warmup ? impl_->opt.warmup_timeout_ms : impl_->opt.timeout_ms;
+}
+
+std::optional<EpErrorRecord> EpComm::error() const { return impl_->read_error(); }
+
+void EpComm::check() const {
+  if (impl_->destroyed) throw Error(ErrorCode::kDestroyed, "the EP communicator was destroyed");
+  if (auto r = impl_->read_error()) throw Error(ErrorCode::kPeer, ep_error_message(*r));
+}
+
+void EpComm::barrier() {
+  check();
+  impl_->barrier_nothrow_peer();
+  check();
+}
+
+int EpComm::allreduce_max(int value) {
+  check();
+  Impl& m = *impl_;
+  cuda_check(cudaMemcpyAsync(m.scratch, &value, sizeof(int), cudaMemcpyHostToDevice, m.stream),
+             "cudaMemcpy");
+  nccl_check(ncclAllReduce(m.scratch, m.scratch, 1, ncclInt32, ncclMax, m.comm, m.stream), m.comm,
+             "ncclAllReduce(max)");
+  int out = 0;
+  cuda_check(cudaMemcpyAsync(&out, m.scratch, sizeof(int), cudaMemcpyDeviceToHost, m.stream),
+             "cudaMemcpy");
+  cuda_check(cudaStreamSynchronize(m.stream), "allreduce_max");
+  return out;
+}
+
+void EpComm::destroy() {
+  Impl& m = *impl_;
+  if (m.destroyed) return;
+  m.destroyed = true;
+  std::string first;
+  // Our forwards are done (device sync), then the peers' (barrier): nobody writes into a window
+  // after this point, so deregistering cannot pull memory from under a peer's store.
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) first = std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(e);
+  if (m.dev_comm != nullptr && e == cudaSuccess) {
+    try {
+      m.barrier_nothrow_peer();
+    } catch (const Error& err) {
+      first = err.what();
+    }
+  }
+  m.release(&first);
+  if (!first.empty()) throw Error(ErrorCode::kBackend, "EpComm::destroy: " + first);
+}
+
+}  // namespace moe_ep

@@ -1,0 +1,102 @@
+// EpComm: the expert-parallel communicator of one rank. It bootstraps NCCL (from a caller's
+// ncclComm_t or from a unique id), creates the ncclDevComm with LSA barriers, allocates each
+// workspace as an NCCL symmetric window (ncclMemAlloc + ncclCommWindowRegister SYMMETRIC) laid
+// out by WorkspaceLayout, resolves every peer's LSA base pointer, and owns the sticky error
+// record that the transport kernels (src/kernels/ep) write when a wait times out.
+//
+// Collective calls (constructor, create_workspace, barrier, allreduce_max, destroy) must be
+// made by every rank in the same order. Nothing here runs inside a forward: a forward only
+// launches the kernels of src/kernels/ep/ep_launch.h with transport(ws).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/workspace_layout.h"
+#include "kernels/ep/ep_params.h"
+
+namespace moe_ep {
+
+using NcclUniqueIdBytes = std::array<char, 128>;  // the bytes of an ncclUniqueId
+
+NcclUniqueIdBytes ep_create_unique_id();  // ncclGetUniqueId
+std::string ep_unique_id_to_hex(const NcclUniqueIdBytes& id);
+NcclUniqueIdBytes ep_unique_id_from_hex(const std::string& hex);  // throws on a bad string
+
+struct EpCommOptions {
+  int device = -1;                     // CUDA ordinal of this rank (-1: the current device)
+  int64_t timeout_ms = 30000;          // bound of every wait of a forward
+  int64_t warmup_timeout_ms = 120000;  // setup, warmup, barriers and teardown
+  int lsa_barriers = 4;                // NCCL LSA barriers of the ncclDevComm (index 0 is ours)
+};
+
+// One symmetric window. Peers address it at the same offsets (WorkspaceLayout).
+struct EpWorkspace {
+  WorkspaceLayout layout;
+  uint8_t* base = nullptr;          // this rank's window (device memory)
+  size_t bytes = 0;                 // allocated (>= layout.total_bytes)
+  ncclWindow_t window = nullptr;    // NCCL window handle (device-API kernels)
+  std::vector<uint8_t*> peer_base;  // [world]: LSA pointer of each rank's window
+  EpState* state = nullptr;         // epoch counters of this workspace (device memory)
+};
+
+class EpComm {
+ public:
+  // Uses the caller's communicator (not destroyed here). Collective.
+  EpComm(ncclComm_t comm, const EpCommOptions& options);
+  // Creates its own communicator with ncclCommInitRank. Collective.
+  EpComm(const NcclUniqueIdBytes& id, int rank, int world_size, const EpCommOptions& options);
+  ~EpComm();  // destroy(), errors swallowed
+  EpComm(const EpComm&) = delete;
+  EpComm& operator=(const EpComm&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  int device() const;
+  ncclComm_t nccl() const;
+
+  // Allocates, registers and zeroes a window for `layout` (world_size must match), then a
+  // barrier so that no peer signals into it before it is zero. Returns its index. Collective.
+  int create_workspace(const WorkspaceLayout& layout);
+  int num_workspaces() const;
+  const EpWorkspace& workspace(int ws) const;
+
+  // Everything a transport kernel needs for workspace `ws`; `warmup` picks the warmup timeout.
+  EpTransport transport(int ws, bool warmup = false) const;
+  void set_timeouts(int64_t timeout_ms, int64_t warmup_timeout_ms);
+  int64_t timeout_ms(bool warmup) const;
+
+  // The sticky error written by a device wait that timed out, if any (no sync).
+  std::optional<EpErrorRecord> error() const;
+  // Throws Error(kPeer) naming the peer, stage and call when the sticky error is set; throws
+  // Error(kDestroyed) after destroy(). Call it at the start of every host call.
+  void check() const;
+
+  // Host-synchronizing barrier of all ranks over the NCCL LSA barrier, bounded by the warmup
+  // timeout; then check(). Collective. Not for the forward path.
+  void barrier();
+  // Max of `value` over ranks (ncclAllReduce on the comm; syncs). Collective.
+  int allreduce_max(int value);
+
+  // Collective and idempotent: waits for this rank's work, meets the peers at a barrier (none
+  // still writes into our windows), then deregisters and frees every window, the device comm,
+  // and the NCCL communicator when this object created it. Throws the first failure.
+  void destroy();
+  bool destroyed() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Human-readable sticky error ("rank 0: peer rank 1 did not arrive at stage 'dispatch' ...").
+std::string ep_error_message(const EpErrorRecord& r);
+
+}  // namespace moe_ep

@@ -1,0 +1,106 @@
+// Device building blocks of the expert-parallel protocol: system-scope acquire/release on the
+// signal slots of symmetric windows, the bounded wait that records a sticky error instead of
+// trapping, and the "last block signals" grid arrival. A fused kernel of the CUDA backend may use
+// these directly instead of the standalone kernels of ep_kernels.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/ep/ep_params.h"
+
+namespace moe_ep::ep {
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Acquire: the data a peer wrote before its release store of this value is visible after it.
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Release: everything this thread has observed or written (cumulatively, incl. what an earlier
+// fence ordered) is visible to a peer that acquires this value.
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t* signal_slot(uint8_t* base, const WorkspaceLayout& l,
+                                                 int peer) {
+  return reinterpret_cast<uint64_t*>(base + l.signal(peer));
+}
+
+// The first wait to time out wins; later ones keep its record. The host-mapped fields are
+// written before `flag`, separated by a system fence, so the host never sees a half record.
+__device__ __forceinline__ void record_error(const EpTransport& tp, EpStage stage, int peer,
+                                             uint64_t call, uint64_t expected, uint64_t observed,
+                                             uint64_t waited_ns) {
+  if (atomicCAS(&tp.state->error, 0u, 1u) != 0u) return;
+  volatile EpErrorRecord* r = tp.error;
+  if (r == nullptr || r->flag != 0u) return;  // another state of this comm recorded first
+  r->stage = int32_t(stage);
+  r->peer = peer;
+  r->rank = tp.rank;
+  r->call = call;
+  r->expected = expected;
+  r->observed = observed;
+  r->waited_ns = waited_ns;
+  // Orders the record fields above before the flag below, as seen by the host.
+  __threadfence_system();
+  r->flag = 1u;
+}
+
+__device__ __forceinline__ bool has_error(const EpTransport& tp) {
+  return *reinterpret_cast<volatile const uint32_t*>(&tp.state->error) != 0u;
+}
+
+// Waits until this rank's slot for `peer` reaches `target` (acquire), at most tp.timeout_ns.
+// Returns false after recording a sticky error (or when another wait already recorded one).
+__device__ __forceinline__ bool wait_signal(const EpTransport& tp, EpStage stage, int peer,
+                                            uint64_t call, uint64_t target) {
+  const uint64_t* slot = signal_slot(tp.peer_base[tp.rank], tp.layout, peer);
+  const uint64_t start = globaltimer_ns();
+  uint64_t v = ld_acquire_sys(slot);
+  for (uint32_t spin = 0; v < target; ++spin) {
+    const uint64_t waited = globaltimer_ns() - start;
+    if (waited > tp.timeout_ns) {
+      record_error(tp, stage, peer, call, target, v, waited);
+      return false;
+    }
+    if ((spin & 63u) == 63u) {
+      if (has_error(tp)) return false;  // another peer already failed this call
+      __nanosleep(64);
+    }
+    v = ld_acquire_sys(slot);
+  }
+  return true;
+}
+
+// Grid arrival after a block's peer stores. Returns true in exactly one thread of the last block
+// to arrive; that thread may then publish signals (its stores are ordered after every block's
+// data stores). `counter` is reset by the last block, so the next launch starts at 0.
+__device__ __forceinline__ bool grid_arrive_last(uint32_t* counter) {
+  __syncthreads();  // every thread of this block finished its stores (CTA-scope order)
+  bool last = false;
+  if (threadIdx.x == 0) {
+    // Cumulative system fence: the block's peer stores (made visible to thread 0 by the barrier
+    // above) are ordered before the arrival below, so before the last block's signal.
+    __threadfence_system();
+    const uint32_t prev = atomicAdd(counter, 1u);
+    last = prev == gridDim.x - 1;
+    if (last) {
+      // Acquire side of the arrivals: orders every block's stores before our signal stores.
+      __threadfence_system();
+      *counter = 0u;
+    }
+  }
+  return last;
+}
+
+}  // namespace moe_ep::ep

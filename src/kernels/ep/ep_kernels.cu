@@ -1,0 +1,342 @@
+// Expert-parallel transport kernels over LSA pointers of NCCL symmetric windows: dispatch (token
+// rows to their owner ranks), the bounded wait, combine (result rows back to the source ranks)
+// and a reference finalize. docs/protocol.md is the protocol; ep_device.cuh the primitives.
+#include <algorithm>
+
+#include "kernels/ep/ep_device.cuh"
+#include "kernels/ep/ep_launch.h"
+#include "moe_ep/formats.h"
+
+namespace moe_ep {
+namespace ep {
+namespace {
+
+constexpr int kMaxWarps = 32;
+
+__device__ __forceinline__ int clamp_tokens(int bound, const int32_t* dev_count, int capacity) {
+  int t = bound;
+  if (dev_count != nullptr) t = min(t, max(0, *dev_count));
+  return max(0, min(t, capacity));
+}
+
+// Bit o set when one of the token's slots is an expert of rank o. Ids rows of K % 4 == 0 are
+// read as int4 (the ids tensor is contiguous and 16-byte aligned then).
+__device__ __forceinline__ uint64_t owner_mask(const int32_t* ids, int top_k, int num_local,
+                                               int world, int t) {
+  uint64_t m = 0;
+  auto add = [&](int id) {
+    if (id >= 0) {
+      const int o = id / num_local;
+      if (o < world) m |= 1ull << o;
+    }
+  };
+  if ((top_k & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0) {
+    const int4* row = reinterpret_cast<const int4*>(ids + size_t(t) * top_k);
+    for (int q = 0; q < top_k / 4; ++q) {
+      const int4 v = __ldg(row + q);
+      add(v.x);
+      add(v.y);
+      add(v.z);
+      add(v.w);
+    }
+  } else {
+    for (int k = 0; k < top_k; ++k) add(__ldg(ids + size_t(t) * top_k + k));
+  }
+  return m;
+}
+
+// One warp copies `n16` 16-byte words; up to eight loads per lane are in flight before their
+// stores, so the remote (NVLink) stores leave in bursts.
+__device__ __forceinline__ void warp_copy16(int4* __restrict__ dst, const int4* __restrict__ src,
+                                            int n16, int lane) {
+  constexpr int kUnroll = 8;
+  for (int c0 = 0; c0 < n16; c0 += 32 * kUnroll) {
+    int4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 32 + lane;
+      if (c < n16) v[u] = __ldg(src + c);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 32 + lane;
+      if (c < n16) dst[c] = v[u];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dispatch. Block b handles tokens [b*chunk, (b+1)*chunk). A token's row at owner o is the
+// number of this source's tokens before it with a slot on o: each block counts the tokens before
+// its chunk, then scans its chunk tile by tile (warp ballots + a prefix over warps).
+__global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParams p) {
+  extern __shared__ int2 s_jobs[];  // (token, row << 8 | owner) of the current tile
+  __shared__ int s_base[kEpMaxRanks];
+  __shared__ int s_warp[kMaxWarps][kEpMaxRanks];
+  __shared__ int s_njobs;
+  const EpTransport& tp = p.tp;
+  const WorkspaceLayout& L = tp.layout;
+  // A rank with a sticky error stops moving data (its peers time out and report it, too).
+  if (has_error(tp)) return;
+
+  const int W = tp.world_size, K = L.top_k, El = p.num_local_experts;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthreads = blockDim.x;
+  const int nwarps = nthreads >> 5;
+  const int T = clamp_tokens(p.num_tokens, p.num_tokens_dev, L.capacity);
+  const int chunk = (T + gridDim.x - 1) / gridDim.x;
+  const int start = min(T, int(blockIdx.x) * chunk), end = min(T, start + chunk);
+
+  // 1. Rows each owner already gets from tokens before this chunk (block 0: over all tokens,
+  //    which are the counts it publishes).
+  for (int o = tid; o < W; o += nthreads) s_base[o] = 0;
+  __syncthreads();
+  const int count_end = blockIdx.x == 0 ? T : start;
+  for (int t0 = 0; t0 < count_end; t0 += nthreads) {
+    const int t = t0 + tid;
+    const uint64_t m = t < count_end ? owner_mask(p.topk_ids, K, El, W, t) : 0;
+    for (int o = 0; o < W; ++o) {
+      const unsigned b = __ballot_sync(~0u, (m >> o) & 1);
+      if (lane == 0 && b != 0) atomicAdd(&s_base[o], __popc(b));
+    }
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    // recv_count[rank] at every owner (T = 0 included); the signal below orders it.
+    for (int o = tid; o < W; o += nthreads) {
+      *reinterpret_cast<int32_t*>(tp.peer_base[o] + L.recv_count(tp.rank)) = s_base[o];
+      s_base[o] = 0;
+    }
+  }
+  __syncthreads();
+
+  // 2. The chunk, one token per thread per tile.
+  const unsigned lt_mask = (1u << lane) - 1u;
+  for (int tile = start; tile < end; tile += nthreads) {
+    const int t = tile + tid;
+    const uint64_t m = t < end ? owner_mask(p.topk_ids, K, El, W, t) : 0;
+    for (int o = 0; o < W; ++o) {
+      const unsigned b = __ballot_sync(~0u, (m >> o) & 1);
+      if (lane == 0) s_warp[warp][o] = __popc(b);
+    }
+    if (tid == 0) s_njobs = 0;
+    __syncthreads();
+    for (int o = tid; o < W; o += nthreads) {  // exclusive prefix over warps, per owner
+      int acc = s_base[o];
+      for (int w = 0; w < nwarps; ++w) {
+        const int c = s_warp[w][o];
+        s_warp[w][o] = acc;
+        acc += c;
+      }
+      s_base[o] = acc;
+    }
+    __syncthreads();
+    for (int o = 0; o < W; ++o) {
+      const unsigned b = __ballot_sync(~0u, (m >> o) & 1);
+      if ((m >> o) & 1) {
+        const int row = s_warp[warp][o] + __popc(b & lt_mask);
+        s_jobs[atomicAdd(&s_njobs, 1)] = make_int2(t, (row << 8) | o);
+      }
+    }
+    __syncthreads();
+    const int njobs = s_njobs;
+    const int n16 = L.act_row_bytes / 16;
+    const int meta_words = L.meta_row_bytes / 4;
+    for (int j = warp; j < njobs; j += nwarps) {
+      const int2 job = s_jobs[j];
+      const int tok = job.x, o = job.y & 255, row = job.y >> 8;
+      uint8_t* dst_base = tp.peer_base[o];
+      warp_copy16(reinterpret_cast<int4*>(dst_base + L.recv_act(tp.rank, row)),
+                  reinterpret_cast<const int4*>(p.act + size_t(tok) * p.act_stride), n16, lane);
+      // Metadata row as 16-byte stores (word 0 token, 1..K ids, K+1..2K weights, then zeros).
+      int4* meta = reinterpret_cast<int4*>(dst_base + L.recv_meta(tp.rank, row));
+      for (int c = lane; c < meta_words / 4; c += 32) {
+        uint32_t v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int word = 4 * c + q;
+          uint32_t x = 0;
+          if (word == 0)
+            x = uint32_t(tok);
+          else if (word <= K)
+            x = uint32_t(__ldg(p.topk_ids + size_t(tok) * K + (word - 1)));
+          else if (word <= 2 * K)
+            x = __float_as_uint(__ldg(p.topk_weights + size_t(tok) * K + (word - 1 - K)));
+          v[q] = x;
+        }
+        meta[c] = make_int4(int(v[0]), int(v[1]), int(v[2]), int(v[3]));
+      }
+    }
+    __syncthreads();  // s_jobs / s_warp are reused by the next tile
+  }
+
+  // 3. The last block to finish publishes epoch 2n-1 to every owner (release after all rows).
+  if (grid_arrive_last(&tp.state->dispatch_arrived)) {
+    const uint64_t n = tp.state->call + 1;
+    tp.state->call = n;
+    for (int o = 0; o < W; ++o)
+      st_release_sys(signal_slot(tp.peer_base[o], L, tp.rank), ep_dispatch_signal(n));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// wait: one thread per peer spins (bounded) on this rank's slot for that peer.
+__global__ void ep_wait_kernel(const EpWaitParams p) {
+  const EpTransport& tp = p.tp;
+  if (has_error(tp)) return;
+  const uint64_t n = tp.state->call;
+  const uint64_t target =
+      p.stage == EpStage::kDispatch ? ep_dispatch_signal(n) : ep_combine_signal(n);
+  for (int peer = threadIdx.x; peer < tp.world_size; peer += blockDim.x)
+    wait_signal(tp, p.stage, peer, n, target);
+  // Each thread's acquire load orders the peer's rows before this kernel's end, hence before
+  // every later kernel of the stream (which reads them).
+}
+
+// ---------------------------------------------------------------------------------------------
+// combine: one warp per received row; for each of its slots owned here, the y row goes to the
+// source's combine area at token*K + slot.
+__global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams p) {
+  __shared__ int s_off[kEpMaxRanks + 1];
+  const EpTransport& tp = p.tp;
+  const WorkspaceLayout& L = tp.layout;
+  if (has_error(tp)) return;
+  const int W = tp.world_size, K = L.top_k, El = p.num_local_experts, cap = L.capacity;
+  const uint8_t* mine = tp.peer_base[tp.rank];
+  if (threadIdx.x == 0) {
+    // recv_count was published before the dispatch signal this rank acquired (wait kernel).
+    int acc = 0;
+    for (int s = 0; s < W; ++s) {
+      s_off[s] = acc;
+      const int c = *reinterpret_cast<const int32_t*>(mine + L.recv_count(s));
+      acc += max(0, min(c, cap));
+    }
+    s_off[W] = acc;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int nwarps = (gridDim.x * blockDim.x) >> 5;
+  const int total = s_off[W];
+  const int n16 = L.hidden * 2 / 16;
+  for (int j = gwarp; j < total; j += nwarps) {
+    int s = 0;
+    while (s_off[s + 1] <= j) ++s;
+    const int i = j - s_off[s];
+    RecvMetaRow meta{const_cast<uint8_t*>(mine) + L.recv_meta(s, i), K};
+    const int tok = *meta.token();
+    if (tok < 0 || tok >= cap) continue;
+    for (int k = 0; k < K; ++k) {
+      const int id = meta.ids()[k];
+      if (id < 0 || id / El != tp.rank) continue;
+      const size_t dense = (size_t(s) * cap + i) * K + k;
+      const size_t yrow = p.y_index != nullptr ? size_t(__ldg(p.y_index + dense)) : dense;
+      warp_copy16(reinterpret_cast<int4*>(tp.peer_base[s] + L.combine_row(tok, k)),
+                  reinterpret_cast<const int4*>(p.y + yrow * p.y_stride), n16, lane);
+    }
+  }
+  // The last block publishes epoch 2n to every source (release after all result rows).
+  if (grid_arrive_last(&tp.state->combine_arrived)) {
+    const uint64_t n = tp.state->call;
+    for (int s = 0; s < W; ++s)
+      st_release_sys(signal_slot(tp.peer_base[s], L, tp.rank), ep_combine_signal(n));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference finalize: one block per token, fp32 sum in slot order without FMA contraction.
+__global__ void ep_finalize_reference_kernel(const EpFinalizeParams p) {
+  const EpTransport& tp = p.tp;
+  const WorkspaceLayout& L = tp.layout;
+  const int K = L.top_k, H = L.hidden;
+  const int T = clamp_tokens(p.num_tokens, p.num_tokens_dev, L.capacity);
+  const uint8_t* mine = tp.peer_base[tp.rank];
+  for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.0f;
+      if (t < T) {
+        for (int k = 0; k < K; ++k) {
+          if (p.topk_ids[size_t(t) * K + k] < 0) continue;
+          const float c = p.topk_weights != nullptr ? p.topk_weights[size_t(t) * K + k] : 1.0f;
+          const uint16_t y = reinterpret_cast<const uint16_t*>(mine + L.combine_row(t, k))[h];
+          acc = fmt::add_rn(acc, fmt::mul_rn(c, fmt::bf16_to_float(y)));
+        }
+      }
+      p.out[size_t(t) * H + h] = t < T ? fmt::float_to_bf16(acc) : uint16_t(0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ep
+
+// Every SM: nothing overlaps the transfer kernels yet (measured on 2x H200: 132 blocks move
+// DSV3 combine rows at 87% of the NVLink ceiling, 48 blocks at 79%). A backend that overlaps
+// them with expert GEMMs passes fewer blocks.
+int ep_default_blocks(int num_sms) { return std::max(1, num_sms); }
+
+namespace {
+
+cudaError_t check_transport(const EpTransport& tp) {
+  const WorkspaceLayout& L = tp.layout;
+  if (tp.world_size < 1 || tp.world_size > kEpMaxRanks || tp.rank < 0 || tp.rank >= tp.world_size ||
+      tp.state == nullptr || L.top_k > kEpMaxTopK || L.act_row_bytes % 16 != 0 ||
+      L.hidden % 8 != 0 || L.capacity >= (1 << 23))
+    return cudaErrorInvalidValue;
+  for (int r = 0; r < tp.world_size; ++r)
+    if (tp.peer_base[r] == nullptr) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 1;
+  return n;
+}
+
+}  // namespace
+
+cudaError_t launch_ep_dispatch(const EpDispatchParams& p, cudaStream_t stream) {
+  if (cudaError_t e = check_transport(p.tp); e != cudaSuccess) return e;
+  if (p.num_threads < 32 || p.num_threads > 1024 || p.num_threads % 32 != 0 ||
+      p.act_stride % 16 != 0 || p.num_local_experts < 1 || p.num_tokens < 0)
+    return cudaErrorInvalidValue;
+  const int blocks = p.num_blocks > 0 ? p.num_blocks : ep_default_blocks(sm_count());
+  const size_t smem =
+      size_t(p.num_threads) * std::min(p.tp.layout.top_k, p.tp.world_size) * sizeof(int2);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(ep::ep_dispatch_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
+  ep::ep_dispatch_kernel<<<blocks, p.num_threads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ep_wait(const EpWaitParams& p, cudaStream_t stream) {
+  if (cudaError_t e = check_transport(p.tp); e != cudaSuccess) return e;
+  if (p.stage != EpStage::kDispatch && p.stage != EpStage::kCombine) return cudaErrorInvalidValue;
+  const int threads = std::min(1024, (p.tp.world_size + 31) / 32 * 32);
+  ep::ep_wait_kernel<<<1, threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ep_combine(const EpCombineParams& p, cudaStream_t stream) {
+  if (cudaError_t e = check_transport(p.tp); e != cudaSuccess) return e;
+  if (p.num_threads < 32 || p.num_threads > 1024 || p.num_threads % 32 != 0 ||
+      p.y_stride < p.tp.layout.hidden || p.y_stride % 8 != 0 || p.num_local_experts < 1)
+    return cudaErrorInvalidValue;
+  const int blocks = p.num_blocks > 0 ? p.num_blocks : ep_default_blocks(sm_count());
+  ep::ep_combine_kernel<<<blocks, p.num_threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ep_finalize_reference(const EpFinalizeParams& p, cudaStream_t stream) {
+  if (cudaError_t e = check_transport(p.tp); e != cudaSuccess) return e;
+  if (p.num_tokens <= 0) return cudaSuccess;
+  const int blocks = std::min(p.num_tokens, 4096);
+  ep::ep_finalize_reference_kernel<<<blocks, 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace moe_ep

@@ -1,0 +1,26 @@
+// Launchers of the expert-parallel transport kernels. Each enqueues on `stream`, never syncs the
+// host, uses only fixed-size buffers, and can be captured in a CUDA graph. Errors of the launch
+// itself come back as cudaError_t; a peer that never arrives is reported through the sticky
+// EpErrorRecord (EpComm::check()).
+//
+// One forward on every rank, in stream order (all ranks, also with T = 0):
+//   launch_ep_dispatch -> launch_ep_wait(kDispatch) -> expert compute (reads recv_* of the local
+//   window, writes y) -> launch_ep_combine -> launch_ep_wait(kCombine) -> finalize (reads the
+//   local combine area).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/ep/ep_params.h"
+
+namespace moe_ep {
+
+cudaError_t launch_ep_dispatch(const EpDispatchParams& p, cudaStream_t stream);
+cudaError_t launch_ep_wait(const EpWaitParams& p, cudaStream_t stream);
+cudaError_t launch_ep_combine(const EpCombineParams& p, cudaStream_t stream);
+cudaError_t launch_ep_finalize_reference(const EpFinalizeParams& p, cudaStream_t stream);
+
+// Default grid of dispatch / combine (num_blocks = 0): every SM, since nothing overlaps them yet.
+int ep_default_blocks(int num_sms);
+
+}  // namespace moe_ep

@@ -1,0 +1,123 @@
+// Parameters of the expert-parallel transport kernels (dispatch, wait, combine), shared by host
+// and device. Raw pointers only: no NCCL device types, so the CUDA backend can embed these in
+// its own kernels. docs/protocol.md describes the protocol these fields drive.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/workspace_layout.h"
+
+namespace moe_ep {
+
+// Ranks one transport addresses: the owner masks of dispatch are 64-bit.
+constexpr int kEpMaxRanks = 64;
+constexpr int kEpMaxTopK = 16;
+
+// The stage a wait belongs to (reported by the sticky error).
+enum class EpStage : int32_t {
+  kNone = 0,
+  kDispatch = 1,  // an owner waited for a source's dispatch signal
+  kCombine = 2,   // a source waited for an owner's combine signal
+  kBarrier = 3,   // setup / teardown barrier (NCCL LSA barrier)
+};
+
+inline const char* ep_stage_name(EpStage s) {
+  switch (s) {
+    case EpStage::kDispatch:
+      return "dispatch";
+    case EpStage::kCombine:
+      return "combine";
+    case EpStage::kBarrier:
+      return "barrier";
+    default:
+      return "none";
+  }
+}
+
+// The sticky error, in host-mapped pinned memory: the device writes it once (the first wait
+// that times out), the host reads it at the next call without a sync. `flag` is written last.
+struct EpErrorRecord {
+  uint32_t flag;      // 0: no error; 1: the fields below are valid
+  int32_t stage;      // EpStage
+  int32_t peer;       // the rank that never arrived
+  int32_t rank;       // the rank that waited
+  uint64_t call;      // the workspace's call number (epoch) of the wait
+  uint64_t expected;  // signal value waited for
+  uint64_t observed;  // last value seen
+  uint64_t waited_ns;
+};
+
+// Per-workspace device state (plain device memory of this rank, not symmetric). Zeroed at
+// workspace creation; afterwards only the kernels touch it, so graph replays keep counting.
+struct EpState {
+  uint64_t call;              // forward calls started on this workspace (set by dispatch)
+  uint32_t dispatch_arrived;  // blocks of the running dispatch that finished their stores
+  uint32_t combine_arrived;   // same for combine
+  uint32_t error;             // device mirror of EpErrorRecord::flag (cheap to poll)
+  uint32_t pad[3];
+};
+
+// Signal values are epochs, never reset: call n (n >= 1) publishes 2n-1 after its dispatch
+// stores and 2n after its combine stores. A peer's slot only grows.
+MOE_EP_HD uint64_t ep_dispatch_signal(uint64_t call) { return 2 * call - 1; }
+MOE_EP_HD uint64_t ep_combine_signal(uint64_t call) { return 2 * call; }
+
+// What every transport kernel needs: the workspace of this rank and its peers.
+struct EpTransport {
+  WorkspaceLayout layout;
+  int rank = 0;
+  int world_size = 1;
+  uint8_t* peer_base[kEpMaxRanks] = {};  // each rank's window (LSA pointer); [rank] is local
+  EpState* state = nullptr;              // this workspace's state (device memory)
+  EpErrorRecord* error = nullptr;        // host-mapped sticky error (device pointer)
+  uint64_t timeout_ns = 0;               // bound of every wait (%globaltimer)
+};
+
+// dispatch: every source token row goes once to each owner rank that holds one of its experts.
+// Row order at an owner: the source's tokens in increasing order (deterministic).
+struct EpDispatchParams {
+  EpTransport tp;
+  const uint8_t* act = nullptr;             // [T][act_stride] bytes; each row act_row_bytes long
+  int64_t act_stride = 0;                   // bytes between rows, multiple of 16
+  const int32_t* topk_ids = nullptr;        // [T][K], each in [0, E) or -1
+  const float* topk_weights = nullptr;      // [T][K]
+  int num_tokens = 0;                       // T, or the upper bound when num_tokens_dev is set
+  const int32_t* num_tokens_dev = nullptr;  // optional device count (graph replay), clamped
+  int num_local_experts = 1;                // E_local: owner of expert e is e / E_local
+  int num_blocks = 0;                       // grid size (0: a default)
+  int num_threads = 512;
+};
+
+// combine: every (source, received row, local slot) result row goes back to the source's
+// combine area at row token*K + slot.
+struct EpCombineParams {
+  EpTransport tp;
+  const uint16_t* y = nullptr;  // bf16 result rows of this owner
+  int64_t y_stride = 0;         // elements between rows of y (>= H, multiple of 8)
+  // Optional [W][capacity][K]: row of y holding (source, received row, slot). Null: y is dense
+  // in receive order, row (src * capacity + row) * K + slot.
+  const int32_t* y_index = nullptr;
+  int num_local_experts = 1;
+  int num_blocks = 0;
+  int num_threads = 512;
+};
+
+// wait: this rank waits for every peer's signal of the current call and stage.
+struct EpWaitParams {
+  EpTransport tp;
+  EpStage stage = EpStage::kDispatch;
+};
+
+// Reference finalize over the combine area (tests): out[t] = bf16(sum_k c[t,k] * y[t,k]) in
+// slot order, c = weights or 1.
+struct EpFinalizeParams {
+  EpTransport tp;
+  const int32_t* topk_ids = nullptr;
+  const float* topk_weights = nullptr;  // null: c = 1
+  uint16_t* out = nullptr;              // [T][H] bf16
+  int num_tokens = 0;
+  const int32_t* num_tokens_dev = nullptr;
+};
+
+}  // namespace moe_ep

@@ -1,0 +1,290 @@
+// Faster element math for the quantize kernels, equal bit for bit to the formats.h reference
+// (the unit tests check every float, or every case that can differ; the GPU tests check the
+// kernels against the CPU quantizers). __host__ __device__ so the CPU can prove it.
+//   - e2m1_mag_code_biased: one float add rounds to the E2M1 grid (the add's ulp is the E2M1
+//     step) instead of the generic small-float path; signs come straight from the bf16 bits.
+//   - blocks with a NaN or Inf element take the formats.h block function itself.
+//   - div_by_scale: RN(a / s) as a * r refined by two FMAs (Markstein), r = RN(1 / s) once per
+//     block, instead of a full IEEE division per element.
+//   - e4m3_pair: the Hopper conversion instruction on the GPU (same rounding, saturation and
+//     NaN as fmt::float_to_e4m3), the reference on the CPU.
+#pragma once
+
+#include <cstdint>
+
+#include "moe_ep/formats.h"
+
+#if defined(__CUDACC__)
+#define MOE_EP_UNROLL _Pragma("unroll")
+#else
+#define MOE_EP_UNROLL
+#endif
+
+namespace moe_ep::kernels::qmath {
+
+MOE_EP_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+MOE_EP_HD uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+
+// |x|, min and a NaN-propagating max that the GPU folds into single instructions (abs as an
+// operand modifier); the same values on the CPU.
+MOE_EP_HD float fabs_hd(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);
+#else
+  return fmt::abs_f(x);
+#endif
+}
+
+MOE_EP_HD float fmin_hd(float a, float b) {  // b not NaN; a NaN never reaches it
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
+
+MOE_EP_HD float fmax_nan_hd(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  if (fmt::is_nan(a) || fmt::is_nan(b)) return fmt::bits_float(0x7fc00000u);
+  return a > b ? a : b;
+#endif
+}
+
+// The bytes of {b, a} picked by the selector nibbles (PTX prmt / __byte_perm).
+MOE_EP_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t v = (uint64_t(b) << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t((v >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+
+// RN(a / s) for finite a >= 0, s > 0 an E4M3 value and r = RN(1 / s),
+// wherever a / s and the residual below (about 2^-24 a) are normal floats. q = RN(a r) is within an
+// ulp of a / s, the FMA residual a - q s is exact, and one more FMA rounds correctly (Markstein).
+// Exponents only shift the computation, so the unit tests check every (a, s) mantissa pair. A
+// quotient that underflows or has a < 2^-100 may differ in its last bits, but is then far below
+// 2^-10 (in a block s >= 2^-9), so its E2M1 / E4M3 code is still zero. In a block, r <= 512 and a
+// <= amax * nc <= 10 s unless s saturated at 448: no overflow.
+MOE_EP_HD float div_by_scale(float a, float s, float r) {
+  const float q = fmt::mul_rn(a, r);
+  const float e = fma_rn(-q, s, a);
+  return fma_rn(e, r, q);
+}
+
+// Two E4M3 codes (low byte: x0), as fmt::float_to_e4m3.
+MOE_EP_HD uint32_t e4m3_pair(float x0, float x1) {
+#if defined(__CUDA_ARCH__)
+  uint16_t v;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(v) : "f"(x1), "f"(x0));
+  return v;
+#else
+  return uint32_t(fmt::float_to_e4m3(x0)) | (uint32_t(fmt::float_to_e4m3(x1)) << 8);
+#endif
+}
+
+MOE_EP_HD uint8_t e4m3(float x) { return uint8_t(e4m3_pair(x, 0.0f)); }
+
+// fmt::e4m3_to_float; on the GPU through the FP8 -> FP16 conversion (exact) and FP16 -> FP32.
+MOE_EP_HD float e4m3_value(uint8_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(uint16_t(b)));
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(uint16_t(h2 & 0xffffu)));
+  return f;
+#else
+  return fmt::e4m3_to_float(b);
+#endif
+}
+
+MOE_EP_HD float bf16_lo(uint32_t w) { return fmt::bits_float(w << 16); }
+MOE_EP_HD float bf16_hi(uint32_t w) { return fmt::bits_float(w & 0xffff0000u); }
+
+// Magnitude code (0..7) of E2M1(|q|) for q not NaN. |q| is clamped to 6 (all larger values
+// saturate to code 7 anyway); then adding C = 2^(e + 22), e = max(exponent, 0), rounds |q| to
+// the E2M1 grid of its binade in hardware (ulp(C) is the E2M1 step, ties to even), and the
+// steps above C plus 2e are the code. Returned with a bias of 254 (see e2m1_pack).
+MOE_EP_HD uint32_t e2m1_mag_code_biased(float q) {
+  const float a = fmin_hd(fabs_hd(q), fmt::kE2M1Max);
+  uint32_t ce = fmt::float_bits(a) & 0x7f800000u;
+  ce = ce < 0x3f800000u ? 0x3f800000u : ce;
+  const uint32_t cb = ce + (22u << 23);
+  const uint32_t sum = fmt::float_bits(fmt::add_rn(a, fmt::bits_float(cb)));
+  return sum - cb + (ce >> 22);
+}
+
+MOE_EP_HD uint32_t e2m1_mag_code(float q) { return e2m1_mag_code_biased(q) - 254u; }
+
+// Sign bits of 8 bf16 elements (4 words) at the top of each E2M1 nibble: odd elements' signs
+// are the top bits of bytes 3 of the words, even elements' of bytes 1.
+MOE_EP_HD uint32_t e2m1_signs(const uint32_t* w) {
+  const uint32_t p01 = byte_perm(w[0], w[1], 0x7531), p23 = byte_perm(w[2], w[3], 0x7531);
+  const uint32_t odd = byte_perm(p01, p23, 0x7531), even = byte_perm(p01, p23, 0x6420);
+  return (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
+}
+
+// One output word of 8 E2M1 nibbles from 4 words of finite bf16 pairs and the 8 magnitudes q
+// (|x| / s in the block's arithmetic). Biased codes are summed and the bias removed once.
+MOE_EP_HD uint32_t e2m1_pack(const uint32_t* w, const float* q) {
+  uint32_t acc = 0;
+  MOE_EP_UNROLL
+  for (int k = 0; k < 8; ++k) acc += e2m1_mag_code_biased(q[k]) << (4 * k);
+  return (acc - 254u * 0x11111111u) | e2m1_signs(w);
+}
+
+// n / d for n < 2^31 by a multiply-high, an add and a shift (d >= 1 fixed per launch).
+struct FastDivU32 {
+  uint32_t d = 1, magic = 1, shift = 0;
+  FastDivU32() = default;
+  explicit FastDivU32(uint32_t divisor) : d(divisor) {
+    while ((uint64_t(1) << shift) < d) ++shift;  // shift = ceil(log2 d)
+    magic = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+  MOE_EP_HD uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(n, magic);
+#else
+    const uint32_t hi = uint32_t((uint64_t(n) * magic) >> 32);
+#endif
+    return (hi + n) >> shift;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Blocks on bf16 pairs: w[i] holds elements 2i (low half) and 2i+1. Outputs are little-endian
+// words of the packed bytes, so they equal the fmt::quantize_block_* byte arrays. Blocks with
+// a NaN or Inf element (rare) take the formats.h reference itself; the fast paths below see
+// finite data only.
+
+template <int kWords>
+MOE_EP_HD float amax_bf16_words_nan(const uint32_t* w) {  // NaN if any element is NaN
+  float amax = 0.0f;
+  MOE_EP_UNROLL
+  for (int i = 0; i < kWords; ++i) {
+    amax = fmax_nan_hd(amax, fabs_hd(bf16_lo(w[i])));
+    amax = fmax_nan_hd(amax, fabs_hd(bf16_hi(w[i])));
+  }
+  return amax;
+}
+
+MOE_EP_HD bool finite_hd(float x) { return fabs_hd(x) <= 3.40282347e38f; }  // false: Inf, NaN
+
+template <int kWords>
+MOE_EP_HD void unpack_bf16(const uint32_t* w, uint16_t* x) {
+  MOE_EP_UNROLL
+  for (int i = 0; i < kWords; ++i) {
+    x[2 * i] = uint16_t(w[i] & 0xffffu);
+    x[2 * i + 1] = uint16_t(w[i] >> 16);
+  }
+}
+
+template <int kBytes>
+MOE_EP_HD void bytes_to_words(const uint8_t* b, uint32_t* out) {
+  MOE_EP_UNROLL
+  for (int i = 0; i < kBytes / 4; ++i)
+    out[i] = uint32_t(b[4 * i]) | (uint32_t(b[4 * i + 1]) << 8) | (uint32_t(b[4 * i + 2]) << 16) |
+             (uint32_t(b[4 * i + 3]) << 24);
+}
+
+// NVFP4 block of 16 elements (8 words) -> 2 output words; returns the E4M3 scale byte.
+// kUnitNorm: norm_const is exactly 1 (x * 1 == x, so the multiply is skipped). norm_const > 0.
+template <bool kUnitNorm>
+MOE_EP_HD uint8_t nvfp4_block(const uint32_t* w, float norm_const, uint32_t* out) {
+  const float amax = amax_bf16_words_nan<8>(w);
+  const float amax_n = kUnitNorm ? amax : fmt::mul_rn(amax, norm_const);
+  if (!finite_hd(amax_n)) {  // NaN/Inf element, or amax * nc overflows: the reference
+    uint16_t x[16];
+    uint8_t b[8];
+    unpack_bf16<8>(w, x);
+    const uint8_t sb = fmt::quantize_block_nvfp4(x, norm_const, b);
+    bytes_to_words<8>(b, out);
+    return sb;
+  }
+  // amax_n / 6 through the same exact division (6 = 1.5 * 2^2 has an E4M3 mantissa).
+  const uint8_t sb = e4m3(div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max));
+  const float s = e4m3_value(sb);
+  if (s == 0.0f) {
+    out[0] = out[1] = 0;
+    return sb;
+  }
+  // One IEEE division per block. (A per-CTA shared table of RN(1/s) measured 10 points slower
+  // on the H200: its barrier holds every thread's loads back until the table is filled.)
+  const float r = fmt::div_rn(1.0f, s);
+  MOE_EP_UNROLL
+  for (int o = 0; o < 2; ++o) {
+    float q[8];
+    MOE_EP_UNROLL
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t v = w[4 * o + k / 2];
+      const float x = fabs_hd((k & 1) ? bf16_hi(v) : bf16_lo(v));
+      q[k] = div_by_scale(kUnitNorm ? x : fmt::mul_rn(x, norm_const), s, r);
+    }
+    out[o] = e2m1_pack(w + 4 * o, q);
+  }
+  return sb;
+}
+
+// MXFP4 block of 32 elements (16 words) -> 4 output words; returns the UE8M0 scale byte.
+MOE_EP_HD uint8_t mxfp4_block(const uint32_t* w, uint32_t* out) {
+  const float amax = amax_bf16_words_nan<16>(w);
+  if (!finite_hd(amax)) {
+    uint16_t x[32];
+    uint8_t b[16];
+    unpack_bf16<16>(w, x);
+    const uint8_t sb = fmt::quantize_block_mxfp4(x, b);
+    bytes_to_words<16>(b, out);
+    return sb;
+  }
+  const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE2M1Max);
+  const float inv = fmt::exp2i(127 - int(sb));
+  MOE_EP_UNROLL
+  for (int o = 0; o < 4; ++o) {
+    float q[8];
+    MOE_EP_UNROLL
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t v = w[4 * o + k / 2];
+      q[k] = fmt::mul_rn((k & 1) ? bf16_hi(v) : bf16_lo(v), inv);  // exact: a power of two
+    }
+    out[o] = e2m1_pack(w + 4 * o, q);
+  }
+  return sb;
+}
+
+// MXFP8 block of 32 elements (16 words) -> 8 output words; returns the UE8M0 scale byte.
+MOE_EP_HD uint8_t mxfp8_block(const uint32_t* w, uint32_t* out) {
+  const float amax = amax_bf16_words_nan<16>(w);
+  if (!finite_hd(amax)) {  // the reference, so NaN/Inf never meet the hardware conversion
+    uint16_t x[32];
+    uint8_t b[32];
+    unpack_bf16<16>(w, x);
+    const uint8_t sb = fmt::quantize_block_mxfp8(x, b);
+    bytes_to_words<32>(b, out);
+    return sb;
+  }
+  const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
+  const float inv = fmt::exp2i(127 - int(sb));
+  MOE_EP_UNROLL
+  for (int o = 0; o < 8; ++o) {
+    const uint32_t v0 = w[2 * o], v1 = w[2 * o + 1];
+    out[o] = e4m3_pair(fmt::mul_rn(bf16_lo(v0), inv), fmt::mul_rn(bf16_hi(v0), inv)) |
+             (e4m3_pair(fmt::mul_rn(bf16_lo(v1), inv), fmt::mul_rn(bf16_hi(v1), inv)) << 16);
+  }
+  return sb;
+}
+
+}  // namespace moe_ep::kernels::qmath

@@ -1,0 +1,932 @@
+// Multi-GPU tests of the EP transport (EpComm + dispatch / wait / combine kernels): one forked
+// process per GPU, the NCCL unique id shared through an anonymous shared mapping. Data movement is
+// checked bitwise with self-describing payloads: activation bytes encode (source, token, byte),
+// y rows written by owners encode (owner, source, token, slot). Skips without 2 GPUs.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <new>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/comm/nccl_comm.h"
+#include "ep_test_kernels.h"
+#include "kernels/ep/ep_launch.h"
+#include "moe_ep/formats.h"
+#include "moe_ep/status.h"
+
+namespace moe_ep {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kMaxWorld = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Process harness
+
+struct Report {
+  int failed;
+  int finished;
+  char msg[4096];
+  int nval;
+  double val[128];
+};
+
+struct Shared {
+  std::atomic<int> id_ready;
+  NcclUniqueIdBytes id;
+  Report rep[kMaxWorld];
+};
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+
+#define REQUIRE(cond, msg)                                                                      \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
+      ::moe_ep::fail(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " #cond " -- " + \
+                     (msg));                                                                    \
+  } while (0)
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(e));
+}
+#define CK(x) ck((x), #x)
+
+// GPUs visible, counted in a child so this process never initializes CUDA before forking.
+int visible_gpus() {
+  static int cached = -1;
+  if (cached >= 0) return cached;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    _exit(std::min(n, 100));
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return cached = 0;
+  return cached = WEXITSTATUS(st);
+}
+
+using RankFn = std::function<void(int rank, int world, const NcclUniqueIdBytes& id, Report& rep)>;
+
+struct RunResult {
+  bool hung = false;
+  double seconds = 0;
+  std::vector<Report> rep;
+};
+
+// Runs fn in `world` processes (rank r on GPU r); kills them all after timeout_s.
+RunResult run_ranks(int world, double timeout_s, const RankFn& fn) {
+  void* mem =
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("mmap failed");
+  auto* sh = new (mem) Shared();
+  std::vector<pid_t> pids;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      Report& rep = sh->rep[r];
+      int rc = 0;
+      try {
+        CK(cudaSetDevice(r));
+        if (r == 0) {
+          sh->id = ep_create_unique_id();
+          sh->id_ready.store(1, std::memory_order_release);
+        } else {
+          const auto deadline = Clock::now() + std::chrono::seconds(60);
+          while (sh->id_ready.load(std::memory_order_acquire) == 0) {
+            if (Clock::now() > deadline) fail("rank 0 never published the NCCL unique id");
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+        fn(r, world, sh->id, rep);
+      } catch (const std::exception& e) {
+        std::snprintf(rep.msg, sizeof(rep.msg), "rank %d: %s", r, e.what());
+        rep.failed = 1;
+        rc = 1;
+      }
+      rep.finished = 1;
+      std::fflush(stdout);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  RunResult res;
+  size_t left = pids.size();
+  const auto deadline = t0 + std::chrono::duration<double>(timeout_s);
+  while (left > 0) {
+    int st = 0;
+    const pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) {
+      --left;
+      continue;
+    }
+    if (Clock::now() > deadline) {
+      res.hung = true;
+      for (pid_t q : pids) kill(q, SIGKILL);
+      while (waitpid(-1, &st, 0) > 0) {
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.rep.assign(sh->rep, sh->rep + world);
+  sh->~Shared();
+  munmap(mem, sizeof(Shared));
+  return res;
+}
+
+#define SKIP_UNLESS_2_GPUS()                                              \
+  do {                                                                    \
+    const int gpus = visible_gpus();                                      \
+    if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus; \
+  } while (0)
+
+void expect_all_passed(const RunResult& r) {
+  EXPECT_FALSE(r.hung) << "ranks still running after the test's deadline (killed)";
+  for (size_t i = 0; i < r.rep.size(); ++i) {
+    EXPECT_EQ(r.rep[i].finished, 1) << "rank " << i << " did not finish";
+    EXPECT_EQ(r.rep[i].failed, 0) << r.rep[i].msg;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs, one forward, and its bitwise checks
+
+struct Geometry {
+  int world = 2, E = 16, K = 4, H = 512, capacity = 256, act_bytes = 288;
+  int El() const { return E / world; }
+};
+
+enum class Routing { kUniform, kNone, kOther, kSkewed };
+
+struct Inputs {
+  int T = 0;
+  std::vector<int32_t> ids;  // [T][K]
+  std::vector<float> w;      // [T][K]
+};
+
+// Deterministic in (seed, src): every rank regenerates every other rank's inputs.
+Inputs make_inputs(const Geometry& g, int src, int T, Routing routing, uint64_t seed) {
+  Inputs in;
+  in.T = T;
+  in.ids.assign(size_t(T) * g.K, -1);
+  in.w.assign(size_t(T) * g.K, 0.0f);
+  std::mt19937_64 rng(seed * 1000003ull + uint64_t(src) * 7919ull + uint64_t(T));
+  std::uniform_real_distribution<float> uw(0.1f, 1.0f), u01(0.0f, 1.0f);
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> chosen;
+    for (int k = 0; k < g.K; ++k) {
+      int e = -1;
+      for (int attempt = 0; attempt < 1000 && e < 0; ++attempt) {
+        int c = -1;
+        switch (routing) {
+          case Routing::kUniform:
+            c = int(rng() % uint64_t(g.E));
+            break;
+          case Routing::kNone:
+            break;
+          case Routing::kOther: {
+            const int o = (src + 1) % g.world;
+            c = o * g.El() + int(rng() % uint64_t(g.El()));
+            break;
+          }
+          case Routing::kSkewed: {
+            const float u = u01(rng);
+            c = std::min(g.E - 1, int(float(g.E) * u * u * u * u));
+            break;
+          }
+        }
+        if (c < 0) break;
+        if (std::find(chosen.begin(), chosen.end(), c) == chosen.end()) e = c;
+      }
+      if (routing == Routing::kUniform && rng() % 8 == 0) e = -1;  // some empty slots
+      if (e >= 0) chosen.push_back(e);
+      in.ids[size_t(t) * g.K + k] = e;
+      in.w[size_t(t) * g.K + k] = uw(rng);
+    }
+  }
+  return in;
+}
+
+std::vector<uint8_t> make_act(const Geometry& g, int src, int T) {
+  std::vector<uint8_t> a(size_t(std::max(T, 1)) * g.act_bytes);
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < g.act_bytes; ++j)
+      a[size_t(t) * g.act_bytes + j] = test::act_byte(src, t, j);
+  return a;
+}
+
+bool has_slot_on(const Geometry& g, const Inputs& in, int t, int owner) {
+  for (int k = 0; k < g.K; ++k) {
+    const int id = in.ids[size_t(t) * g.K + k];
+    if (id >= 0 && id / g.El() == owner) return true;
+  }
+  return false;
+}
+
+struct RankCtx {
+  Geometry g;
+  EpComm* comm = nullptr;
+  int ws = 0;
+  int rank = 0;
+  cudaStream_t stream = nullptr;
+  uint8_t* act = nullptr;
+  int32_t* ids = nullptr;
+  float* w = nullptr;
+  uint16_t* y = nullptr;
+  int32_t* y_index = nullptr;
+  uint16_t* out = nullptr;
+  int32_t* ntok = nullptr;
+  int blocks = 0, threads = 512;
+  int check_stride = 1;  // result rows checked: every check_stride-th token (large cases)
+
+  void alloc() {
+    const size_t cap = size_t(g.capacity);
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CK(cudaMalloc(&act, cap * g.act_bytes));
+    CK(cudaMalloc(&ids, cap * g.K * 4));
+    CK(cudaMalloc(&w, cap * g.K * 4));
+    CK(cudaMalloc(&y, size_t(g.world) * cap * g.K * g.H * 2));
+    CK(cudaMalloc(&y_index, size_t(g.world) * cap * g.K * 4));
+    CK(cudaMalloc(&out, cap * g.H * 2));
+    CK(cudaMalloc(&ntok, 4));
+  }
+  void free_all() {
+    for (void* p :
+         {(void*)act, (void*)ids, (void*)w, (void*)y, (void*)y_index, (void*)out, (void*)ntok})
+      cudaFree(p);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  void upload(const Inputs& in, const std::vector<uint8_t>& a) {
+    if (in.T == 0) return;
+    CK(cudaMemcpyAsync(act, a.data(), size_t(in.T) * g.act_bytes, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(ids, in.ids.data(), in.ids.size() * 4, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(w, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice, stream));
+  }
+
+  // Enqueues one forward (no host sync). num_tokens_dev: graph replay with varying T.
+  void enqueue(int T, bool use_index, bool dev_count, bool do_dispatch = true,
+               bool do_combine = true) {
+    const EpWorkspace& W = comm->workspace(ws);
+    const WorkspaceLayout& L = W.layout;
+    const EpTransport tp = comm->transport(ws);
+    // Poison our combine area: rows of empty slots must stay untouched.
+    CK(cudaMemsetAsync(W.base + L.combine_off, 0xFF, size_t(L.capacity) * L.top_k * L.hidden * 2,
+                       stream));
+    if (do_dispatch) {
+      EpDispatchParams dp;
+      dp.tp = tp;
+      dp.act = act;
+      dp.act_stride = g.act_bytes;
+      dp.topk_ids = ids;
+      dp.topk_weights = w;
+      dp.num_tokens = dev_count ? g.capacity : T;
+      dp.num_tokens_dev = dev_count ? ntok : nullptr;
+      dp.num_local_experts = g.El();
+      dp.num_blocks = blocks;
+      dp.num_threads = threads;
+      CK(launch_ep_dispatch(dp, stream));
+      EpWaitParams wp{tp, EpStage::kDispatch};
+      CK(launch_ep_wait(wp, stream));
+    }
+    if (do_combine) {
+      CK(test::launch_fake_experts(tp, g.El(), y, y_index, use_index, stream));
+      EpCombineParams cp;
+      cp.tp = tp;
+      cp.y = y;
+      cp.y_stride = g.H;
+      cp.y_index = use_index ? y_index : nullptr;
+      cp.num_local_experts = g.El();
+      cp.num_blocks = blocks;
+      cp.num_threads = threads;
+      CK(launch_ep_combine(cp, stream));
+      EpWaitParams wp{tp, EpStage::kCombine};
+      CK(launch_ep_wait(wp, stream));
+      EpFinalizeParams fp;
+      fp.tp = tp;
+      fp.topk_ids = ids;
+      fp.topk_weights = w;
+      fp.out = out;
+      fp.num_tokens = dev_count ? g.capacity : T;
+      fp.num_tokens_dev = dev_count ? ntok : nullptr;
+      CK(launch_ep_finalize_reference(fp, stream));
+    }
+  }
+
+  // Everything this rank can see after a forward, bitwise.
+  void verify(const std::vector<Inputs>& all, const std::string& what) {
+    comm->check();
+    const EpWorkspace& W = comm->workspace(ws);
+    const WorkspaceLayout& L = W.layout;
+    const int me = rank;
+    // Owner side: rows received from each source.
+    for (int s = 0; s < g.world; ++s) {
+      const Inputs& in = all[size_t(s)];
+      std::vector<int> expect;
+      for (int t = 0; t < in.T; ++t)
+        if (has_slot_on(g, in, t, me)) expect.push_back(t);
+      int32_t count = -1;
+      CK(cudaMemcpy(&count, W.base + L.recv_count(s), 4, cudaMemcpyDeviceToHost));
+      REQUIRE(count == int(expect.size()), what + ": recv_count[" + std::to_string(s) +
+                                               "] = " + std::to_string(count) + ", expected " +
+                                               std::to_string(expect.size()));
+      if (count == 0) continue;
+      std::vector<uint8_t> rows(size_t(count) * L.act_row_bytes),
+          meta(size_t(count) * L.meta_row_bytes);
+      CK(cudaMemcpy(rows.data(), W.base + L.recv_act(s, 0), rows.size(), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(meta.data(), W.base + L.recv_meta(s, 0), meta.size(), cudaMemcpyDeviceToHost));
+      for (int i = 0; i < count; ++i) {
+        const int t = expect[size_t(i)];
+        for (int j = 0; j < g.act_bytes; ++j)
+          REQUIRE(rows[size_t(i) * L.act_row_bytes + j] == test::act_byte(s, t, j),
+                  what + ": recv_act[src " + std::to_string(s) + "][row " + std::to_string(i) +
+                      "] byte " + std::to_string(j) + " is not token " + std::to_string(t) + "'s");
+        RecvMetaRow m{meta.data() + size_t(i) * L.meta_row_bytes, g.K};
+        REQUIRE(*m.token() == t, what + ": recv_meta token " + std::to_string(*m.token()) +
+                                     ", expected " + std::to_string(t));
+        REQUIRE(std::memcmp(m.ids(), in.ids.data() + size_t(t) * g.K, 4 * g.K) == 0,
+                what + ": recv_meta ids of token " + std::to_string(t));
+        REQUIRE(std::memcmp(m.weights(), in.w.data() + size_t(t) * g.K, 4 * g.K) == 0,
+                what + ": recv_meta weights of token " + std::to_string(t));
+      }
+    }
+    // Source side: y rows came back to t*K+k from the right owner; empty slots untouched.
+    const Inputs& mine = all[size_t(me)];
+    const int T = mine.T;
+    if (T == 0) return;
+    std::vector<uint16_t> comb(size_t(T) * g.K * g.H), out_h(size_t(T) * g.H);
+    CK(cudaMemcpy(comb.data(), W.base + L.combine_off, comb.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(out_h.data(), out, out_h.size() * 2, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < T; t += check_stride) {
+      for (int k = 0; k < g.K; ++k) {
+        const int id = mine.ids[size_t(t) * g.K + k];
+        const uint16_t* row = comb.data() + (size_t(t) * g.K + k) * g.H;
+        for (int h = 0; h < g.H; ++h) {
+          const uint16_t want = id >= 0 ? test::y_bits(id / g.El(), me, t, k, h) : uint16_t(0xFFFF);
+          if (row[h] != want)
+            fail(what + ": combine row (token " + std::to_string(t) + ", slot " +
+                 std::to_string(k) + ", expert " + std::to_string(id) + ") element " +
+                 std::to_string(h) + " = " + std::to_string(row[h]) + ", expected " +
+                 std::to_string(want));
+        }
+      }
+      for (int h = 0; h < g.H; ++h) {
+        float acc = 0.0f;
+        for (int k = 0; k < g.K; ++k) {
+          const int id = mine.ids[size_t(t) * g.K + k];
+          if (id < 0) continue;
+          acc = fmt::add_rn(
+              acc, fmt::mul_rn(mine.w[size_t(t) * g.K + k],
+                               fmt::bf16_to_float(test::y_bits(id / g.El(), me, t, k, h))));
+        }
+        const uint16_t want = fmt::float_to_bf16(acc);
+        if (out_h[size_t(t) * g.H + h] != want)
+          fail(what + ": finalized out[" + std::to_string(t) + "][" + std::to_string(h) + "]");
+      }
+    }
+  }
+};
+
+// One forward with per-rank T and routing, then the bitwise checks.
+void forward_and_verify(RankCtx& c, const std::vector<int>& T, Routing routing, uint64_t seed,
+                        bool use_index, const std::string& what) {
+  std::vector<Inputs> all;
+  for (int s = 0; s < c.g.world; ++s)
+    all.push_back(make_inputs(c.g, s, T[size_t(s)], routing, seed));
+  c.upload(all[size_t(c.rank)], make_act(c.g, c.rank, T[size_t(c.rank)]));
+  c.enqueue(T[size_t(c.rank)], use_index, false);
+  CK(cudaStreamSynchronize(c.stream));
+  c.verify(all, what);
+  // Peers may start the next dispatch (into our receive rows) as soon as our combine signal is
+  // out; the test reads those rows on the host, so it meets the peers before moving on.
+  c.comm->barrier();
+}
+
+EpCommOptions opts(int rank, int64_t timeout_ms = 10000) {
+  EpCommOptions o;
+  o.device = rank;
+  o.timeout_ms = timeout_ms;
+  o.warmup_timeout_ms = 15000;
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host-only checks (no GPU needed).
+
+TEST(EpHost, UniqueIdHexRoundTrip) {
+  NcclUniqueIdBytes id;
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 37 + 11);
+  const std::string hex = ep_unique_id_to_hex(id);
+  EXPECT_EQ(hex.size(), 256u);
+  EXPECT_EQ(ep_unique_id_from_hex(hex), id);
+  EXPECT_THROW(ep_unique_id_from_hex(hex.substr(1)), Error);
+  std::string bad = hex;
+  bad[10] = 'g';
+  EXPECT_THROW(ep_unique_id_from_hex(bad), Error);
+}
+
+TEST(EpHost, ErrorMessageNamesPeerStageAndCall) {
+  EpErrorRecord r{};
+  r.flag = 1;
+  r.stage = int32_t(EpStage::kCombine);
+  r.peer = 3;
+  r.rank = 1;
+  r.call = 17;
+  r.expected = 34;
+  r.observed = 33;
+  r.waited_ns = 2500000000ull;
+  const std::string m = ep_error_message(r);
+  EXPECT_NE(m.find("rank 1: peer rank 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("'combine' of call 17"), std::string::npos) << m;
+  EXPECT_NE(m.find("2500 ms"), std::string::npos) << m;
+}
+
+TEST(EpHost, EpochSignalsGrowAcrossStagesAndCalls) {
+  for (uint64_t n = 1; n < 100; ++n) {
+    EXPECT_LT(ep_dispatch_signal(n), ep_combine_signal(n));
+    EXPECT_LT(ep_combine_signal(n), ep_dispatch_signal(n + 1));
+  }
+}
+
+// Launchers reject bad parameters on the host, before anything reaches a device.
+TEST(EpHost, LaunchersRejectBadParameters) {
+  EpDispatchParams dp;  // world 1, rank 0, no state, no peer pointers
+  EXPECT_EQ(launch_ep_dispatch(dp, nullptr), cudaErrorInvalidValue);
+  EpCombineParams cp;
+  EXPECT_EQ(launch_ep_combine(cp, nullptr), cudaErrorInvalidValue);
+  EpWaitParams wp;
+  wp.stage = EpStage::kBarrier;
+  EXPECT_EQ(launch_ep_wait(wp, nullptr), cudaErrorInvalidValue);
+  // A transport with a peer pointer missing.
+  EpState fake_state{};
+  uint8_t fake_window[16];
+  dp.tp.world_size = 2;
+  dp.tp.state = &fake_state;
+  dp.tp.layout = WorkspaceLayout::make(2, 8, 64, 2, 32, 0);
+  dp.tp.peer_base[0] = fake_window;
+  EXPECT_EQ(launch_ep_dispatch(dp, nullptr), cudaErrorInvalidValue);
+  // Every pointer there, but a row stride that is not a multiple of 16.
+  dp.tp.peer_base[1] = fake_window;
+  dp.act_stride = 40;
+  EXPECT_EQ(launch_ep_dispatch(dp, nullptr), cudaErrorInvalidValue);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(MultiGpu, DataMovementBitwise) {
+  SKIP_UNLESS_2_GPUS();
+  auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
+    EpComm comm(id, rank, world, opts(rank));
+    RankCtx c;
+    c.comm = &comm;
+    c.rank = rank;
+    c.g.world = world;
+    c.alloc();
+    c.ws = comm.create_workspace(
+        WorkspaceLayout::make(world, c.g.capacity, c.g.H, c.g.K, c.g.act_bytes, 0));
+    struct Case {
+      std::vector<int> T;
+      Routing routing;
+      bool use_index;
+      const char* name;
+    };
+    const std::vector<Case> cases = {
+        {{100, 100}, Routing::kUniform, false, "uniform T=100"},
+        {{0, 100}, Routing::kUniform, false, "T=0 on rank 0"},
+        {{100, 0}, Routing::kUniform, false, "T=0 on rank 1"},
+        {{0, 0}, Routing::kUniform, false, "T=0 on both"},
+        {{1, 256}, Routing::kUniform, false, "unequal T (1, capacity)"},
+        {{50, 70}, Routing::kNone, false, "all slots -1"},
+        {{128, 128}, Routing::kOther, false, "all tokens to the other rank"},
+        {{200, 30}, Routing::kSkewed, false, "skewed routing"},
+        {{256, 255}, Routing::kUniform, true, "y through y_index"},
+    };
+    uint64_t seed = 1;
+    for (const Case& cs : cases)
+      forward_and_verify(c, cs.T, cs.routing, seed++, cs.use_index, cs.name);
+    // Another grid shape gives the same bytes.
+    c.blocks = 3;
+    c.threads = 64;
+    forward_and_verify(c, {256, 180}, Routing::kUniform, 77, false, "3 blocks x 64 threads");
+    c.free_all();
+    comm.destroy();
+    comm.destroy();  // idempotent
+    bool threw = false;
+    try {
+      comm.check();
+    } catch (const Error& e) {
+      threw = e.code() == ErrorCode::kDestroyed;
+    }
+    REQUIRE(threw, "check() after destroy() must fail with kDestroyed");
+  });
+  expect_all_passed(r);
+}
+
+TEST(MultiGpu, EpochsShrinkGrowTwoWorkspaces) {
+  SKIP_UNLESS_2_GPUS();
+  auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
+    EpComm comm(id, rank, world, opts(rank));
+    RankCtx big, small;
+    for (RankCtx* c : {&big, &small}) {
+      c->comm = &comm;
+      c->rank = rank;
+      c->g.world = world;
+    }
+    small.g.capacity = 32;
+    big.alloc();
+    small.alloc();
+    big.ws = comm.create_workspace(
+        WorkspaceLayout::make(world, big.g.capacity, big.g.H, big.g.K, big.g.act_bytes, 0));
+    small.ws = comm.create_workspace(
+        WorkspaceLayout::make(world, small.g.capacity, small.g.H, small.g.K, small.g.act_bytes, 0));
+    const std::vector<std::vector<int>> seq = {{256, 256}, {200, 256}, {150, 7},
+                                               {50, 0},    {1, 128},   {0, 1},
+                                               {64, 200},  {255, 256}, {256, 3}};
+    uint64_t seed = 100;
+    for (size_t i = 0; i < seq.size(); ++i) {
+      forward_and_verify(big, seq[i], Routing::kUniform, seed++, false,
+                         "big ws call " + std::to_string(i));
+      // Interleave the small workspace: its epochs are its own.
+      const std::vector<int> ts = {int(i * 5) % 33, int(32 - i * 3)};
+      forward_and_verify(small, ts, Routing::kUniform, seed++, false,
+                         "small ws call " + std::to_string(i));
+    }
+    big.free_all();
+    small.free_all();
+    comm.destroy();
+  });
+  expect_all_passed(r);
+}
+
+TEST(MultiGpu, GraphReplayVaryingT) {
+  SKIP_UNLESS_2_GPUS();
+  auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
+    EpComm comm(id, rank, world, opts(rank));
+    RankCtx c;
+    c.comm = &comm;
+    c.rank = rank;
+    c.g.world = world;
+    c.alloc();
+    c.ws = comm.create_workspace(
+        WorkspaceLayout::make(world, c.g.capacity, c.g.H, c.g.K, c.g.act_bytes, 0));
+    // Capture one forward with the token count read on the device.
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+    c.enqueue(0, false, /*dev_count=*/true);
+    CK(cudaStreamEndCapture(c.stream, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    const std::vector<std::vector<int>> seq = {{256, 3}, {17, 256}, {0, 100}, {200, 0}, {5, 5}};
+    uint64_t seed = 500;
+    for (size_t i = 0; i < seq.size(); ++i) {
+      std::vector<Inputs> all;
+      for (int s = 0; s < world; ++s)
+        all.push_back(make_inputs(c.g, s, seq[i][size_t(s)], Routing::kUniform, seed));
+      ++seed;
+      const int T = seq[i][size_t(rank)];
+      c.upload(all[size_t(rank)], make_act(c.g, rank, T));
+      CK(cudaMemcpyAsync(c.ntok, &T, 4, cudaMemcpyHostToDevice, c.stream));
+      CK(cudaGraphLaunch(exec, c.stream));
+      CK(cudaStreamSynchronize(c.stream));
+      c.verify(all, "graph replay " + std::to_string(i));
+      comm.barrier();
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    c.free_all();
+    comm.destroy();
+  });
+  expect_all_passed(r);
+}
+
+// One rank skips a call (or only its combine); the other must come back within the timeout with
+// a sticky error naming that peer and stage, and neither may hang or trap.
+void fault_case(bool skip_whole_call) {
+  const int64_t timeout_ms = 300;
+  auto r = run_ranks(2, 60, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
+    EpComm comm(id, rank, world, opts(rank, timeout_ms));
+    RankCtx c;
+    c.comm = &comm;
+    c.rank = rank;
+    c.g.world = world;
+    c.alloc();
+    c.ws = comm.create_workspace(
+        WorkspaceLayout::make(world, c.g.capacity, c.g.H, c.g.K, c.g.act_bytes, 0));
+    forward_and_verify(c, {64, 64}, Routing::kUniform, 9, false, "call before the fault");
+    if (rank == 1) {
+      if (!skip_whole_call) {  // dispatch and its wait, then walk away before combine
+        const Inputs in = make_inputs(c.g, 1, 64, Routing::kUniform, 10);
+        c.upload(in, make_act(c.g, 1, 64));
+        c.enqueue(64, false, false, true, false);
+        CK(cudaStreamSynchronize(c.stream));
+        comm.check();  // rank 1 saw no fault
+      }
+    } else {
+      const Inputs in = make_inputs(c.g, 0, 64, Routing::kUniform, 10);
+      c.upload(in, make_act(c.g, 0, 64));
+      const auto t0 = Clock::now();
+      c.enqueue(64, false, false);
+      CK(cudaStreamSynchronize(c.stream));  // must return: the wait is bounded
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      rep.val[0] = ms;
+      rep.nval = 1;
+      REQUIRE(ms < timeout_ms + 3000, "the faulty call took " + std::to_string(ms) + " ms");
+      const auto err = comm.error();
+      REQUIRE(err.has_value(), "no sticky error after the peer skipped the call");
+      const EpStage want = skip_whole_call ? EpStage::kDispatch : EpStage::kCombine;
+      REQUIRE(err->peer == 1, "error names peer " + std::to_string(err->peer));
+      REQUIRE(err->stage == int32_t(want),
+              std::string("error stage ") + ep_stage_name(EpStage(err->stage)));
+      REQUIRE(err->call == 2, "error call " + std::to_string(err->call));
+      std::string msg;
+      try {
+        comm.check();
+      } catch (const Error& e) {
+        REQUIRE(e.code() == ErrorCode::kPeer, "error code");
+        msg = e.what();
+      }
+      std::printf("rank 0 reported after %.0f ms: %s\n", ms, msg.c_str());
+      REQUIRE(msg.find("peer rank 1") != std::string::npos, "message: " + msg);
+      REQUIRE(msg.find(std::string("'") + ep_stage_name(want) + "'") != std::string::npos,
+              "message: " + msg);
+      // Sticky: a later call runs to completion at once (kernels stand down) and still reports.
+      const auto t1 = Clock::now();
+      c.enqueue(64, false, false);
+      CK(cudaStreamSynchronize(c.stream));
+      const double ms2 = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+      REQUIRE(ms2 < 1000, "a call after the error took " + std::to_string(ms2) + " ms");
+      REQUIRE(comm.error().has_value(), "sticky error was cleared");
+    }
+    c.free_all();
+    comm.destroy();  // both ranks meet at the teardown barrier
+  });
+  expect_all_passed(r);
+}
+
+TEST(MultiGpu, FaultPeerSkipsCall) {
+  SKIP_UNLESS_2_GPUS();
+  fault_case(true);
+}
+
+TEST(MultiGpu, FaultPeerSkipsCombine) {
+  SKIP_UNLESS_2_GPUS();
+  fault_case(false);
+}
+
+// DeepSeek-V3 transfer sizes: H 7168, 4096 tokens per rank, K 8 of E 256, NVFP4 rows of 4032
+// bytes (3584 data + 448 scales), bf16 combine rows of 14336 bytes. Checks the bytes of one call,
+// then times dispatch (+ its wait) and combine (+ its wait) per grid size and prints NVLink GB/s
+// against the 367 GB/s per direction measured for SM stores (DEVICE.md).
+TEST(MultiGpu, DsV3TransferBandwidth) {
+  SKIP_UNLESS_2_GPUS();
+  constexpr double kCeilingGBps = 367.0;
+  const std::vector<int> grid = {16, 32, 48, 64, 132};
+  auto r = run_ranks(2, 120, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
+    EpComm comm(id, rank, world, opts(rank));
+    RankCtx c;
+    c.comm = &comm;
+    c.rank = rank;
+    c.g = Geometry{world, 256, 8, 7168, 4096, 4032};
+    c.alloc();
+    c.ws =
+        comm.create_workspace(WorkspaceLayout::make(world, c.g.capacity, c.g.H, c.g.K, 3584, 448));
+    const int T = 4096;
+    std::vector<Inputs> all;
+    for (int s = 0; s < world; ++s) all.push_back(make_inputs(c.g, s, T, Routing::kUniform, 4242));
+    // Uniform routing here means no empty slots: redo without the 1-in-8 -1s.
+    for (auto& in : all)
+      for (size_t i = 0; i < in.ids.size(); ++i)
+        if (in.ids[i] < 0) {
+          // a free expert of the token, deterministic
+          const size_t t = i / size_t(c.g.K);
+          for (int e = int(i % size_t(c.g.K)) * 31;; e = (e + 1) % c.g.E) {
+            bool used = false;
+            for (int k = 0; k < c.g.K; ++k) used |= in.ids[t * c.g.K + k] == e;
+            if (!used) {
+              in.ids[i] = e;
+              break;
+            }
+          }
+        }
+    c.upload(all[size_t(rank)], make_act(c.g, rank, T));
+    c.enqueue(T, false, false);
+    CK(cudaStreamSynchronize(c.stream));
+    c.check_stride = 7;  // all received rows, every 7th token's results
+    c.verify(all, "DSV3 call");
+
+    // Bytes that cross NVLink from this rank.
+    const WorkspaceLayout& L = comm.workspace(c.ws).layout;
+    double dispatch_bytes = 0, combine_bytes = 0;
+    for (int t = 0; t < T; ++t)
+      for (int o = 0; o < world; ++o)
+        if (o != rank && has_slot_on(c.g, all[size_t(rank)], t, o))
+          dispatch_bytes += L.act_row_bytes + L.meta_row_bytes;
+    for (int s = 0; s < world; ++s) {
+      if (s == rank) continue;
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < c.g.K; ++k) {
+          const int id = all[size_t(s)].ids[size_t(t) * c.g.K + k];
+          if (id >= 0 && id / c.g.El() == rank) combine_bytes += double(c.g.H) * 2;
+        }
+    }
+    const EpTransport tp = comm.transport(c.ws);
+    cudaEvent_t ev[6];
+    for (auto& e : ev) CK(cudaEventCreate(&e));
+    auto stats = [](std::vector<float> v, double* out) {
+      std::sort(v.begin(), v.end());
+      out[0] = v[v.size() / 2] * 1000.0;
+      out[1] = v.front() * 1000.0;
+      out[2] = v.back() * 1000.0;
+    };
+    auto dispatch = [&](int tokens, int blocks) {
+      EpDispatchParams dp;
+      dp.tp = tp;
+      dp.act = c.act;
+      dp.act_stride = c.g.act_bytes;
+      dp.topk_ids = c.ids;
+      dp.topk_weights = c.w;
+      dp.num_tokens = tokens;
+      dp.num_local_experts = c.g.El();
+      dp.num_blocks = blocks;
+      CK(launch_ep_dispatch(dp, c.stream));
+    };
+    auto combine = [&](int blocks) {
+      EpCombineParams cp;
+      cp.tp = tp;
+      cp.y = c.y;
+      cp.y_stride = c.g.H;
+      cp.num_local_experts = c.g.El();
+      cp.num_blocks = blocks;
+      CK(launch_ep_combine(cp, c.stream));
+    };
+    auto wait = [&](EpStage st) { CK(launch_ep_wait(EpWaitParams{tp, st}, c.stream)); };
+    auto ms = [&](int a, int b) {
+      float v = 0;
+      CK(cudaEventElapsedTime(&v, ev[a], ev[b]));
+      return v;
+    };
+    int nv = 0;
+    rep.val[nv++] = dispatch_bytes;
+    rep.val[nv++] = combine_bytes;
+    rep.val[nv++] = double(grid.size());
+    for (int blocks : grid) {
+      std::vector<float> td, tc, tdk, tck;
+      for (int it = 0; it < 25; ++it) {
+        comm.barrier();  // ranks start each timed stage together
+        CK(cudaEventRecord(ev[0], c.stream));
+        dispatch(T, blocks);
+        CK(cudaEventRecord(ev[1], c.stream));
+        wait(EpStage::kDispatch);
+        CK(cudaEventRecord(ev[2], c.stream));
+        CK(cudaStreamSynchronize(c.stream));
+        comm.barrier();
+        CK(cudaEventRecord(ev[3], c.stream));
+        combine(blocks);
+        CK(cudaEventRecord(ev[4], c.stream));
+        wait(EpStage::kCombine);
+        CK(cudaEventRecord(ev[5], c.stream));
+        CK(cudaStreamSynchronize(c.stream));
+        if (it >= 5) {  // warmup
+          td.push_back(ms(0, 2));
+          tdk.push_back(ms(0, 1));
+          tc.push_back(ms(3, 5));
+          tck.push_back(ms(3, 4));
+        }
+      }
+      comm.check();
+      rep.val[nv++] = blocks;
+      for (auto* v : {&td, &tc, &tdk, &tck}) {
+        stats(*v, rep.val + nv);
+        nv += 3;
+      }
+    }
+    // Decode: one token per rank, dispatch + wait + combine + wait, launched one by one and as
+    // a replayed CUDA graph (what a captured forward sees).
+    {
+      std::vector<float> tl, tg;
+      for (int it = 0; it < 40; ++it) {
+        comm.barrier();
+        CK(cudaEventRecord(ev[0], c.stream));
+        dispatch(1, 16);
+        wait(EpStage::kDispatch);
+        combine(16);
+        wait(EpStage::kCombine);
+        CK(cudaEventRecord(ev[1], c.stream));
+        CK(cudaStreamSynchronize(c.stream));
+        if (it >= 10) tl.push_back(ms(0, 1));
+      }
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+      dispatch(1, 16);
+      wait(EpStage::kDispatch);
+      combine(16);
+      wait(EpStage::kCombine);
+      CK(cudaStreamEndCapture(c.stream, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int it = 0; it < 40; ++it) {
+        comm.barrier();
+        CK(cudaEventRecord(ev[0], c.stream));
+        CK(cudaGraphLaunch(exec, c.stream));
+        CK(cudaEventRecord(ev[1], c.stream));
+        CK(cudaStreamSynchronize(c.stream));
+        if (it >= 10) tg.push_back(ms(0, 1));
+      }
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph));
+      comm.check();
+      stats(tl, rep.val + nv);
+      nv += 3;
+      stats(tg, rep.val + nv);
+      nv += 3;
+    }
+    rep.nval = nv;
+    for (auto& e : ev) cudaEventDestroy(e);
+    c.free_all();
+    comm.destroy();
+  });
+  expect_all_passed(r);
+  if (r.hung || r.rep[0].failed || r.rep[1].failed) return;
+
+  // Report: per grid size, the slowest rank's numbers (a stage ends when both ranks are done).
+  auto worst = [&](int i) { return std::max(r.rep[0].val[i], r.rep[1].val[i]); };
+  const double db = worst(0), cb = worst(1);
+  const int ng = int(r.rep[0].val[2]);
+  std::printf(
+      "DSV3 EP=2 transfer (H 7168, 4096 tokens/rank, K 8, nvfp4 rows 4032 B, bf16 rows "
+      "14336 B); bytes per direction: dispatch %.1f MB, combine %.1f MB; NVLink ceiling "
+      "%.0f GB/s per direction\n",
+      db / 1e6, cb / 1e6, kCeilingGBps);
+  std::printf("%7s | %9s %9s %6s | %9s %9s %6s | %9s %9s | %9s %9s\n", "blocks", "disp_us", "GB/s",
+              "frac", "comb_us", "GB/s", "frac", "dkern_us", "GB/s", "ckern_us", "GB/s");
+  std::string json = "[\n";
+  char buf[1024];
+  for (int gi = 0; gi < ng; ++gi) {
+    const int base = 3 + gi * 13;
+    const int blocks = int(r.rep[0].val[base]);
+    const double d = worst(base + 1), cm = worst(base + 4), dk = worst(base + 7),
+                 ck2 = worst(base + 10);
+    std::printf("%7d | %9.1f %9.1f %5.0f%% | %9.1f %9.1f %5.0f%% | %9.1f %9.1f | %9.1f %9.1f\n",
+                blocks, d, db / (d * 1e3), 100 * db / (d * 1e3) / kCeilingGBps, cm, cb / (cm * 1e3),
+                100 * cb / (cm * 1e3) / kCeilingGBps, dk, db / (dk * 1e3), ck2, cb / (ck2 * 1e3));
+    const char* names[4] = {"dispatch+wait", "combine+wait", "dispatch_kernel", "combine_kernel"};
+    for (int st = 0; st < 4; ++st) {
+      const int o = base + 1 + 3 * st;
+      const double bytes = (st % 2 == 0) ? db : cb;
+      const double med = worst(o);
+      std::snprintf(buf, sizeof(buf),
+                    "  {\"device\": \"2x H200 NVLink\", \"ep\": 2, \"shape\": \"dsv3\", "
+                    "\"tokens_per_rank\": 4096, \"top_k\": 8, \"stage\": \"%s\", "
+                    "\"routing\": \"uniform\", \"median_us\": %.2f, \"min_us\": %.2f, "
+                    "\"max_us\": %.2f, \"bytes_per_direction\": %.0f, \"nvlink_GBps\": %.1f, "
+                    "\"ceiling_GBps\": %.0f, \"fraction\": %.3f, "
+                    "\"config\": {\"blocks\": %d, \"threads\": 512}},\n",
+                    names[st], med, worst(o + 1), worst(o + 2), bytes, bytes / (med * 1e3),
+                    kCeilingGBps, bytes / (med * 1e3) / kCeilingGBps, blocks);
+      json += buf;
+    }
+  }
+  const int lb = 3 + ng * 13;
+  std::printf(
+      "decode round trip (1 token/rank, dispatch+wait+combine+wait, 16 blocks): "
+      "stream launches median %.1f us (min %.1f, max %.1f); CUDA graph median %.1f us "
+      "(min %.1f, max %.1f)\n",
+      worst(lb), worst(lb + 1), worst(lb + 2), worst(lb + 3), worst(lb + 4), worst(lb + 5));
+  for (int gmode = 0; gmode < 2; ++gmode) {
+    const int o = lb + 3 * gmode;
+    std::snprintf(buf, sizeof(buf),
+                  "  {\"device\": \"2x H200 NVLink\", \"ep\": 2, \"shape\": \"dsv3\", "
+                  "\"tokens_per_rank\": 1, \"stage\": \"dispatch+wait+combine+wait\", "
+                  "\"launch\": \"%s\", \"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, "
+                  "\"config\": {\"blocks\": 16, \"threads\": 512}}%s\n",
+                  gmode == 0 ? "stream" : "graph", worst(o), worst(o + 1), worst(o + 2),
+                  gmode == 0 ? "," : "");
+    json += buf;
+  }
+  json += "]\n";
+  if (const char* path = std::getenv("MOE_EP_BENCH_JSON")) {
+    std::ofstream(path) << json;
+    std::printf("wrote %s\n", path);
+  }
+}
+
+}  // namespace
+}  // namespace moe_ep
