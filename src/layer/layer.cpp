@@ -58,15 +58,16 @@ MegaLayer::MegaLayer(const Bootstrap& boot, const LayerConfig& config, const Wei
     for (auto& r : reasons) msg += "\n  - " + r;
     throw Error(ErrorCode::kUnsupported, msg);
   }
-  validate_weight_pack(config, boot.world_size, weights);
-  const int el = config.fleet.num_experts / boot.world_size;
-  validate_epilogue_vector(epilogue.fc1_alpha, el, "fc1_alpha");
-  validate_epilogue_vector(epilogue.fc2_alpha, el, "fc2_alpha");
-  validate_epilogue_vector(epilogue.fc1_norm_const, el, "fc1_norm_const");
-  if (backend_kind_ == Backend::kCUDA)
+  if (backend_kind_ == Backend::kCUDA) {
+    validate_weight_pack(config, boot.world_size, weights);
+    const int el = config.fleet.num_experts / boot.world_size;
+    validate_epilogue_vector(epilogue.fc1_alpha, el, "fc1_alpha");
+    validate_epilogue_vector(epilogue.fc2_alpha, el, "fc2_alpha");
+    validate_epilogue_vector(epilogue.fc1_norm_const, el, "fc1_norm_const");
     impl_ = make_cuda_backend(boot, config, weights, epilogue);
-  else
-    impl_ = make_cpu_backend(boot, config, weights, epilogue);
+  } else {
+    impl_ = make_cpu_backend(boot, config, weights, epilogue);  // checks inside its collective
+  }
 }
 
 MegaLayer::~MegaLayer() {

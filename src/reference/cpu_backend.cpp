@@ -68,8 +68,14 @@ class CpuBackend final : public LayerBackend {
     threads_ = std::max(1, omp_get_max_threads() / boot.world_size);
 
     // Copy the weights (the CPU kernels read the checkpoint layout as it is) and check scales.
+    // Argument checks of this rank run inside the construction collective, so a rejection on one
+    // rank reaches every rank instead of leaving the fleet out of step.
     std::string bad;
     try {
+      validate_weight_pack(cfg, boot.world_size, w);
+      validate_epilogue_vector(ep.fc1_alpha, shape_.El, "fc1_alpha");
+      validate_epilogue_vector(ep.fc2_alpha, shape_.El, "fc2_alpha");
+      validate_epilogue_vector(ep.fc1_norm_const, shape_.El, "fc1_norm_const");
       copy_weights(w);
       copy_vector(ep.fc1_alpha, fc1_alpha_);
       copy_vector(ep.fc2_alpha, fc2_alpha_);
@@ -79,8 +85,10 @@ class CpuBackend final : public LayerBackend {
       bad = e.what();
     }
     // Construction is collective: every rank learns whether every rank accepted its weights.
-    const auto ok = fleet_->allgather(channel_, rank(), bad.empty() ? 0 : 1, next_ticket(0), seq_,
-                                      "construct", boot_.warmup_timeout_ms);
+    const auto ok = run_collective([&] {
+      return fleet_->allgather(channel_, rank(), bad.empty() ? 0 : 1, next_ticket(1), seq_,
+                               "construct", boot_.warmup_timeout_ms);
+    });
     if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, bad);
     for (int r = 0; r < boot.world_size; ++r)
       if (ok[r])
