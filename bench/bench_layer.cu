@@ -1,13 +1,23 @@
-// Benchmark of the single-GPU layer (EP = 1) per BENCH.md: DeepSeek-V3 shape by default, every
-// recipe, tokens 1..4096, uniform and Zipf routing. Random checkpoint-layout weights are made
-// on the GPU (valid, non-zero scale bytes) and go through the layer's own preprocessing. Each
-// case: warm-up, then >= 20 CUDA-graph replays timed with events, alternating 2 input sets;
-// per-stage times from eager forwards with the stage-event hook. One JSON record per case.
+// Benchmark of the layer per BENCH.md: DeepSeek-V3 shape by default, every recipe, tokens
+// 1..4096, uniform and Zipf routing. `--ep N` runs EP over N GPUs (one forked process per GPU,
+// NCCL unique id through a shared mapping, each rank holds E/N experts, a workspace sized to
+// each token count); the record is the slowest rank's median, weight bytes per rank. Random
+// checkpoint-layout weights are made on the GPU (valid, non-zero scale bytes) and go through the
+// layer's own preprocessing. Each case: warm-up, then >= 20 CUDA-graph replays timed with events,
+// alternating 2 input sets; per-stage times from eager forwards with the stage-event hook. One JSON
+// record per case.
 //   bench_layer [--json PATH] [--shape dsv3|qwen3|gpt-oss] [--recipes a,b] [--tokens 1,8,...]
-//               [--iters N]
+//               [--iters N] [--experts E] [--routing uniform|zipf|both] [--ep N]
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,8 +26,10 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cuda/comm/nccl_comm.h"
 #include "cuda/stage_timing.h"
 #include "kernels/moe/moe_params.h"
 #include "moe_ep/formats.h"
@@ -137,12 +149,278 @@ double median(std::vector<float> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// --- EP over several GPUs: one process per rank -----------------------------------------------
+constexpr int kMaxCases = 64, kMaxEp = 8;
+struct EpCase {
+  int recipe_index, tokens;
+  double median_us, min_us, max_us, weight_bytes;
+  int64_t pairs;
+};
+struct EpShared {
+  std::atomic<int> id_ready;
+  std::array<char, 128> id;
+  char device[256];
+  struct Rank {
+    int done, failed, ncases;
+    char msg[1024];
+    EpCase cases[kMaxCases];
+  } rank[kMaxEp];
+};
+
+void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vector<std::string>& rn,
+             const std::vector<int>& tokens, int iters) {
+  CK(cudaSetDevice(rank));
+  if (rank == 0) {
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    std::snprintf(sh->device, sizeof sh->device, "%s", prop.name);
+    const NcclUniqueIdBytes id = ep_create_unique_id();
+    std::memcpy(sh->id.data(), id.data(), id.size());
+    sh->id_ready.store(1, std::memory_order_release);
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (sh->id_ready.load(std::memory_order_acquire) == 0) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error(ErrorCode::kPeer, "rank 0 never published the NCCL unique id");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  auto& me = sh->rank[rank];
+  const Device gpu{DeviceKind::kCUDA, rank};
+  const int El = s.E / world;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (size_t ri = 0; ri < rn.size(); ++ri) {
+    const Recipe recipe = *parse_recipe(rn[ri]);
+    const RecipeTraits tr = recipe_traits(recipe);
+    const size_t E = El, H = s.H, I = s.I;
+    const size_t w13_bytes = tr.weights_4bit ? E * 2 * I * H / 2 : E * 2 * I * H * 2;
+    const size_t w2_bytes = tr.weights_4bit ? E * H * I / 2 : E * H * I * 2;
+    const size_t s13_bytes = tr.weights_4bit ? E * 2 * I * H / tr.weight_block : 0;
+    const size_t s2_bytes = tr.weights_4bit ? E * H * I / tr.weight_block : 0;
+    void *w13 = nullptr, *w2 = nullptr, *s13 = nullptr, *s2 = nullptr;
+    CK(cudaMalloc(&w13, w13_bytes));
+    CK(cudaMalloc(&w2, w2_bytes));
+    fill(w13, w13_bytes, 1 + rank * 10, tr.weights_4bit ? 0 : 3);
+    fill(w2, w2_bytes, 2 + rank * 10, tr.weights_4bit ? 0 : 3);
+    if (tr.weights_4bit) {
+      CK(cudaMalloc(&s13, s13_bytes));
+      CK(cudaMalloc(&s2, s2_bytes));
+      fill(s13, s13_bytes, 3 + rank * 10, tr.e4m3_scales ? 1 : 2);
+      fill(s2, s2_bytes, 4 + rank * 10, tr.e4m3_scales ? 1 : 2);
+    }
+    CK(cudaDeviceSynchronize());
+    WeightPack wp;
+    if (tr.weights_4bit) {
+      wp.w13 = TensorView::contiguous(w13, DType::kU8, {El, 2 * s.I, s.H / 2}, gpu);
+      wp.w2 = TensorView::contiguous(w2, DType::kU8, {El, s.H, s.I / 2}, gpu);
+      wp.w13_scale =
+          TensorView::contiguous(s13, DType::kU8, {El, 2 * s.I, s.H / tr.weight_block}, gpu);
+      wp.w2_scale = TensorView::contiguous(s2, DType::kU8, {El, s.H, s.I / tr.weight_block}, gpu);
+    } else {
+      wp.w13 = TensorView::contiguous(w13, DType::kBF16, {El, 2 * s.I, s.H}, gpu);
+      wp.w2 = TensorView::contiguous(w2, DType::kBF16, {El, s.H, s.I}, gpu);
+    }
+    LayerConfig cfg;
+    cfg.fleet.num_experts = s.E;
+    cfg.fleet.max_tokens_per_rank = 1;  // each token count gets its own workspace below
+    cfg.fleet.hidden_size = s.H;
+    cfg.recipe.recipe = recipe;
+    cfg.recipe.intermediate_size = s.I;
+    cfg.recipe.top_k = s.K;
+    Bootstrap boot;
+    boot.backend = Backend::kCUDA;
+    boot.device = rank;
+    boot.world_size = world;
+    boot.rank = rank;
+    boot.nccl_unique_id = sh->id;
+    auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
+    cudaFree(w13);
+    cudaFree(w2);
+    cudaFree(s13);
+    cudaFree(s2);
+    const size_t expert_bytes = (w13_bytes + w2_bytes + s13_bytes + s2_bytes) / E;
+    for (int T : tokens) {
+      const WorkspaceId ws = layer->create_workspace(std::max(1, T));
+      layer->warmup(ws);
+      InputSet sets[2];
+      for (int k = 0; k < 2; ++k) {
+        InputSet& in = sets[k];
+        in.host_ids = make_ids(T, s.K, s.E, false, 1000 * T + 10 * rank + k);
+        std::vector<float> w(size_t(T) * s.K);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.01f * float(i % 13);
+        CK(cudaMalloc(&in.x, std::max<size_t>(16, size_t(T) * s.H * 2)));
+        CK(cudaMalloc(&in.ids, std::max<size_t>(16, w.size() * 4)));
+        CK(cudaMalloc(&in.w, std::max<size_t>(16, w.size() * 4)));
+        fill(in.x, size_t(T) * s.H * 2, 77 + k + rank, 4);
+        CK(cudaMemcpy(in.ids, in.host_ids.data(), w.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(in.w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+      }
+      void* out = nullptr;
+      CK(cudaMalloc(&out, std::max<size_t>(16, size_t(T) * s.H * 2)));
+      auto inputs = [&](const InputSet& in) {
+        ForwardInputs f;
+        f.hidden_states = TensorView::contiguous(in.x, DType::kBF16, {T, s.H}, gpu);
+        f.topk_ids = TensorView::contiguous(in.ids, DType::kI32, {T, s.K}, gpu);
+        f.topk_weights = TensorView::contiguous(in.w, DType::kF32, {T, s.K}, gpu);
+        f.stream = st;
+        f.workspace = ws;
+        return f;
+      };
+      const TensorView ov = TensorView::contiguous(out, DType::kBF16, {T, s.H}, gpu);
+      for (int it = 0; it < 4; ++it) layer->forward(inputs(sets[it & 1]), ov);
+      CK(cudaStreamSynchronize(st));
+      cudaGraphExec_t exec[2];
+      for (int k = 0; k < 2; ++k) {
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        layer->forward(inputs(sets[k]), ov);
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&exec[k], g, 0));
+        CK(cudaGraphDestroy(g));
+      }
+      for (int it = 0; it < 6; ++it) CK(cudaGraphLaunch(exec[it & 1], st));
+      std::vector<cudaEvent_t> ev(2 * iters);
+      for (auto& e : ev) CK(cudaEventCreate(&e));
+      for (int it = 0; it < iters; ++it) {
+        CK(cudaEventRecord(ev[2 * it], st));
+        CK(cudaGraphLaunch(exec[it & 1], st));
+        CK(cudaEventRecord(ev[2 * it + 1], st));
+      }
+      CK(cudaStreamSynchronize(st));
+      std::vector<float> us(iters);
+      for (int it = 0; it < iters; ++it) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
+        us[it] = ms * 1000;
+      }
+      // Weight bytes this rank streams: its experts that any rank's tokens touch. Every rank
+      // regenerates the peers' ids (same seeds) to count them.
+      std::vector<char> touched(s.E, 0);
+      int64_t pairs = 0;
+      for (int r = 0; r < world; ++r)
+        for (int32_t id : make_ids(T, s.K, s.E, false, 1000 * T + 10 * r))
+          if (id >= 0 && id / El == rank) {
+            touched[id] = 1;
+            ++pairs;
+          }
+      const int64_t n_touched = std::count(touched.begin(), touched.end(), 1);
+      if (me.ncases < kMaxCases) {
+        EpCase& c = me.cases[me.ncases++];
+        c.recipe_index = int(ri);
+        c.tokens = T;
+        c.median_us = median(us);
+        c.min_us = *std::min_element(us.begin(), us.end());
+        c.max_us = *std::max_element(us.begin(), us.end());
+        c.weight_bytes = double(n_touched) * expert_bytes;
+        c.pairs = pairs;
+      }
+      for (auto& e : ev) cudaEventDestroy(e);
+      for (auto& x : exec) cudaGraphExecDestroy(x);
+      cudaFree(out);
+      for (auto& in : sets) {
+        cudaFree(in.x);
+        cudaFree(in.ids);
+        cudaFree(in.w);
+      }
+    }
+    layer->destroy();
+  }
+  cudaStreamDestroy(st);
+}
+
+int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
+           const std::vector<int>& tokens, int iters, const std::string& json_path) {
+  if (world > kMaxEp || rn.size() != 1 || tokens.size() > size_t(kMaxCases)) {
+    std::fprintf(stderr, "--ep: at most %d ranks, one recipe, %d token counts\n", kMaxEp,
+                 kMaxCases);
+    return 1;
+  }
+  void* mem =
+      mmap(nullptr, sizeof(EpShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return 1;
+  auto* sh = new (mem) EpShared();
+  std::fflush(stdout);
+  std::vector<pid_t> pids;
+  // One recipe per run: the unique id serves one communicator (one layer per rank).
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int rc = 0;
+      try {
+        ep_rank(sh, r, world, s, rn, tokens, iters);
+      } catch (const std::exception& e) {
+        std::snprintf(sh->rank[r].msg, sizeof sh->rank[r].msg, "%s", e.what());
+        sh->rank[r].failed = 1;
+        rc = 1;
+      }
+      sh->rank[r].done = 1;
+      std::fflush(stdout);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  int st = 0;
+  for (size_t i = 0; i < pids.size(); ++i) waitpid(-1, &st, 0);
+  for (int r = 0; r < world; ++r)
+    if (sh->rank[r].failed || !sh->rank[r].done) {
+      std::fprintf(stderr, "rank %d failed: %s\n", r, sh->rank[r].msg);
+      return 1;
+    }
+  const char* commit = std::getenv("MOE_EP_COMMIT");
+  FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (js) std::fprintf(js, "[\n");
+  std::printf("%-8s %-12s %4s %6s %12s %12s %12s %14s %s\n", "shape", "recipe", "ep", "tokens",
+              "median_us", "min_us", "max_us", "GB/rank(max)", "per-rank medians");
+  for (int c = 0; c < sh->rank[0].ncases; ++c) {
+    double med = 0, mn = 1e30, mx = 0, bytes = 0;
+    int64_t pairs = 0;
+    std::string per;
+    for (int r = 0; r < world; ++r) {
+      const EpCase& e = sh->rank[r].cases[c];
+      med = std::max(med, e.median_us);
+      mn = std::min(mn, e.min_us);
+      mx = std::max(mx, e.max_us);
+      bytes = std::max(bytes, e.weight_bytes);
+      pairs = std::max(pairs, e.pairs);
+      char b[32];
+      std::snprintf(b, sizeof b, "%s%.1f", r ? "/" : "", e.median_us);
+      per += b;
+    }
+    const int T = sh->rank[0].cases[c].tokens;
+    const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
+    const double tflops = 6.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
+    std::printf("%-8s %-12s %4d %6d %12.1f %12.1f %12.1f %14.3f %s\n", s.name.c_str(),
+                rn[0].c_str(), world, T, med, mn, mx, bytes / 1e9, per.c_str());
+    if (js)
+      std::fprintf(js,
+                   "%s  {\"commit\": \"%s\", \"device\": \"%d x %s\", \"ep\": %d, "
+                   "\"rank_count\": %d, \"shape\": \"%s\", \"H\": %d, \"I\": %d, "
+                   "\"E\": %d, \"K\": %d, \"recipe\": \"%s\", \"tokens_per_rank\": %d, "
+                   "\"routing\": \"uniform\", \"median_us\": %.2f, \"min_us\": %.2f, "
+                   "\"max_us\": %.2f, \"median_us_per_rank\": \"%s\", "
+                   "\"weight_bytes_read\": %.0f, \"weight_bytes_per_rank_max\": %.0f, "
+                   "\"hbm_fraction\": %.4f, \"tflops\": %.2f, \"mma_fraction\": %.4f, "
+                   "\"mma_type\": \"bf16\", \"iterations\": %d, "
+                   "\"timing\": \"cuda graph replay, slowest rank's median\"}",
+                   c ? ",\n" : "", commit ? commit : "unknown", world, sh->device, world, world,
+                   s.name.c_str(), s.H, s.I, s.E, s.K, rn[0].c_str(), T, med, mn, mx, per.c_str(),
+                   bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters);
+  }
+  if (js) {
+    std::fprintf(js, "\n]\n");
+    std::fclose(js);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path, shape_name = "dsv3", recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16";
   std::vector<int> tokens = {1, 8, 32, 128, 512, 2048, 4096};
-  int iters = 30;
+  int iters = 30, ep = 1, experts = 0;
+  std::string routing = "both";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -156,12 +434,27 @@ int main(int argc, char** argv) {
       tokens = parse_ints(next());
     else if (a == "--iters")
       iters = std::max(20, std::stoi(next()));
+    else if (a == "--ep")
+      ep = std::stoi(next());
+    else if (a == "--experts")
+      experts = std::stoi(next());
+    else if (a == "--routing")
+      routing = next();
   }
   const std::vector<Shape> shapes = {
       {"dsv3", 7168, 2048, 256, 8}, {"qwen3", 2048, 768, 128, 8}, {"gpt-oss", 2880, 2880, 128, 4}};
   Shape s = shapes[0];
   for (const auto& c : shapes)
     if (c.name == shape_name) s = c;
+  if (experts > 0) s.E = experts;
+  if (ep > 1) {
+    // The parent never touches CUDA: the ranks are forked from it.
+    std::vector<std::string> rn;
+    std::stringstream rs0(recipes_arg);
+    std::string n;
+    while (std::getline(rs0, n, ',')) rn.push_back(n);
+    return run_ep(ep, s, rn, tokens, iters, json_path);
+  }
   int dev = 0;
   CK(cudaSetDevice(dev));
   cudaDeviceProp prop{};
@@ -238,6 +531,7 @@ int main(int argc, char** argv) {
 
     for (int T : tokens) {
       for (int zipf = 0; zipf < 2; ++zipf) {
+        if ((routing == "uniform" && zipf) || (routing == "zipf" && !zipf)) continue;
         InputSet sets[2];
         for (int k = 0; k < 2; ++k) {
           InputSet& in = sets[k];

@@ -31,6 +31,7 @@ struct Options {
   std::string recipes = "all";
   std::string tokens = "";
   int ranks = 1;
+  int gpus = 0;  // --gpus N: one process per GPU
   std::string backend = "auto";
   int iters = 5;
   uint64_t seed = 1;
@@ -59,6 +60,8 @@ const char* kUsage =
     "  --tokens LIST      tokens per rank; a comma list runs each (default run/check: 64;\n"
     "                     bench: 1,8,32,128)\n"
     "  --ranks W          EP ranks (CPU: threads in this process; default 1)\n"
+    "  --gpus N           EP over N GPUs, one process per GPU started by this command\n"
+    "                     (CUDA backend; rank r on GPU r; rank 0's outputs table)\n"
     "  --backend B        auto (default), cpu, cuda\n"
     "  --iters N          timed iterations (default 5; bench 20)\n"
     "  --routing R        uniform (default) or zipf\n"
@@ -115,6 +118,8 @@ Options parse(int argc, char** argv) {
       o.ranks = to_int(f, value(f));
     else if (f == "--backend")
       o.backend = value(f);
+    else if (f == "--gpus")
+      o.gpus = to_int(f, value(f));
     else if (f == "--iters")
       o.iters = to_int(f, value(f));
     else if (f == "--seed")
@@ -450,9 +455,20 @@ int main_impl(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  std::printf("moe-ep: backend %s (requested %s), %d CPU threads\n",
-              backend_name(resolve_backend(backend_of(o.backend))), o.backend.c_str(),
-              omp_get_max_threads());
+  if (o.gpus > 0) {
+    if (o.backend == "cpu")
+      throw Error(ErrorCode::kInvalidArgument, "--gpus runs the CUDA backend, not --backend cpu");
+    o.ranks = o.gpus;
+    o.backend = "cuda";
+    set_gpu_processes(true);
+    // This process must not initialize CUDA: the per-GPU processes are forked from it.
+    std::printf("moe-ep: backend cuda, %d GPU processes, %d CPU threads\n", o.gpus,
+                omp_get_max_threads());
+  } else {
+    std::printf("moe-ep: backend %s (requested %s), %d CPU threads\n",
+                backend_name(resolve_backend(backend_of(o.backend))), o.backend.c_str(),
+                omp_get_max_threads());
+  }
   std::fflush(stdout);
   if (o.command == "run") return cmd_run(o, false);
   if (o.command == "check") return cmd_run(o, true);

@@ -1,15 +1,27 @@
 #include "problem.h"
 
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <new>
 #include <numeric>
 #include <random>
 #include <thread>
 
 #include "device_io.h"
+#if defined(MOE_EP_HAVE_CUDA)
+#include "cuda/comm/nccl_comm.h"
+#endif
 #include "moe_ep/formats.h"
 #include "moe_ep/status.h"
 
@@ -182,9 +194,205 @@ std::vector<double> dense_reference(const Problem& p, int rank) {
   return out;
 }
 
+namespace {
+
+bool g_gpu_processes = false;
+
+// One rank's layer: build, warm up, run `iterations` forwards (timed, host to device sync),
+// copy the output to `out` (poisoned first: every element must be written).
+void run_rank(const Problem& p, Backend backend, int iterations, int r, const Bootstrap& base,
+              std::vector<uint16_t>& out, std::vector<double>& times, RunResult* info) {
+  const int W = p.world_size, El = p.shape.E / W;
+  Bootstrap b = base;
+  b.world_size = W;
+  b.rank = r;
+  b.backend = backend;
+  b.device = r;
+  MegaLayer layer(b, p.config(), p.pack.view(r * El, El), p.pack.epilogue_view(r * El, El));
+  if (info) {
+    info->backend = layer.backend();
+    info->workspace_bytes = layer.workspace_bytes(layer.default_workspace());
+  }
+  layer.warmup();
+  const int T = p.tokens(r), H = p.shape.H, K = p.shape.K;
+  const bool gpu = layer.backend() == Backend::kCUDA;
+  const Device dev = gpu ? Device{DeviceKind::kCUDA, r} : Device{};
+  out.assign(size_t(T) * H, 0x7fc0);
+  std::shared_ptr<void> dx, dids, dw, dout;
+  void* px = const_cast<uint16_t*>(p.x[r].data());
+  void* pids = const_cast<int32_t*>(p.ids[r].data());
+  void* pw = const_cast<float*>(p.topk_w[r].data());
+  void* pout = out.data();
+  if (gpu) {
+    dx = to_device(px, p.x[r].size() * 2, r);
+    dids = to_device(pids, p.ids[r].size() * 4, r);
+    dw = to_device(pw, p.topk_w[r].size() * 4, r);
+    dout = to_device(pout, out.size() * 2, r);
+    px = dx.get(), pids = dids.get(), pw = dw.get(), pout = dout.get();
+  }
+  ForwardInputs in;
+  in.hidden_states = TensorView::contiguous(px, DType::kBF16, {T, H}, dev);
+  in.topk_ids = TensorView::contiguous(pids, DType::kI32, {T, K}, dev);
+  in.topk_weights = TensorView::contiguous(pw, DType::kF32, {T, K}, dev);
+  TensorView ov = TensorView::contiguous(pout, DType::kBF16, {T, H}, dev);
+  for (int it = 0; it < std::max(1, iterations); ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    layer.forward(in, ov);
+    if (gpu) device_sync();
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (gpu) to_host(out.data(), pout, out.size() * 2);
+  layer.destroy();
+}
+
+void summarize(RunResult& res, const std::vector<std::vector<double>>& times) {
+  std::vector<double> slowest(times[0].size(), 0.0);
+  for (size_t r = 0; r < times.size(); ++r)
+    for (size_t i = 0; i < slowest.size() && i < times[r].size(); ++i)
+      slowest[i] = std::max(slowest[i], times[r][i]);
+  std::vector<double> sorted = slowest;
+  std::sort(sorted.begin(), sorted.end());
+  res.median_ms = sorted[sorted.size() / 2];
+  res.min_ms = sorted.front();
+  res.max_ms = sorted.back();
+}
+
+#if defined(MOE_EP_HAVE_CUDA)
+constexpr int kMaxProcIters = 4096;
+struct ProcShared {
+  std::atomic<int> id_ready;
+  std::array<char, 128> id;
+  struct Rank {
+    int done, failed, backend, niters;
+    size_t workspace_bytes;
+    char msg[2048];
+    double times[kMaxProcIters];
+  } rank[64];
+};
+
+// One process per GPU; outputs come back through the shared mapping after the header.
+RunResult run_layers_processes(const Problem& p, Backend backend, int iterations) {
+  const int W = p.world_size;
+  if (W > 64) throw Error(ErrorCode::kInvalidArgument, "--gpus " + std::to_string(W) + " > 64");
+  if (iterations > kMaxProcIters)
+    throw Error(ErrorCode::kInvalidArgument, "--iters " + std::to_string(iterations) + " > " +
+                                                 std::to_string(kMaxProcIters) + " with --gpus");
+  std::vector<size_t> out_off(W + 1, 0);
+  out_off[0] = (sizeof(ProcShared) + 255) / 256 * 256;
+  for (int r = 0; r < W; ++r) out_off[r + 1] = out_off[r] + p.x[r].size() * 2;
+  const size_t bytes = out_off[W];
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw Error(ErrorCode::kBackend, "mmap of the shared results failed");
+  auto* sh = new (mem) ProcShared();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < W; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) throw Error(ErrorCode::kBackend, "fork failed");
+    if (pid == 0) {
+      auto& me = sh->rank[r];
+      int rc = 0;
+      try {
+        if (r == 0) {
+          const NcclUniqueIdBytes id = ep_create_unique_id();
+          std::memcpy(sh->id.data(), id.data(), id.size());
+          sh->id_ready.store(1, std::memory_order_release);
+        } else {
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+          while (sh->id_ready.load(std::memory_order_acquire) == 0) {
+            if (std::chrono::steady_clock::now() > deadline)
+              throw Error(ErrorCode::kPeer, "rank 0 never published the NCCL unique id");
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+        Bootstrap b;
+        b.nccl_unique_id = sh->id;
+        std::vector<uint16_t> out;
+        std::vector<double> times;
+        RunResult info;
+        run_rank(p, backend, iterations, r, b, out, times, &info);
+        std::memcpy(static_cast<char*>(mem) + out_off[r], out.data(), out.size() * 2);
+        me.niters = int(times.size());
+        for (size_t i = 0; i < times.size(); ++i) me.times[i] = times[i];
+        me.backend = int(info.backend);
+        me.workspace_bytes = info.workspace_bytes;
+      } catch (const std::exception& e) {
+        std::snprintf(me.msg, sizeof me.msg, "rank %d: %s", r, e.what());
+        me.failed = 1;
+        rc = 1;
+      }
+      me.done = 1;
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  // Each rank bounds its own waits (the layer's timeouts); this bound only catches a hang.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(30);
+  size_t left = pids.size();
+  bool hung = false;
+  while (left > 0) {
+    int st = 0;
+    const pid_t q = waitpid(-1, &st, WNOHANG);
+    if (q > 0) {
+      --left;
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      hung = true;
+      for (pid_t k : pids) kill(k, SIGKILL);
+      while (waitpid(-1, &st, 0) > 0) {
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::string errors;
+  for (int r = 0; r < W; ++r) {
+    const auto& me = sh->rank[r];
+    if (me.failed)
+      errors += std::string("\n  ") + me.msg;
+    else if (!me.done)
+      errors += "\n  rank " + std::to_string(r) + " exited without a result" +
+                (hung ? " (killed after 30 minutes)" : "");
+  }
+  RunResult res;
+  if (errors.empty()) {
+    res.out.resize(W);
+    std::vector<std::vector<double>> times(W);
+    for (int r = 0; r < W; ++r) {
+      const uint16_t* o = reinterpret_cast<const uint16_t*>(static_cast<char*>(mem) + out_off[r]);
+      res.out[r].assign(o, o + p.x[r].size());
+      times[r].assign(sh->rank[r].times, sh->rank[r].times + sh->rank[r].niters);
+    }
+    res.backend = Backend(sh->rank[0].backend);
+    res.workspace_bytes = sh->rank[0].workspace_bytes;
+    summarize(res, times);
+  }
+  sh->~ProcShared();
+  munmap(mem, bytes);
+  if (!errors.empty()) throw Error(ErrorCode::kPeer, "the per-GPU processes failed:" + errors);
+  return res;
+}
+#endif
+
+}  // namespace
+
+void set_gpu_processes(bool on) { g_gpu_processes = on; }
+bool gpu_processes() { return g_gpu_processes; }
+
 RunResult run_layers(const Problem& p, Backend backend, int iterations) {
   const int W = p.world_size;
-  const int El = p.shape.E / W;
+#if defined(MOE_EP_HAVE_CUDA)
+  if (g_gpu_processes && backend != Backend::kCPU)
+    return run_layers_processes(p, Backend::kCUDA, iterations);
+#else
+  if (g_gpu_processes)
+    throw Error(ErrorCode::kUnsupported, "--gpus needs a build with the CUDA backend");
+#endif
   auto fleet = make_cpu_fleet(W);
   RunResult res;
   res.out.resize(W);
@@ -195,48 +403,8 @@ RunResult run_layers(const Problem& p, Backend backend, int iterations) {
     threads.emplace_back([&, r] {
       try {
         Bootstrap b;
-        b.world_size = W;
-        b.rank = r;
-        b.backend = backend;
         b.cpu_fleet = fleet;
-        b.device = r;
-        MegaLayer layer(b, p.config(), p.pack.view(r * El, El), p.pack.epilogue_view(r * El, El));
-        if (r == 0) {
-          res.backend = layer.backend();
-          res.workspace_bytes = layer.workspace_bytes(layer.default_workspace());
-        }
-        layer.warmup();
-        const int T = p.tokens(r), H = p.shape.H, K = p.shape.K;
-        const bool gpu = layer.backend() == Backend::kCUDA;
-        const Device dev = gpu ? Device{DeviceKind::kCUDA, r} : Device{};
-        res.out[r].assign(size_t(T) * H, 0x7fc0);  // poisoned: every element must be written
-        std::shared_ptr<void> dx, dids, dw, dout;
-        void* px = const_cast<uint16_t*>(p.x[r].data());
-        void* pids = const_cast<int32_t*>(p.ids[r].data());
-        void* pw = const_cast<float*>(p.topk_w[r].data());
-        void* pout = res.out[r].data();
-        if (gpu) {
-          dx = to_device(px, p.x[r].size() * 2, r);
-          dids = to_device(pids, p.ids[r].size() * 4, r);
-          dw = to_device(pw, p.topk_w[r].size() * 4, r);
-          dout = to_device(pout, res.out[r].size() * 2, r);
-          px = dx.get(), pids = dids.get(), pw = dw.get(), pout = dout.get();
-        }
-        ForwardInputs in;
-        in.hidden_states = TensorView::contiguous(px, DType::kBF16, {T, H}, dev);
-        in.topk_ids = TensorView::contiguous(pids, DType::kI32, {T, K}, dev);
-        in.topk_weights = TensorView::contiguous(pw, DType::kF32, {T, K}, dev);
-        TensorView out = TensorView::contiguous(pout, DType::kBF16, {T, H}, dev);
-        for (int it = 0; it < std::max(1, iterations); ++it) {
-          const auto t0 = std::chrono::steady_clock::now();
-          layer.forward(in, out);
-          if (gpu) device_sync();
-          times[r].push_back(
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                  .count());
-        }
-        if (gpu) to_host(res.out[r].data(), pout, res.out[r].size() * 2);
-        layer.destroy();
+        run_rank(p, backend, iterations, r, b, res.out[r], times[r], r == 0 ? &res : nullptr);
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -245,14 +413,7 @@ RunResult run_layers(const Problem& p, Backend backend, int iterations) {
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
-  std::vector<double> slowest(times[0].size(), 0.0);
-  for (int r = 0; r < W; ++r)
-    for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], times[r][i]);
-  std::vector<double> sorted = slowest;
-  std::sort(sorted.begin(), sorted.end());
-  res.median_ms = sorted[sorted.size() / 2];
-  res.min_ms = sorted.front();
-  res.max_ms = sorted.back();
+  summarize(res, times);
   return res;
 }
 

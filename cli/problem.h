@@ -56,6 +56,12 @@ struct RunResult {
 };
 RunResult run_layers(const Problem& p, Backend backend, int iterations);
 
+// `--gpus N`: run_layers starts one process per GPU (rank r on GPU r, NCCL unique id shared
+// through an anonymous shared mapping) instead of threads, for the CUDA backend with W > 1.
+// This process then never initializes CUDA itself (a forked child could not use it).
+void set_gpu_processes(bool on);
+bool gpu_processes();
+
 double rel_l2(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b);
 double rel_l2(const std::vector<uint16_t>& a, const std::vector<double>& ref);
 bool has_nan(const std::vector<uint16_t>& a);

@@ -1,6 +1,12 @@
-// The CUDA layer backend, EP = 1 (docs/gpu_kernels.md): weights preprocessed once into the
-// resident layout of src/kernels/moe, one workspace allocation per capacity, and a forward of
-// four stream-ordered launches with no host synchronization (graph-capturable).
+// The CUDA layer backend (docs/gpu_kernels.md): weights preprocessed once into the resident
+// layout of src/kernels/moe, one workspace allocation per capacity, and a forward of
+// stream-ordered launches with no host synchronization (graph-capturable).
+//
+// EP = 1: prepare (quantize + route), fc1, fc2, finalize. W > 1 (docs/protocol.md §8): the
+// workspace is an EpComm symmetric window plus local scratch; source quantize -> ep dispatch ->
+// wait -> unpack the received rows into virtual tokens -> the same route / GEMM kernels ->
+// ep combine -> wait -> finalize from the local combine area. Sticky transport errors (a peer
+// that never arrived) are thrown as kPeer by the next host call.
 //
 // Bad ids cannot be found on the host without a sync: the forward skips such a slot and sets a
 // sticky error word in host-mapped memory; the next host call on the layer (forward, warmup,
@@ -14,7 +20,9 @@
 #include <vector>
 
 #include "common/workspace_layout.h"
+#include "cuda/comm/nccl_comm.h"
 #include "cuda/stage_timing.h"
+#include "kernels/ep/ep_launch.h"
 #include "kernels/moe/moe_launch.h"
 #include "layer/backend.h"
 #include "moe_ep/status.h"
@@ -65,8 +73,11 @@ struct DeviceBuffer {
 struct Workspace {
   int capacity = 0;
   WorkspaceLayout layout;
-  DeviceBuffer mem;
+  DeviceBuffer mem;  // W = 1: layout + scratch; W > 1: scratch only (layout is the window)
   size_t xq_off = 0, h_off = 0, pairs_off = 0, tiles_off = 0, num_tiles_off = 0, counts_off = 0;
+  // W > 1
+  int ep_index = -1;  // EpComm workspace
+  size_t act_off = 0, vids_off = 0, vweights_off = 0, y_off = 0;
 };
 
 class CudaBackend final : public LayerBackend {
@@ -76,10 +87,40 @@ class CudaBackend final : public LayerBackend {
       : cfg_(cfg), dev_{DeviceKind::kCUDA, boot.device} {
     check(cudaSetDevice(boot.device), "cudaSetDevice(" + std::to_string(boot.device) + ")");
     const int H = cfg.fleet.hidden_size, I = cfg.recipe.intermediate_size;
+    W_ = boot.world_size;
+    rank_ = boot.rank;
     El_ = cfg.fleet.num_experts / boot.world_size;
     rs_ = kern::resident_shape(cfg.recipe.recipe, H, I);
     try {
-      load_weights(w);
+      if (W_ > 1) {
+        EpCommOptions o;
+        o.device = boot.device;
+        o.timeout_ms = boot.timeout_ms;
+        o.warmup_timeout_ms = boot.warmup_timeout_ms;
+        if (boot.nccl_comm) {
+          comm_ = std::make_unique<EpComm>(static_cast<ncclComm_t>(boot.nccl_comm), o);
+        } else if (boot.nccl_unique_id) {
+          NcclUniqueIdBytes id;
+          std::memcpy(id.data(), boot.nccl_unique_id->data(), id.size());
+          comm_ = std::make_unique<EpComm>(id, boot.rank, boot.world_size, o);
+        } else {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "moe_ep cuda: W = " + std::to_string(W_) +
+                          " needs Bootstrap::nccl_comm or Bootstrap::nccl_unique_id");
+        }
+        if (comm_->rank() != rank_ || comm_->world_size() != W_)
+          throw Error(ErrorCode::kInvalidArgument,
+                      "moe_ep cuda: the NCCL communicator is rank " +
+                          std::to_string(comm_->rank()) + " of " +
+                          std::to_string(comm_->world_size()) + ", the bootstrap says rank " +
+                          std::to_string(rank_) + " of " + std::to_string(W_));
+      }
+      try {
+        load_weights(w);
+      } catch (const Error& e) {
+        if (W_ == 1 || e.code() != ErrorCode::kInvalidArgument) throw;
+        weight_error_ = e.what();
+      }
       load_vector(epi.fc1_alpha, fc1_alpha_, "fc1_alpha");
       load_vector(epi.fc2_alpha, fc2_alpha_, "fc2_alpha");
       load_vector(epi.fc1_norm_const, fc1_nc_, "fc1_norm_const");
@@ -90,6 +131,19 @@ class CudaBackend final : public LayerBackend {
       check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_host_, 0),
             "cudaHostGetDevicePointer");
       check(kern::set_kernel_attributes(cfg.recipe.recipe), "setting kernel attributes");
+      if (W_ > 1) {
+        // Every rank learns whether any rank rejected its weights, so none waits for a peer
+        // that already gave up (a collective, like the communicator above).
+        const int bad = comm_->allreduce_max(weight_error_.empty() ? 0 : 1);
+        if (bad) {
+          if (!weight_error_.empty()) throw Error(ErrorCode::kInvalidArgument, weight_error_);
+          throw Error(ErrorCode::kInvalidArgument,
+                      "moe_ep cuda: rank " + std::to_string(rank_) +
+                          ": another rank rejected its weights at construction");
+        }
+      } else if (!weight_error_.empty()) {
+        throw Error(ErrorCode::kInvalidArgument, weight_error_);
+      }
       create_workspace(cfg.fleet.max_tokens_per_rank);
     } catch (...) {
       release();
@@ -101,18 +155,33 @@ class CudaBackend final : public LayerBackend {
   Device device() const override { return dev_; }
 
   int create_workspace(int capacity) override {
-    check_device_error();
+    check_host_errors();
     select_device();
     auto ws = std::make_unique<Workspace>();
     ws->capacity = capacity;
     const int H = cfg_.fleet.hidden_size, K = cfg_.recipe.top_k, I = cfg_.recipe.intermediate_size;
     const ActFormat act = act_format(cfg_.recipe.recipe, H);
-    ws->layout = WorkspaceLayout::make(1, capacity, H, K, act.data_bytes, act.scale_bytes);
+    ws->layout = WorkspaceLayout::make(W_, capacity, H, K, act.data_bytes, act.scale_bytes);
     auto al = [](size_t v) { return WorkspaceLayout::align_up(v, WorkspaceLayout::kAlign); };
-    size_t off = ws->layout.total_bytes;
-    const size_t rows = size_t(capacity) * K;
+    size_t off = 0;
+    // The expert side sees up to W * capacity received rows (virtual tokens).
+    const size_t vtok = size_t(W_) * capacity;
+    const size_t rows = vtok * K;
+    if (W_ == 1) {
+      off = ws->layout.total_bytes;
+    } else {
+      ws->ep_index = comm_->create_workspace(ws->layout);  // collective, same order everywhere
+      ws->act_off = off;
+      off = al(off + size_t(capacity) * ws->layout.act_row_bytes);
+      ws->vids_off = off;
+      off = al(off + rows * 4);
+      ws->vweights_off = off;
+      off = al(off + rows * 4);
+      ws->y_off = off;
+      off = al(off + rows * H * 2);
+    }
     ws->xq_off = off;
-    off = al(off + size_t(capacity) * H * 2);
+    off = al(off + vtok * H * 2);
     ws->h_off = off;
     off = al(off + rows * I * 2);
     ws->pairs_off = off;
@@ -129,21 +198,26 @@ class CudaBackend final : public LayerBackend {
   }
 
   int workspace_capacity(int ws) const override { return get_ws(ws).capacity; }
-  size_t workspace_bytes(int ws) const override { return get_ws(ws).mem.bytes; }
+  size_t workspace_bytes(int ws) const override {
+    const Workspace& w = get_ws(ws);
+    return w.mem.bytes + (w.ep_index >= 0 ? comm_->workspace(w.ep_index).bytes : 0);
+  }
 
   void warmup(int ws) override {
-    check_device_error();
+    check_host_errors();
     select_device();
     get_ws(ws);
     check(kern::set_kernel_attributes(cfg_.recipe.recipe), "loading the kernels");
     check(cudaDeviceSynchronize(), "warmup synchronize");
-    check_device_error();
+    if (comm_) comm_->barrier();
+    check_host_errors();
   }
 
   void forward(const ValidatedForward& in, const ForwardTargets& out) override {
-    check_device_error();
+    check_host_errors();
     select_device();
     const Workspace& ws = get_ws(in.workspace);
+    if (W_ > 1) return forward_ep(in, out, ws);
     unsigned char* base = ws.mem.as<unsigned char>();
     kern::ForwardArgs a;
     const auto& rc = cfg_.recipe;
@@ -197,12 +271,14 @@ class CudaBackend final : public LayerBackend {
 
   TensorView workspace_output(int ws, int tokens) override {
     const Workspace& w = get_ws(ws);
-    return TensorView::contiguous(w.mem.as<unsigned char>() + w.layout.out_off, DType::kBF16,
+    unsigned char* base =
+        w.ep_index >= 0 ? comm_->workspace(w.ep_index).base : w.mem.as<unsigned char>();
+    return TensorView::contiguous(base + w.layout.out_off, DType::kBF16,
                                   {tokens, cfg_.fleet.hidden_size}, dev_);
   }
 
   KernelWeights kernel_weights() override {
-    check_device_error();
+    check_host_errors();
     KernelWeights k;
     k.fc1_weight = bytes_view(w1_, rs_.fc1_bytes);
     k.fc2_weight = bytes_view(w2_, rs_.fc2_bytes);
@@ -222,7 +298,12 @@ class CudaBackend final : public LayerBackend {
     return v;
   }
 
-  int allreduce_max(int value) override { return value; }  // W = 1
+  int allreduce_max(int value) override {
+    if (!comm_) return value;
+    check_host_errors();
+    select_device();
+    return comm_->allreduce_max(value);
+  }
 
   Tensor allocate(DType dtype, std::initializer_list<int64_t> shape) override {
     select_device();
@@ -252,12 +333,164 @@ class CudaBackend final : public LayerBackend {
     const cudaError_t err = cudaDeviceSynchronize();
     std::string pending;
     if (err_host_ && err_host_->code) pending = device_error_message();
+    std::string peer;
+    if (comm_ && !comm_->destroyed())
+      if (auto r = comm_->error()) peer = ep_error_message(*r);
+    std::string comm_err;
+    try {
+      if (comm_) comm_->destroy();  // collective: barrier with the peers, frees the windows
+    } catch (const Error& e) {
+      comm_err = e.what();
+    }
     release();
     check(err, "synchronize at destroy");
+    if (!peer.empty()) throw Error(ErrorCode::kPeer, peer);
+    if (!comm_err.empty()) throw Error(ErrorCode::kBackend, comm_err);
     if (!pending.empty()) throw Error(ErrorCode::kInvalidArgument, pending);
   }
 
  private:
+  // Sticky transport error first (kPeer, names the peer and stage), then a bad id.
+  void check_host_errors() {
+    if (comm_) comm_->check();
+    check_device_error();
+  }
+
+  kern::ForwardArgs common_args(const ValidatedForward& in) const {
+    kern::ForwardArgs a;
+    const auto& rc = cfg_.recipe;
+    a.recipe = rc.recipe;
+    a.H = cfg_.fleet.hidden_size;
+    a.I = rc.intermediate_size;
+    a.K = rc.top_k;
+    a.local_experts = El_;
+    a.num_experts = cfg_.fleet.num_experts;
+    a.input_norm_const = rc.input_norm_const;
+    a.swiglu_limit = rc.swiglu_limit ? *rc.swiglu_limit : -1.0f;
+    a.weight_in_fc1 = applies_weight_in_fc1(rc);
+    a.fc1_alpha = in.epilogue.fc1_alpha.defined() ? in.epilogue.fc1_alpha.ptr<float>()
+                                                  : fc1_alpha_.as<float>();
+    a.fc2_alpha = in.epilogue.fc2_alpha.defined() ? in.epilogue.fc2_alpha.ptr<float>()
+                                                  : fc2_alpha_.as<float>();
+    a.fc1_norm_const = in.epilogue.fc1_norm_const.defined()
+                           ? in.epilogue.fc1_norm_const.ptr<float>()
+                           : fc1_nc_.as<float>();
+    a.w1 = w1_.as<uint8_t>();
+    a.s1 = s1_.as<uint8_t>();
+    a.w2 = w2_.as<uint8_t>();
+    a.s2 = s2_.as<uint8_t>();
+    a.rs = rs_;
+    a.error = err_dev_;
+    return a;
+  }
+
+  // W > 1, every rank (T = 0 too), one stream, no host sync (docs/protocol.md §8).
+  void forward_ep(const ValidatedForward& in, const ForwardTargets& out, const Workspace& ws) {
+    const cudaStream_t s = static_cast<cudaStream_t>(in.stream);
+    const EpWorkspace& ew = comm_->workspace(ws.ep_index);
+    const EpTransport tp = comm_->transport(ws.ep_index);
+    const WorkspaceLayout& L = ws.layout;
+    unsigned char* scratch = ws.mem.as<unsigned char>();
+    const int H = cfg_.fleet.hidden_size, K = cfg_.recipe.top_k;
+    const ActFormat act = act_format(cfg_.recipe.recipe, H);
+    uint8_t* act_rows = scratch + ws.act_off;
+
+    // 1. Source: check ids, quantize x into activation rows.
+    kern::EpSourceArgs sa;
+    sa.recipe = cfg_.recipe.recipe;
+    sa.H = H;
+    sa.K = K;
+    sa.num_experts = cfg_.fleet.num_experts;
+    sa.tokens = in.tokens;
+    sa.num_tokens = in.num_tokens;
+    sa.x = in.x.ptr<uint16_t>();
+    sa.x_stride = in.x.strides[0];
+    sa.ids = in.ids.ptr<int32_t>();
+    sa.input_norm_const = cfg_.recipe.input_norm_const;
+    sa.act = act_rows;
+    sa.act_row_bytes = L.act_row_bytes;
+    sa.act_data_bytes = act.data_bytes;
+    sa.error = err_dev_;
+    check(kern::launch_ep_source(sa, s), "launching the EP quantize");
+
+    // 2. Dispatch (each token once per owner rank) and wait for every source.
+    EpDispatchParams dp;
+    dp.tp = tp;
+    dp.act = act_rows;
+    dp.act_stride = L.act_row_bytes;
+    dp.topk_ids = in.ids.ptr<int32_t>();
+    dp.topk_weights = in.weights.ptr<float>();
+    dp.num_tokens = in.tokens;
+    dp.num_tokens_dev = in.num_tokens;
+    dp.num_local_experts = El_;
+    check(launch_ep_dispatch(dp, s), "launching EP dispatch");
+    check(launch_ep_wait(EpWaitParams{tp, EpStage::kDispatch}, s), "launching the dispatch wait");
+
+    // 3. Expert compute over the received rows (virtual tokens src * capacity + row).
+    kern::ForwardArgs a = common_args(in);
+    const int vtok = W_ * ws.capacity;
+    kern::EpUnpackArgs ua;
+    ua.recipe = cfg_.recipe.recipe;
+    ua.window = ew.base;
+    ua.world = W_;
+    ua.capacity = ws.capacity;
+    ua.H = H;
+    ua.K = K;
+    ua.recv_act_off = L.recv_act_off;
+    ua.recv_meta_off = L.recv_meta_off;
+    ua.recv_count_off = L.recv_count_off;
+    ua.act_row_bytes = L.act_row_bytes;
+    ua.act_data_bytes = act.data_bytes;
+    ua.meta_row_bytes = L.meta_row_bytes;
+    ua.expert_base = rank_ * El_;
+    ua.local_experts = El_;
+    ua.xq = reinterpret_cast<uint16_t*>(scratch + ws.xq_off);
+    ua.ids = reinterpret_cast<int32_t*>(scratch + ws.vids_off);
+    ua.weights = reinterpret_cast<float*>(scratch + ws.vweights_off);
+    check(kern::launch_ep_unpack(ua, s), "launching the EP unpack");
+    a.expert_base = rank_ * El_;
+    a.tokens = vtok;
+    a.ids = ua.ids;
+    a.topk_weights = ua.weights;
+    a.xq = ua.xq;
+    a.xq_ready = true;
+    a.h = reinterpret_cast<uint16_t*>(scratch + ws.h_off);
+    a.sorted_pairs = reinterpret_cast<int32_t*>(scratch + ws.pairs_off);
+    a.tiles = reinterpret_cast<kern::TileInfo*>(scratch + ws.tiles_off);
+    a.num_tiles = reinterpret_cast<int32_t*>(scratch + ws.num_tiles_off);
+    a.counts = reinterpret_cast<int32_t*>(scratch + ws.counts_off);
+    a.y_rows = reinterpret_cast<uint16_t*>(scratch + ws.y_off);
+    // Tile width from what this rank likely receives (every rank's T is about ours).
+    a.tile_n = kern::choose_tile_n(in.tokens * W_, K, El_);
+    check(kern::launch_forward(a, s, nullptr), "launching the expert compute");
+
+    // 4. Combine (y rows dense in receive order) and wait for every owner.
+    EpCombineParams cp;
+    cp.tp = tp;
+    cp.y = a.y_rows;
+    cp.y_stride = H;
+    cp.num_local_experts = El_;
+    check(launch_ep_combine(cp, s), "launching EP combine");
+    check(launch_ep_wait(EpWaitParams{tp, EpStage::kCombine}, s), "launching the combine wait");
+
+    // 5. Finalize from the local combine area, in slot order.
+    kern::ForwardArgs f = common_args(in);
+    f.tokens = in.tokens;
+    f.num_tokens = in.num_tokens;
+    f.ids = in.ids.ptr<int32_t>();
+    f.topk_weights = in.weights.ptr<float>();
+    f.y_rows = reinterpret_cast<uint16_t*>(ew.base + L.combine_off);
+    uint16_t* rows = nullptr;
+    if (out.out.defined()) {
+      f.out = out.out.ptr<uint16_t>();
+    } else {
+      rows = out.rows.ptr<uint16_t>();
+      f.weights_out = out.weights.ptr<float>();
+      f.indices_out = out.indices.ptr<int32_t>();
+    }
+    check(kern::launch_finalize(f, rows, s), "launching the finalize");
+  }
+
   void select_device() {
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != dev_.index)
@@ -354,6 +587,13 @@ class CudaBackend final : public LayerBackend {
   void release() {
     for (auto& ws : workspaces_) ws->mem.release();
     workspaces_.clear();
+    if (comm_) {
+      try {
+        comm_->destroy();  // idempotent; collective when still live
+      } catch (...) {
+      }
+      comm_.reset();
+    }
     for (DeviceBuffer* b : {&w1_, &w2_, &s1_, &s2_, &fc1_alpha_, &fc2_alpha_, &fc1_nc_})
       b->release();
     if (err_host_) cudaFreeHost(err_host_);
@@ -363,7 +603,10 @@ class CudaBackend final : public LayerBackend {
 
   LayerConfig cfg_;
   Device dev_;
+  int W_ = 1, rank_ = 0;
   int El_ = 0;
+  std::unique_ptr<EpComm> comm_;
+  std::string weight_error_;  // W > 1: this rank's weight rejection, agreed on collectively
   kern::ResidentShape rs_{};
   DeviceBuffer w1_, w2_, s1_, s2_, fc1_alpha_, fc2_alpha_, fc1_nc_;
   kern::DeviceError* err_host_ = nullptr;
@@ -390,9 +633,12 @@ bool cuda_backend_usable() { return device_count() > 0; }
 std::vector<std::string> cuda_backend_unsupported_reasons(const LayerConfig& config,
                                                           int world_size) {
   std::vector<std::string> r;
-  if (world_size > 1)
-    r.push_back("multi-GPU EP (W = " + std::to_string(world_size) +
-                ") is not implemented in the CUDA backend yet");
+  if (world_size > kEpMaxRanks)
+    r.push_back("W = " + std::to_string(world_size) + " ranks exceed the EP transport's limit " +
+                std::to_string(kEpMaxRanks));
+  if (config.recipe.top_k > kEpMaxTopK)
+    r.push_back("top_k " + std::to_string(config.recipe.top_k) + " exceeds the EP transport's " +
+                std::to_string(kEpMaxTopK));
   const int n = device_count();
   if (n == 0) {
     r.push_back("no CUDA device is present");

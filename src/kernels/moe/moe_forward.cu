@@ -200,6 +200,23 @@ __global__ void __launch_bounds__(kFinThreads) finalize_kernel(const ForwardArgs
   *dst = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// EP unfinalized output: slot (t, k) of the source copies its combine row (live slot) or writes
+// zeros, plus the weights / indices the single-GPU prepare writes.
+__global__ void __launch_bounds__(kFinThreads)
+    unfinalized_copy_kernel(const ForwardArgs a, uint16_t* rows) {
+  const int t = blockIdx.x, k = blockIdx.y, K = a.K, H = a.H;
+  const int T = valid_tokens(a), row = t * K + k;
+  const bool live = t < T && live_id(a.ids[row], a.num_experts);
+  if (threadIdx.x == 0) {
+    a.weights_out[row] = t < T ? (a.weight_in_fc1 ? 1.0f : a.topk_weights[row]) : 0.0f;
+    a.indices_out[row] = live ? row : -1;
+  }
+  uint4* d = reinterpret_cast<uint4*>(rows + size_t(row) * H);
+  const uint4* src = reinterpret_cast<const uint4*>(a.y_rows + size_t(row) * H);
+  for (int i = threadIdx.x; i < H / 8; i += kFinThreads)
+    d[i] = live ? src[i] : make_uint4(0, 0, 0, 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Weight preprocessing (moe_params.h describes the resident layout).
 
@@ -331,7 +348,7 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
 cudaError_t launch_forward(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
   if (a.tokens == 0) return cudaSuccess;
   if (ev) cudaEventRecord(ev[0], s);
-  const dim3 pgrid(a.tokens + 1);
+  const dim3 pgrid(a.xq_ready ? 1 : a.tokens + 1);
   switch (a.recipe) {
     case Recipe::kNvfp4:
       prepare_kernel<Recipe::kNvfp4><<<pgrid, kPrepThreads, 0, s>>>(a);
@@ -372,6 +389,17 @@ cudaError_t launch_forward(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev
   }
   if (ev) cudaEventRecord(ev[4], s);
   return err;
+}
+
+cudaError_t launch_finalize(const ForwardArgs& a, uint16_t* unfinalized_rows, cudaStream_t s) {
+  if (a.tokens == 0) return cudaSuccess;
+  if (a.out) {
+    const dim3 fgrid(a.tokens, (a.H / 8 + kFinThreads - 1) / kFinThreads);
+    finalize_kernel<<<fgrid, kFinThreads, 0, s>>>(a);
+  } else {
+    unfinalized_copy_kernel<<<dim3(a.tokens, a.K), kFinThreads, 0, s>>>(a, unfinalized_rows);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, const uint8_t* raw,

@@ -21,6 +21,15 @@ cudaError_t set_kernel_attributes(Recipe recipe);
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t stream,
                            cudaEvent_t* stage_events = nullptr);
 
+// Only the last stage of launch_forward: finalize (args.out set) or the unfinalized triple
+// (weights_out / indices_out, rows copied from args.y_rows into args.unfinalized_rows).
+cudaError_t launch_finalize(const ForwardArgs& args, uint16_t* unfinalized_rows,
+                            cudaStream_t stream);
+
+// The EP stages around the transport (moe_ep_stages.cu).
+cudaError_t launch_ep_source(const EpSourceArgs& args, cudaStream_t stream);
+cudaError_t launch_ep_unpack(const EpUnpackArgs& args, cudaStream_t stream);
+
 // The grouped GEMMs of one recipe (the per-recipe instantiation files).
 cudaError_t launch_gemms_nvfp4(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev);
 cudaError_t launch_gemms_mxfp4_mxfp8(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev);

@@ -119,6 +119,40 @@ struct ForwardArgs {
   int32_t* indices_out = nullptr;
   DeviceError* error = nullptr;  // device alias of host-mapped memory
   int tile_n = 16;
+  // EP owner side: xq (and ids / topk_weights) were filled from the received rows
+  // (launch_ep_unpack), so prepare only routes.
+  bool xq_ready = false;
+};
+
+// EP source side (W > 1): checks the ids (bad ones go to `error`) and quantizes x into
+// activation rows [T][act_row_bytes] in the recipe's format (data, then scales) for dispatch.
+struct EpSourceArgs {
+  Recipe recipe = Recipe::kBf16;
+  int H = 0, K = 0, num_experts = 0;
+  int tokens = 0;
+  const int32_t* num_tokens = nullptr;
+  const uint16_t* x = nullptr;
+  int64_t x_stride = 0;
+  const int32_t* ids = nullptr;
+  float input_norm_const = 1.0f;
+  uint8_t* act = nullptr;
+  int act_row_bytes = 0, act_data_bytes = 0;
+  DeviceError* error = nullptr;
+};
+
+// EP owner side: the rows received in this rank's window become virtual tokens
+// v = src * capacity + row: xq[v] (dequantized, as prepare writes it), ids[v][k] (the local
+// slots; every other slot -1) and weights[v][k]. Rows past a source's count get ids -1.
+struct EpUnpackArgs {
+  Recipe recipe = Recipe::kBf16;
+  const uint8_t* window = nullptr;  // this rank's workspace window (WorkspaceLayout offsets)
+  int world = 1, capacity = 0, H = 0, K = 0;
+  size_t recv_act_off = 0, recv_meta_off = 0, recv_count_off = 0;
+  int act_row_bytes = 0, act_data_bytes = 0, meta_row_bytes = 0;
+  int expert_base = 0, local_experts = 0;
+  uint16_t* xq = nullptr;    // [W*capacity][H]
+  int32_t* ids = nullptr;    // [W*capacity][K]
+  float* weights = nullptr;  // [W*capacity][K]
 };
 
 }  // namespace moe_ep::kern

@@ -1,0 +1,141 @@
+// One forked process per GPU for the multi-GPU layer tests: rank 0 creates the NCCL unique id
+// and shares it through an anonymous shared mapping; each rank writes a report there. The parent
+// never initializes CUDA (a forked child could not use it then). Skips without 2 GPUs.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/comm/nccl_comm.h"
+
+namespace moe_ep::mgtest {
+
+constexpr int kMaxRanks = 8;
+
+struct RankReport {
+  int failed;
+  int finished;
+  char msg[4096];
+  int nval;
+  double val[64];
+  void add(double v) {
+    if (nval < 64) val[nval++] = v;
+  }
+};
+
+struct RankShared {
+  std::atomic<int> id_ready;
+  NcclUniqueIdBytes id;
+  RankReport rep[kMaxRanks];
+};
+
+inline int visible_gpus() {
+  static int cached = -1;
+  if (cached >= 0) return cached;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    _exit(std::min(n, 100));
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return cached = 0;
+  return cached = WEXITSTATUS(st);
+}
+
+using RankBody =
+    std::function<void(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep)>;
+
+struct RanksResult {
+  bool hung = false;
+  double seconds = 0;
+  std::vector<RankReport> rep;
+};
+
+inline RanksResult run_ranks(int world, double timeout_s, const RankBody& fn) {
+  using Clock = std::chrono::steady_clock;
+  void* mem =
+      mmap(nullptr, sizeof(RankShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("mmap failed");
+  auto* sh = new (mem) RankShared();
+  std::vector<pid_t> pids;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      RankReport& rep = sh->rep[r];
+      int rc = 0;
+      try {
+        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+        if (r == 0) {
+          sh->id = ep_create_unique_id();
+          sh->id_ready.store(1, std::memory_order_release);
+        } else {
+          const auto deadline = Clock::now() + std::chrono::seconds(60);
+          while (sh->id_ready.load(std::memory_order_acquire) == 0) {
+            if (Clock::now() > deadline)
+              throw std::runtime_error("rank 0 never published the NCCL unique id");
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+        fn(r, world, sh->id, rep);
+      } catch (const std::exception& e) {
+        std::snprintf(rep.msg, sizeof(rep.msg), "rank %d: %s", r, e.what());
+        rep.failed = 1;
+        rc = 1;
+      }
+      rep.finished = 1;
+      std::fflush(stdout);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  RanksResult res;
+  size_t left = pids.size();
+  const auto deadline = t0 + std::chrono::duration<double>(timeout_s);
+  while (left > 0) {
+    int st = 0;
+    const pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) {
+      --left;
+      continue;
+    }
+    if (Clock::now() > deadline) {
+      res.hung = true;
+      for (pid_t q : pids) kill(q, SIGKILL);
+      while (waitpid(-1, &st, 0) > 0) {
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.rep.assign(sh->rep, sh->rep + world);
+  sh->~RankShared();
+  munmap(mem, sizeof(RankShared));
+  return res;
+}
+
+inline void expect_ranks_passed(const RanksResult& r) {
+  EXPECT_FALSE(r.hung) << "ranks still running after the test's deadline (killed)";
+  for (size_t i = 0; i < r.rep.size(); ++i) {
+    EXPECT_EQ(r.rep[i].finished, 1) << "rank " << i << " did not finish";
+    EXPECT_EQ(r.rep[i].failed, 0) << r.rep[i].msg;
+  }
+}
+
+}  // namespace moe_ep::mgtest

@@ -1,0 +1,538 @@
+// The CUDA backend at W = 2 (one forked process per GPU) through the public MegaLayer API:
+// every recipe against the CPU backend (W = 1, SPEC §7 tolerance) and bit for bit against the
+// single-GPU CUDA layer on the same inputs; T = 0 on one and both ranks, unequal / shrinking /
+// growing T, all slots -1, all tokens to the other rank, a second workspace picked by
+// select_workspace_collective, unfinalized outputs, CUDA graph replay with a device-side token
+// count, an EPLB expert swap across ranks (bytes moved with ncclSend / ncclRecv), and a rank
+// that skips a call. Outputs are poisoned (NaN) before every call. Skips without 2 GPUs.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "moe_ep/formats.h"
+#include "moe_ep/layer.h"
+#include "moe_ep/weight_prep.h"
+#include "rank_harness.h"
+
+namespace moe_ep::mgtest {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+#define REQUIRE(cond, msg)                                                          \
+  do {                                                                              \
+    if (!(cond))                                                                    \
+      ::moe_ep::mgtest::fail(std::string(__FILE__ ":") + std::to_string(__LINE__) + \
+                             ": " #cond " -- " + (msg));                            \
+  } while (0)
+#define CK(x)                                                                  \
+  do {                                                                         \
+    const cudaError_t e_ = (x);                                                \
+    if (e_ != cudaSuccess)                                                     \
+      ::moe_ep::mgtest::fail(std::string(#x) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+
+#define SKIP_UNLESS_2_GPUS()                                              \
+  do {                                                                    \
+    const int gpus = visible_gpus();                                      \
+    if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus; \
+  } while (0)
+
+constexpr int kWorld = 2;
+constexpr int kH = 1024, kI = 512, kE = 16, kK = 4, kEl = kE / kWorld;
+constexpr Recipe kRecipes[] = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16,
+                               Recipe::kBf16};
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+float urand(uint64_t seed, uint64_t i) {
+  return float(mix(seed * 0x100000001b3ull + i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+struct Options {
+  bool apply_topk_in_fc1 = false, random_fc1_norm = false, finalize = true;
+  std::optional<float> limit;
+};
+
+Options recipe_options(Recipe r) {
+  Options o;
+  if (r == Recipe::kNvfp4) o.random_fc1_norm = true;
+  if (r == Recipe::kMxfp4Bf16) o.limit = 7.0f;
+  if (r == Recipe::kBf16) o.apply_topk_in_fc1 = true;
+  return o;
+}
+
+LayerConfig make_config(Recipe r, int capacity, const Options& o) {
+  LayerConfig c;
+  c.fleet.num_experts = kE;
+  c.fleet.max_tokens_per_rank = capacity;
+  c.fleet.hidden_size = kH;
+  c.recipe.recipe = r;
+  c.recipe.intermediate_size = kI;
+  c.recipe.top_k = kK;
+  c.recipe.swiglu_limit = o.limit;
+  c.recipe.apply_topk_in_fc1 = o.apply_topk_in_fc1;
+  c.recipe.do_finalize = o.finalize;
+  return c;
+}
+
+PackedExperts make_pack(Recipe r, const Options& o, uint64_t seed) {
+  std::vector<float> w13(size_t(kE) * 2 * kI * kH), w2(size_t(kE) * kH * kI), nc(kE);
+  for (size_t i = 0; i < w13.size(); ++i) w13[i] = 0.06f * urand(seed, i);
+  for (size_t i = 0; i < w2.size(); ++i) w2[i] = 0.06f * urand(seed + 1, i);
+  for (int e = 0; e < kE; ++e) nc[e] = std::ldexp(1.0f, int(mix(seed + e) % 3) - 1);
+  return pack_expert_weights(r, w13.data(), w2.data(), kE, kH, kI, 1.0f,
+                             o.random_fc1_norm && r == Recipe::kNvfp4 ? nc.data() : nullptr);
+}
+
+enum class Route { kUniform, kNone, kOther };
+
+struct Inputs {
+  int T = 0;
+  std::vector<uint16_t> x;
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+
+// Distinct experts per token; every 5th token's last slot is empty. kOther: only experts of
+// the other rank. kNone: every slot -1.
+Inputs make_inputs(int T, int rank, uint64_t seed, Route route) {
+  Inputs in;
+  in.T = T;
+  in.x.resize(size_t(T) * kH);
+  for (size_t i = 0; i < in.x.size(); ++i)
+    in.x[i] = fmt::float_to_bf16((1.0f + 3.0f * float((i / kH) % 4)) * urand(seed, i));
+  in.ids.assign(size_t(T) * kK, -1);
+  in.w.resize(size_t(T) * kK);
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> chosen;
+    for (int k = 0; k < kK; ++k) {
+      in.w[size_t(t) * kK + k] = 0.05f + 0.45f * (1.0f + urand(seed + 3, size_t(t) * kK + k));
+      if (route == Route::kNone) continue;
+      uint64_t r = mix(seed * 7919 + t * 131 + k);
+      int e;
+      do {
+        e = route == Route::kOther ? (1 - rank) * kEl + int(r % kEl) : int(r % kE);
+        r = mix(r);
+      } while (std::find(chosen.begin(), chosen.end(), e) != chosen.end());
+      chosen.push_back(e);
+      in.ids[size_t(t) * kK + k] = (t % 5 == 4 && k == kK - 1) ? -1 : e;
+    }
+  }
+  return in;
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  explicit DevBuf(size_t n) : bytes(n) { CK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
+  DevBuf(const void* src, size_t n) : DevBuf(n) {
+    if (n) CK(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice));
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+};
+
+struct DevInputs {
+  int T;
+  int device;
+  DevBuf x, ids, w;
+  DevInputs(const Inputs& h, int dev)
+      : T(h.T),
+        device(dev),
+        x(h.x.data(), h.x.size() * 2),
+        ids(h.ids.data(), h.ids.size() * 4),
+        w(h.w.data(), h.w.size() * 4) {}
+  ForwardInputs view() const {
+    const Device d{DeviceKind::kCUDA, device};
+    ForwardInputs f;
+    f.hidden_states = TensorView::contiguous(x.p, DType::kBF16, {T, kH}, d);
+    f.topk_ids = TensorView::contiguous(ids.p, DType::kI32, {T, kK}, d);
+    f.topk_weights = TensorView::contiguous(w.p, DType::kF32, {T, kK}, d);
+    return f;
+  }
+};
+
+ForwardInputs host_view(Inputs& h) {
+  ForwardInputs f;
+  f.hidden_states = TensorView::contiguous(h.x.data(), DType::kBF16, {h.T, kH});
+  f.topk_ids = TensorView::contiguous(h.ids.data(), DType::kI32, {h.T, kK});
+  f.topk_weights = TensorView::contiguous(h.w.data(), DType::kF32, {h.T, kK});
+  return f;
+}
+
+// Forward into a NaN-poisoned device buffer; returns the host copy.
+std::vector<uint16_t> run(MegaLayer& layer, const ForwardInputs& in, int T, int dev,
+                          cudaStream_t s = nullptr) {
+  DevBuf out(size_t(T) * kH * 2);
+  CK(cudaMemset(out.p, 0xff, std::max<size_t>(out.bytes, 16)));
+  ForwardInputs f = in;
+  f.stream = s;
+  layer.forward(
+      f, TensorView::contiguous(out.p, DType::kBF16, {T, kH}, Device{DeviceKind::kCUDA, dev}));
+  CK(cudaDeviceSynchronize());
+  std::vector<uint16_t> h(size_t(T) * kH);
+  if (!h.empty()) CK(cudaMemcpy(h.data(), out.p, h.size() * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+std::vector<uint16_t> run_cpu(MegaLayer& cpu, Inputs& h) {
+  if (h.T == 0) return {};
+  Tensor t = cpu.forward(host_view(h));
+  const uint16_t* p = static_cast<const uint16_t*>(t.view().data);
+  return std::vector<uint16_t>(p, p + size_t(h.T) * kH);
+}
+
+bool has_nan(const std::vector<uint16_t>& v) {
+  for (uint16_t b : v)
+    if ((b & 0x7fff) > 0x7f80) return true;
+  return false;
+}
+
+double rel_l2(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = fmt::bf16_to_float(a[i]), y = fmt::bf16_to_float(b[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+ncclComm_t make_nccl(const NcclUniqueIdBytes& id, int rank, int world) {
+  ncclUniqueId u;
+  static_assert(sizeof(u) == sizeof(NcclUniqueIdBytes));
+  std::memcpy(&u, id.data(), sizeof(u));
+  ncclComm_t c = nullptr;
+  const ncclResult_t r = ncclCommInitRank(&c, world, u, rank);
+  REQUIRE(r == ncclSuccess, ncclGetErrorString(r));
+  return c;
+}
+
+Bootstrap ep_boot(int rank, ncclComm_t comm, const NcclUniqueIdBytes* id) {
+  Bootstrap b;
+  b.world_size = kWorld;
+  b.rank = rank;
+  b.backend = Backend::kCUDA;
+  b.device = rank;
+  b.nccl_comm = comm;
+  if (id) b.nccl_unique_id = *id;
+  b.timeout_ms = 20000;
+  b.warmup_timeout_ms = 60000;
+  return b;
+}
+
+Bootstrap single_boot(int dev, Backend backend) {
+  Bootstrap b;
+  b.backend = backend;
+  b.device = dev;
+  return b;
+}
+
+// One call on every layer: EP output bitwise equal to the single-GPU CUDA layer, within SPEC
+// §7 of the CPU backend, no NaN. Returns rel L2 vs CPU (0 for T = 0).
+double check_call(MegaLayer& ep, MegaLayer& one, MegaLayer& cpu, Inputs& h, int rank,
+                  const std::string& what, std::optional<WorkspaceId> ws = std::nullopt) {
+  DevInputs d(h, rank);
+  ForwardInputs f = d.view();
+  f.workspace = ws;
+  const std::vector<uint16_t> y = run(ep, f, h.T, rank);
+  const std::vector<uint16_t> y1 = run(one, d.view(), h.T, rank);
+  const std::vector<uint16_t> yc = run_cpu(cpu, h);
+  REQUIRE(!has_nan(y), what + ": NaN (or an unwritten poisoned element) in the EP output");
+  size_t diff = 0;
+  for (size_t i = 0; i < y.size(); ++i) diff += y[i] != y1[i];
+  REQUIRE(diff == 0, what + ": " + std::to_string(diff) + " of " + std::to_string(y.size()) +
+                         " elements differ from the single-GPU layer");
+  const double rel = rel_l2(y, yc);
+  REQUIRE(rel <= 5e-3, what + ": rel L2 vs CPU " + std::to_string(rel) + " > 5e-3");
+  return rel;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(EpLayer, EveryRecipeAgainstCpuAndSingleGpu) {
+  SKIP_UNLESS_2_GPUS();
+  auto res =
+      run_ranks(kWorld, 600, [](int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
+        ncclComm_t comm = make_nccl(id, rank, world);
+        for (Recipe r : kRecipes) {
+          const Options o = recipe_options(r);
+          const PackedExperts p = make_pack(r, o, 11);
+          const LayerConfig c = make_config(r, 64, o);
+          MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
+                       p.epilogue_view(rank * kEl, kEl));
+          MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+          MegaLayer cpu(single_boot(0, Backend::kCPU), c, p.view(), p.epilogue_view());
+          ep.warmup();
+          Inputs h = make_inputs(rank == 0 ? 64 : 37, rank, 100 + rank, Route::kUniform);
+          rep.add(check_call(ep, one, cpu, h, rank, std::string(recipe_name(r)) + " T=64/37"));
+          ep.destroy();
+        }
+        // Unfinalized outputs (nvfp4): rows / weights / indices equal to the single-GPU layer's.
+        Options o = recipe_options(Recipe::kNvfp4);
+        o.finalize = false;
+        const PackedExperts p = make_pack(Recipe::kNvfp4, o, 11);
+        const LayerConfig c = make_config(Recipe::kNvfp4, 64, o);
+        MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
+                     p.epilogue_view(rank * kEl, kEl));
+        MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+        Inputs h = make_inputs(rank == 0 ? 20 : 45, rank, 300 + rank, Route::kUniform);
+        DevInputs d(h, rank);
+        UnfinalizedOutput a = ep.forward_unfinalized(d.view());
+        UnfinalizedOutput b = one.forward_unfinalized(d.view());
+        CK(cudaDeviceSynchronize());
+        for (auto [x, y] : {std::pair{&a.rows, &b.rows}, std::pair{&a.weights, &b.weights},
+                            std::pair{&a.indices, &b.indices}}) {
+          const size_t n = x->view().nbytes();
+          std::vector<uint8_t> hx(n), hy(n);
+          CK(cudaMemcpy(hx.data(), x->view().data, n, cudaMemcpyDeviceToHost));
+          CK(cudaMemcpy(hy.data(), y->view().data, n, cudaMemcpyDeviceToHost));
+          REQUIRE(hx == hy, "unfinalized output differs from the single-GPU layer");
+        }
+        ep.destroy();
+        ncclCommDestroy(comm);
+      });
+  expect_ranks_passed(res);
+  for (int r = 0; r < kWorld; ++r) {
+    std::printf("rank %d rel L2 vs CPU per recipe:", r);
+    for (int i = 0; i < res.rep[r].nval; ++i) std::printf(" %.2e", res.rep[r].val[i]);
+    std::printf("\n");
+  }
+}
+
+// Token counts over one layer (unique-id bootstrap): T = 0 on one rank and on both, unequal,
+// shrinking then growing, all slots -1, all tokens to the other rank; then a second workspace
+// chosen by select_workspace_collective.
+TEST(EpLayer, TokenCountsRoutingAndWorkspaces) {
+  SKIP_UNLESS_2_GPUS();
+  auto res =
+      run_ranks(kWorld, 600, [](int rank, int, const NcclUniqueIdBytes& id, RankReport& rep) {
+        const Recipe r = Recipe::kNvfp4;
+        const Options o = recipe_options(r);
+        const PackedExperts p = make_pack(r, o, 23);
+        const LayerConfig c = make_config(r, 128, o);
+        MegaLayer ep(ep_boot(rank, nullptr, &id), c, p.view(rank * kEl, kEl),
+                     p.epilogue_view(rank * kEl, kEl));
+        MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+        MegaLayer cpu(single_boot(0, Backend::kCPU), c, p.view(), p.epilogue_view());
+        struct Step {
+          int t0, t1;
+          Route route;
+          const char* what;
+        };
+        const Step steps[] = {{0, 9, Route::kUniform, "T=0 on rank 0"},
+                              {9, 0, Route::kUniform, "T=0 on rank 1"},
+                              {0, 0, Route::kUniform, "T=0 on both"},
+                              {128, 5, Route::kUniform, "unequal"},
+                              {128, 128, Route::kUniform, "full"},
+                              {17, 2, Route::kUniform, "shrinking"},
+                              {1, 1, Route::kUniform, "one token each"},
+                              {100, 128, Route::kUniform, "growing"},
+                              {64, 100, Route::kNone, "all slots -1"},
+                              {50, 70, Route::kOther, "all to the other rank"},
+                              {3, 128, Route::kOther, "other, unequal"}};
+        int i = 0;
+        for (const Step& s : steps) {
+          Inputs h = make_inputs(rank == 0 ? s.t0 : s.t1, rank, 500 + 10 * i++ + rank, s.route);
+          rep.add(check_call(ep, one, cpu, h, rank, s.what));
+          if (s.route == Route::kNone) {
+            DevInputs d(h, rank);
+            const std::vector<uint16_t> y = run(ep, d.view(), h.T, rank);
+            for (uint16_t v : y) REQUIRE(v == 0, "all slots -1 must give zeros");
+          }
+        }
+        const WorkspaceId small = ep.create_workspace(8);
+        const int T = rank == 0 ? 3 : 8;
+        const WorkspaceId sel = ep.select_workspace_collective(T);
+        REQUIRE(sel == small, "select_workspace_collective picked workspace " +
+                                  std::to_string(sel.index) + ", expected " +
+                                  std::to_string(small.index));
+        Inputs h = make_inputs(T, rank, 900 + rank, Route::kUniform);
+        rep.add(check_call(ep, one, cpu, h, rank, "second workspace", sel));
+        // The default workspace still works after the small one was used.
+        Inputs h2 = make_inputs(rank == 0 ? 77 : 12, rank, 950 + rank, Route::kUniform);
+        rep.add(check_call(ep, one, cpu, h2, rank, "back to the default workspace"));
+        ep.destroy();
+      });
+  expect_ranks_passed(res);
+}
+
+// A CUDA graph captured at T = 64 replays with device-side token counts (different per rank).
+TEST(EpLayer, GraphReplayWithVaryingTokenCounts) {
+  SKIP_UNLESS_2_GPUS();
+  auto res =
+      run_ranks(kWorld, 600, [](int rank, int world, const NcclUniqueIdBytes& id, RankReport&) {
+        ncclComm_t comm = make_nccl(id, rank, world);
+        const Recipe r = Recipe::kMxfp4Mxfp8;
+        const Options o = recipe_options(r);
+        const PackedExperts p = make_pack(r, o, 31);
+        const LayerConfig c = make_config(r, 64, o);
+        MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
+                     p.epilogue_view(rank * kEl, kEl));
+        MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+        ep.warmup();
+        Inputs h = make_inputs(64, rank, 40 + rank, Route::kUniform);
+        DevInputs d(h, rank);
+        const std::vector<uint16_t> full = run(one, d.view(), 64, rank);
+        DevBuf count(4), out(size_t(64) * kH * 2);
+        cudaStream_t s;
+        CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        ForwardInputs f = d.view();
+        f.stream = s;
+        f.num_tokens = static_cast<const int32_t*>(count.p);
+        const TensorView ov =
+            TensorView::contiguous(out.p, DType::kBF16, {64, kH}, Device{DeviceKind::kCUDA, rank});
+        ep.forward(f, ov);  // eager once (loads modules), then capture
+        CK(cudaStreamSynchronize(s));
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        ep.forward(f, ov);
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        const int counts[] = {64, 10, 0, 33, 1, 64};
+        for (int i = 0; i < 6; ++i) {
+          const int n = counts[(i + rank) % 6];
+          CK(cudaMemcpy(count.p, &n, 4, cudaMemcpyHostToDevice));
+          CK(cudaMemset(out.p, 0xff, out.bytes));
+          CK(cudaGraphLaunch(ge, s));
+          CK(cudaStreamSynchronize(s));
+          std::vector<uint16_t> y(size_t(64) * kH);
+          CK(cudaMemcpy(y.data(), out.p, y.size() * 2, cudaMemcpyDeviceToHost));
+          for (size_t e = 0; e < y.size(); ++e) {
+            const bool valid = int(e / kH) < n;
+            REQUIRE(y[e] == (valid ? full[e] : 0),
+                    "replay " + std::to_string(i) + " with n = " + std::to_string(n) +
+                        ": element " + std::to_string(e) + " is " + std::to_string(y[e]) +
+                        ", expected " + std::to_string(valid ? full[e] : 0));
+          }
+        }
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        ep.destroy();
+        CK(cudaStreamDestroy(s));
+        ncclCommDestroy(comm);
+      });
+  expect_ranks_passed(res);
+}
+
+// EPLB across ranks: local expert 1 of rank 0 (global 1) and local expert 2 of rank 1 (global
+// El + 2) trade places through kernel_weights() / expert_weight_views(), the bytes moved with
+// ncclSend / ncclRecv on the caller's communicator; remapped ids give bitwise the same output.
+TEST(EpLayer, EplbSwapAcrossRanks) {
+  SKIP_UNLESS_2_GPUS();
+  auto res =
+      run_ranks(kWorld, 600, [](int rank, int world, const NcclUniqueIdBytes& id, RankReport&) {
+        ncclComm_t comm = make_nccl(id, rank, world);
+        for (Recipe r : {Recipe::kNvfp4, Recipe::kBf16}) {
+          const Options o = recipe_options(r);
+          const PackedExperts p = make_pack(r, o, 47);
+          const LayerConfig c = make_config(r, 64, o);
+          MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
+                       p.epilogue_view(rank * kEl, kEl));
+          Inputs h = make_inputs(rank == 0 ? 48 : 31, rank, 70 + rank, Route::kUniform);
+          const std::vector<uint16_t> before = run(ep, DevInputs(h, rank).view(), h.T, rank);
+          const int mine = rank == 0 ? 1 : 2, peer = 1 - rank;
+          const int ga = 1, gb = kEl + 2;
+          ExpertWeightViews v = ep.expert_weight_views();
+          cudaStream_t s;
+          CK(cudaStreamCreate(&s));
+          for (const TensorView* t :
+               {&v.weights.fc1_weight, &v.weights.fc1_scale, &v.weights.fc2_weight,
+                &v.weights.fc2_scale, &v.fc1_alpha, &v.fc2_alpha, &v.fc1_norm_const}) {
+            if (!t->defined()) continue;
+            const size_t row = size_t(t->nbytes() / t->shape[0]);
+            uint8_t* base = static_cast<uint8_t*>(t->data) + size_t(mine) * row;
+            DevBuf tmp(row);
+            REQUIRE(ncclGroupStart() == ncclSuccess, "ncclGroupStart");
+            REQUIRE(ncclSend(base, row, ncclUint8, peer, comm, s) == ncclSuccess, "ncclSend");
+            REQUIRE(ncclRecv(tmp.p, row, ncclUint8, peer, comm, s) == ncclSuccess, "ncclRecv");
+            REQUIRE(ncclGroupEnd() == ncclSuccess, "ncclGroupEnd");
+            CK(cudaMemcpyAsync(base, tmp.p, row, cudaMemcpyDeviceToDevice, s));
+            CK(cudaStreamSynchronize(s));
+          }
+          CK(cudaStreamDestroy(s));
+          for (auto& e : h.ids) e = e == ga ? gb : (e == gb ? ga : e);
+          const std::vector<uint16_t> after = run(ep, DevInputs(h, rank).view(), h.T, rank);
+          REQUIRE(!has_nan(after), "NaN after the swap");
+          REQUIRE(before == after,
+                  std::string(recipe_name(r)) +
+                      ": a cross-rank expert swap with remapped ids changed the output");
+          ep.destroy();
+        }
+        ncclCommDestroy(comm);
+      });
+  expect_ranks_passed(res);
+}
+
+// Rank 1 skips a call: rank 0's next host call throws kPeer naming rank 1 and the dispatch
+// stage, within the forward timeout; nobody hangs.
+TEST(EpLayer, SkippedCallIsReportedWithinTheTimeout) {
+  SKIP_UNLESS_2_GPUS();
+  constexpr int64_t kTimeoutMs = 1500;
+  auto res =
+      run_ranks(kWorld, 180, [](int rank, int, const NcclUniqueIdBytes& id, RankReport& rep) {
+        const Recipe r = Recipe::kNvfp4;
+        const Options o = recipe_options(r);
+        const PackedExperts p = make_pack(r, o, 5);
+        const LayerConfig c = make_config(r, 32, o);
+        Bootstrap b = ep_boot(rank, nullptr, &id);
+        b.timeout_ms = kTimeoutMs;
+        b.warmup_timeout_ms = 10000;
+        MegaLayer ep(b, c, p.view(rank * kEl, kEl), p.epilogue_view(rank * kEl, kEl));
+        ep.warmup();
+        Inputs h = make_inputs(16, rank, 3 + rank, Route::kUniform);
+        DevInputs d(h, rank);
+        run(ep, d.view(), h.T, rank);  // one good call
+        if (rank == 0) {
+          const auto t0 = std::chrono::steady_clock::now();
+          run(ep, d.view(), h.T, rank);  // rank 1 never joins this one
+          std::string msg;
+          ErrorCode code = ErrorCode::kBackend;
+          try {
+            run(ep, d.view(), h.T, rank);
+          } catch (const Error& e) {
+            msg = e.what();
+            code = e.code();
+          }
+          const double waited =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          rep.add(waited);
+          REQUIRE(code == ErrorCode::kPeer, "expected a kPeer error, got '" + msg + "'");
+          REQUIRE(msg.find("peer rank 1") != std::string::npos &&
+                      msg.find("dispatch") != std::string::npos,
+                  "the error must name rank 1 and the dispatch stage: " + msg);
+          REQUIRE(waited >= kTimeoutMs * 1e-3 * 0.9 && waited < kTimeoutMs * 1e-3 + 10.0,
+                  "error after " + std::to_string(waited) + " s");
+          std::printf("rank 0 error after %.2f s: %s\n", waited, msg.c_str());
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(3 * kTimeoutMs));
+        }
+        try {
+          ep.destroy();
+        } catch (const Error&) {
+          // Tearing down after a fault may report it again; it must not hang.
+        }
+      });
+  expect_ranks_passed(res);
+}
+
+}  // namespace
+}  // namespace moe_ep::mgtest
