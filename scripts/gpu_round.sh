@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
-#   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [bench] [cli]     (default: all)
+#   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]  (default: all)
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-steps="${*:-build test sanitize multigpu bench cli}"
+steps="${*:-build test sanitize multigpu cli python bench}"
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 # NVLink multicast stays off on these machines (DEVICE.md).
@@ -59,6 +59,24 @@ if has multigpu; then
     --gtest_output=json:"$OUT/multigpu_tests.json" >"$OUT/multigpu_tests.log" 2>&1 || status=1
   grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure|rank [0-9]|DSV3|blocks|^ +[0-9]+ |decode" \
     "$OUT/multigpu_tests.log" | head -80
+fi
+
+if has cli; then
+  echo "== moe-ep command on the GPU(s)"
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  { "$BUILD/moe-ep" run && "$BUILD/moe-ep" check --tokens 0,1,7,128 &&
+    { [ "$ngpu" -lt 2 ] || "$BUILD/moe-ep" check --gpus 2 --tokens 0,1,64; }; } \
+    >"$OUT/cli.log" 2>&1 || status=1
+  grep -vE "^\[moe-ep\]" "$OUT/cli.log" | tail -40
+fi
+
+if has python; then
+  echo "== Python package (torch tests on the GPU)"
+  { PYTHON=python3 BUILD_DIR="$BUILD" MOE_EP_CMAKE_ARGS="-DGTEST_ROOT=$PWD/.deps/gtest" \
+      ./scripts/build_python.sh &&
+    python3 -m pytest -q -rs tests/python && python3 examples/vllm_style_layer.py; } \
+    >"$OUT/python.log" 2>&1 || status=1
+  tail -25 "$OUT/python.log"
 fi
 
 if has bench; then
