@@ -1,7 +1,6 @@
 #include "moe_ep/tensor.h"
 
 #include <cstdlib>
-#include <sstream>
 
 #include "moe_ep/status.h"
 
@@ -73,6 +72,7 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;  // an empty tensor's strides carry no meaning (DLPack may give 0)
   int64_t stride = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != stride) return false;
@@ -82,11 +82,14 @@ bool TensorView::is_contiguous() const {
 }
 
 std::string TensorView::describe() const {
-  std::ostringstream os;
-  os << dtype_name(dtype) << "[";
-  for (int d = 0; d < ndim; ++d) os << (d ? ", " : "") << shape[d];
-  os << "] " << (device.kind == DeviceKind::kCPU ? "cpu" : "cuda:" + std::to_string(device.index));
-  return os.str();
+  // Plain string building, no iostreams: the library must not depend on the locale machinery of
+  // whichever libstdc++ a host process (e.g. Python with torch) loaded first.
+  std::string s = std::string(dtype_name(dtype)) + "[";
+  for (int d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  s += "] ";
+  s +=
+      device.kind == DeviceKind::kCPU ? std::string("cpu") : "cuda:" + std::to_string(device.index);
+  return s;
 }
 
 Tensor Tensor::empty(DType dtype, std::initializer_list<int64_t> shape, Device device) {
