@@ -183,23 +183,33 @@ ValidatedForward validate_inputs(const MegaLayer& layer, LayerBackend& b, const 
 
 }  // namespace
 
-void MegaLayer::forward(const ForwardInputs& in, const TensorView& out) {
-  auto& b = live("forward");
-  if (!config_.recipe.do_finalize) {
-    const char* msg =
-        "forward() on a layer built with do_finalize = false; call forward_unfinalized()";
-    b.abandon_call(msg);
-    throw Error(ErrorCode::kState, msg);
-  }
-  ValidatedForward v;
+// The checks every forward form runs before the backend takes part. A rank that rejects its
+// call tells the peers (abandon_call), so they fail at once instead of waiting for it.
+static ValidatedForward check_call(const MegaLayer& layer, LayerBackend& b, const ForwardInputs& in,
+                                   bool finalized, const TensorView* out) {
   try {
-    v = validate_inputs(*this, b, in);
-    expect_tensor(out, "out", DType::kBF16, {v.tokens, config_.fleet.hidden_size}, b.device(),
-                  true);
+    const bool do_finalize = layer.config().recipe.do_finalize;
+    if (finalized && !do_finalize)
+      throw Error(
+          ErrorCode::kState,
+          "forward() on a layer built with do_finalize = false; call forward_unfinalized()");
+    if (!finalized && do_finalize)
+      throw Error(ErrorCode::kState,
+                  "forward_unfinalized() on a layer built with do_finalize = true; call forward()");
+    ValidatedForward v = validate_inputs(layer, b, in);
+    if (out)
+      expect_tensor(*out, "out", DType::kBF16, {v.tokens, layer.config().fleet.hidden_size},
+                    b.device(), true);
+    return v;
   } catch (const Error& e) {
     b.abandon_call(e.what());
     throw;
   }
+}
+
+void MegaLayer::forward(const ForwardInputs& in, const TensorView& out) {
+  auto& b = live("forward");
+  const ValidatedForward v = check_call(*this, b, in, true, &out);
   ForwardTargets t;
   t.out = out;
   b.forward(v, t);
@@ -235,19 +245,7 @@ TensorView MegaLayer::forward_view(const ForwardInputs& in) {
 
 UnfinalizedOutput MegaLayer::forward_unfinalized(const ForwardInputs& in) {
   auto& b = live("forward_unfinalized");
-  if (config_.recipe.do_finalize) {
-    const char* msg =
-        "forward_unfinalized() on a layer built with do_finalize = true; call forward()";
-    b.abandon_call(msg);
-    throw Error(ErrorCode::kState, msg);
-  }
-  ValidatedForward v;
-  try {
-    v = validate_inputs(*this, b, in);
-  } catch (const Error& e) {
-    b.abandon_call(e.what());
-    throw;
-  }
+  const ValidatedForward v = check_call(*this, b, in, false, nullptr);
   const int64_t T = v.tokens, K = config_.recipe.top_k, H = config_.fleet.hidden_size;
   UnfinalizedOutput o;
   o.rows = b.allocate(DType::kBF16, {T * K, H});
