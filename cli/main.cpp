@@ -2,12 +2,14 @@
 //   moe-ep run    build a layer, run it on the best backend, check it, print a table
 //   moe-ep check  compare the backend with the CPU reference for every recipe (exit 1 on failure)
 //   moe-ep bench  time the layer (BENCH.md records as JSON)
+#include <dirent.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -31,6 +33,7 @@ struct Options {
   std::string recipes = "all";
   std::string tokens = "";
   int ranks = 1;
+  bool ranks_given = false;
   int gpus = 0;  // --gpus N: one process per GPU
   std::string backend = "auto";
   int iters = 5;
@@ -60,7 +63,8 @@ const char* kUsage =
     "  --tokens LIST      tokens per rank; a comma list runs each (default run/check: 64;\n"
     "                     bench: 1,8,32,128)\n"
     "  --ranks W          EP ranks (CPU: threads in this process; default 1)\n"
-    "  --gpus N           EP over N GPUs, one process per GPU started by this command\n"
+    "  --gpus N           EP over N GPUs, one process per GPU started by this command (run\n"
+    "                     without --gpus/--ranks/--backend uses every GPU present)\n"
     "                     (CUDA backend; rank r on GPU r; rank 0's outputs table)\n"
     "  --backend B        auto (default), cpu, cuda\n"
     "  --iters N          timed iterations (default 5; bench 20)\n"
@@ -115,7 +119,7 @@ Options parse(int argc, char** argv) {
     else if (f == "--tokens")
       o.tokens = value(f);
     else if (f == "--ranks")
-      o.ranks = to_int(f, value(f));
+      o.ranks = to_int(f, value(f)), o.ranks_given = true;
     else if (f == "--backend")
       o.backend = value(f);
     else if (f == "--gpus")
@@ -445,8 +449,40 @@ int cmd_run(const Options& o, bool check_only) {
 
 }  // namespace
 
+// GPUs visible to this process, counted without initializing CUDA (the per-GPU processes are
+// forked from this one): the driver's /proc entries, narrowed by CUDA_VISIBLE_DEVICES.
+int visible_gpu_count() {
+#if defined(MOE_EP_HAVE_CUDA)
+  int n = 0;
+  if (DIR* d = opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    int listed = *v ? 1 : 0;
+    for (const char* c = v; *c; ++c) listed += *c == ',';
+    n = std::min(n, listed);
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
 int main_impl(int argc, char** argv) {
   Options o = parse(argc, argv);
+  // `moe-ep run` with no placement given uses every GPU present (the largest count that divides
+  // the shape's experts), one process each; one GPU runs in this process.
+  if (o.command == "run" && o.gpus == 0 && !o.ranks_given && o.backend == "auto" &&
+      o.load.empty()) {
+    int n = visible_gpu_count();
+    if (auto shape = find_shape(o.shape)) {
+      const int E = o.experts > 0 ? o.experts : shape->E;
+      while (n > 1 && E % n != 0) --n;
+    }
+    if (n > 1) o.gpus = n;
+  }
   if (o.command.empty() || (o.help && o.command.empty())) {
     std::fputs(kUsage, o.command.empty() && !o.help ? stderr : stdout);
     return o.help ? 0 : 2;
