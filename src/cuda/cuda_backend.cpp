@@ -219,14 +219,7 @@ class CudaBackend final : public LayerBackend {
     const Workspace& ws = get_ws(in.workspace);
     if (W_ > 1) return forward_ep(in, out, ws);
     unsigned char* base = ws.mem.as<unsigned char>();
-    kern::ForwardArgs a;
-    const auto& rc = cfg_.recipe;
-    a.recipe = rc.recipe;
-    a.H = cfg_.fleet.hidden_size;
-    a.I = rc.intermediate_size;
-    a.K = rc.top_k;
-    a.local_experts = El_;
-    a.num_experts = cfg_.fleet.num_experts;
+    kern::ForwardArgs a = common_args(in);
     a.expert_base = 0;
     a.tokens = in.tokens;
     a.num_tokens = in.num_tokens;
@@ -234,21 +227,6 @@ class CudaBackend final : public LayerBackend {
     a.x_stride = in.x.strides[0];
     a.ids = in.ids.ptr<int32_t>();
     a.topk_weights = in.weights.ptr<float>();
-    a.input_norm_const = rc.input_norm_const;
-    a.swiglu_limit = rc.swiglu_limit ? *rc.swiglu_limit : -1.0f;
-    a.weight_in_fc1 = applies_weight_in_fc1(rc);
-    a.fc1_alpha = in.epilogue.fc1_alpha.defined() ? in.epilogue.fc1_alpha.ptr<float>()
-                                                  : fc1_alpha_.as<float>();
-    a.fc2_alpha = in.epilogue.fc2_alpha.defined() ? in.epilogue.fc2_alpha.ptr<float>()
-                                                  : fc2_alpha_.as<float>();
-    a.fc1_norm_const = in.epilogue.fc1_norm_const.defined()
-                           ? in.epilogue.fc1_norm_const.ptr<float>()
-                           : fc1_nc_.as<float>();
-    a.w1 = w1_.as<uint8_t>();
-    a.s1 = s1_.as<uint8_t>();
-    a.w2 = w2_.as<uint8_t>();
-    a.s2 = s2_.as<uint8_t>();
-    a.rs = rs_;
     a.xq = reinterpret_cast<uint16_t*>(base + ws.xq_off);
     a.h = reinterpret_cast<uint16_t*>(base + ws.h_off);
     a.sorted_pairs = reinterpret_cast<int32_t*>(base + ws.pairs_off);
@@ -263,7 +241,6 @@ class CudaBackend final : public LayerBackend {
       a.weights_out = out.weights.ptr<float>();
       a.indices_out = out.indices.ptr<int32_t>();
     }
-    a.error = err_dev_;
     a.tile_n = kern::choose_tile_n(in.tokens, a.K, El_);
     check(kern::launch_forward(a, static_cast<cudaStream_t>(in.stream), debug::g_stage_events),
           "launching the forward");
@@ -307,24 +284,15 @@ class CudaBackend final : public LayerBackend {
 
   Tensor allocate(DType dtype, std::initializer_list<int64_t> shape) override {
     select_device();
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    const size_t bytes = size_t(n) * dtype_size(dtype);
+    TensorView v = TensorView::contiguous(nullptr, dtype, shape, dev_);
+    const size_t bytes = v.nbytes();
     void* p = nullptr;
     if (bytes)
       check(cudaMalloc(&p, bytes), "cudaMalloc of an output (" + std::to_string(bytes) + " bytes)");
     std::shared_ptr<void> storage(p, [](void* q) {
       if (q) cudaFree(q);
     });
-    TensorView v = TensorView::contiguous(p, dtype, {1}, dev_);
-    v.ndim = int(shape.size());
-    int d = 0;
-    for (int64_t s : shape) v.shape[d++] = s;
-    int64_t stride = 1;
-    for (int i = v.ndim - 1; i >= 0; --i) {
-      v.strides[i] = stride;
-      stride *= v.shape[i];
-    }
+    v.data = p;
     return Tensor(storage, v);
   }
 

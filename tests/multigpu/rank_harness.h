@@ -31,9 +31,9 @@ struct RankReport {
   int finished;
   char msg[4096];
   int nval;
-  double val[64];
+  double val[128];
   void add(double v) {
-    if (nval < 64) val[nval++] = v;
+    if (nval < 128) val[nval++] = v;
   }
 };
 
@@ -129,6 +129,12 @@ inline RanksResult run_ranks(int world, double timeout_s, const RankBody& fn) {
   munmap(mem, sizeof(RankShared));
   return res;
 }
+
+#define SKIP_UNLESS_2_GPUS()                                              \
+  do {                                                                    \
+    const int gpus = ::moe_ep::mgtest::visible_gpus();                    \
+    if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus; \
+  } while (0)
 
 inline void expect_ranks_passed(const RanksResult& r) {
   EXPECT_FALSE(r.hung) << "ranks still running after the test's deadline (killed)";

@@ -40,12 +40,6 @@ namespace {
       ::moe_ep::mgtest::fail(std::string(#x) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 
-#define SKIP_UNLESS_2_GPUS()                                              \
-  do {                                                                    \
-    const int gpus = visible_gpus();                                      \
-    if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus; \
-  } while (0)
-
 constexpr int kWorld = 2;
 constexpr int kH = 1024, kI = 512, kE = 16, kK = 4, kEl = kE / kWorld;
 constexpr Recipe kRecipes[] = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16,

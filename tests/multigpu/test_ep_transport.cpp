@@ -28,29 +28,15 @@
 #include "kernels/ep/ep_launch.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/status.h"
+#include "rank_harness.h"
 
 namespace moe_ep {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kMaxWorld = 8;
 
 // ---------------------------------------------------------------------------------------------
 // Process harness
-
-struct Report {
-  int failed;
-  int finished;
-  char msg[4096];
-  int nval;
-  double val[128];
-};
-
-struct Shared {
-  std::atomic<int> id_ready;
-  NcclUniqueIdBytes id;
-  Report rep[kMaxWorld];
-};
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
@@ -66,105 +52,11 @@ void ck(cudaError_t e, const char* what) {
 }
 #define CK(x) ck((x), #x)
 
-// GPUs visible, counted in a child so this process never initializes CUDA before forking.
-int visible_gpus() {
-  static int cached = -1;
-  if (cached >= 0) return cached;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-    _exit(std::min(n, 100));
-  }
-  int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return cached = 0;
-  return cached = WEXITSTATUS(st);
-}
+using mgtest::run_ranks;
+using Report = mgtest::RankReport;
+using RunResult = mgtest::RanksResult;
 
-using RankFn = std::function<void(int rank, int world, const NcclUniqueIdBytes& id, Report& rep)>;
-
-struct RunResult {
-  bool hung = false;
-  double seconds = 0;
-  std::vector<Report> rep;
-};
-
-// Runs fn in `world` processes (rank r on GPU r); kills them all after timeout_s.
-RunResult run_ranks(int world, double timeout_s, const RankFn& fn) {
-  void* mem =
-      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) throw std::runtime_error("mmap failed");
-  auto* sh = new (mem) Shared();
-  std::vector<pid_t> pids;
-  const auto t0 = Clock::now();
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      Report& rep = sh->rep[r];
-      int rc = 0;
-      try {
-        CK(cudaSetDevice(r));
-        if (r == 0) {
-          sh->id = ep_create_unique_id();
-          sh->id_ready.store(1, std::memory_order_release);
-        } else {
-          const auto deadline = Clock::now() + std::chrono::seconds(60);
-          while (sh->id_ready.load(std::memory_order_acquire) == 0) {
-            if (Clock::now() > deadline) fail("rank 0 never published the NCCL unique id");
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
-        }
-        fn(r, world, sh->id, rep);
-      } catch (const std::exception& e) {
-        std::snprintf(rep.msg, sizeof(rep.msg), "rank %d: %s", r, e.what());
-        rep.failed = 1;
-        rc = 1;
-      }
-      rep.finished = 1;
-      std::fflush(stdout);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  RunResult res;
-  size_t left = pids.size();
-  const auto deadline = t0 + std::chrono::duration<double>(timeout_s);
-  while (left > 0) {
-    int st = 0;
-    const pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p > 0) {
-      --left;
-      continue;
-    }
-    if (Clock::now() > deadline) {
-      res.hung = true;
-      for (pid_t q : pids) kill(q, SIGKILL);
-      while (waitpid(-1, &st, 0) > 0) {
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  res.rep.assign(sh->rep, sh->rep + world);
-  sh->~Shared();
-  munmap(mem, sizeof(Shared));
-  return res;
-}
-
-#define SKIP_UNLESS_2_GPUS()                                              \
-  do {                                                                    \
-    const int gpus = visible_gpus();                                      \
-    if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus; \
-  } while (0)
-
-void expect_all_passed(const RunResult& r) {
-  EXPECT_FALSE(r.hung) << "ranks still running after the test's deadline (killed)";
-  for (size_t i = 0; i < r.rep.size(); ++i) {
-    EXPECT_EQ(r.rep[i].finished, 1) << "rank " << i << " did not finish";
-    EXPECT_EQ(r.rep[i].failed, 0) << r.rep[i].msg;
-  }
-}
+void expect_all_passed(const RunResult& r) { mgtest::expect_ranks_passed(r); }
 
 // ---------------------------------------------------------------------------------------------
 // Inputs, one forward, and its bitwise checks
