@@ -157,8 +157,7 @@ struct EpCase {
   int64_t pairs;
 };
 struct EpShared {
-  std::atomic<int> id_ready;
-  std::array<char, 128> id;
+  SharedUniqueId uid;
   char device[256];
   struct Rank {
     int done, failed, ncases;
@@ -174,17 +173,8 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     std::snprintf(sh->device, sizeof sh->device, "%s", prop.name);
-    const NcclUniqueIdBytes id = ep_create_unique_id();
-    std::memcpy(sh->id.data(), id.data(), id.size());
-    sh->id_ready.store(1, std::memory_order_release);
-  } else {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (sh->id_ready.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw Error(ErrorCode::kPeer, "rank 0 never published the NCCL unique id");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
   }
+  const NcclUniqueIdBytes uid = sh->uid.exchange(rank);
   auto& me = sh->rank[rank];
   const Device gpu{DeviceKind::kCUDA, rank};
   const int El = s.E / world;
@@ -233,7 +223,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
     boot.device = rank;
     boot.world_size = world;
     boot.rank = rank;
-    boot.nccl_unique_id = sh->id;
+    boot.nccl_unique_id = uid;
     auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
     cudaFree(w13);
     cudaFree(w2);

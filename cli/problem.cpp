@@ -261,8 +261,7 @@ void summarize(RunResult& res, const std::vector<std::vector<double>>& times) {
 #if defined(MOE_EP_HAVE_CUDA)
 constexpr int kMaxProcIters = 4096;
 struct ProcShared {
-  std::atomic<int> id_ready;
-  std::array<char, 128> id;
+  SharedUniqueId uid;
   struct Rank {
     int done, failed, backend, niters;
     size_t workspace_bytes;
@@ -295,20 +294,8 @@ RunResult run_layers_processes(const Problem& p, Backend backend, int iterations
       auto& me = sh->rank[r];
       int rc = 0;
       try {
-        if (r == 0) {
-          const NcclUniqueIdBytes id = ep_create_unique_id();
-          std::memcpy(sh->id.data(), id.data(), id.size());
-          sh->id_ready.store(1, std::memory_order_release);
-        } else {
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-          while (sh->id_ready.load(std::memory_order_acquire) == 0) {
-            if (std::chrono::steady_clock::now() > deadline)
-              throw Error(ErrorCode::kPeer, "rank 0 never published the NCCL unique id");
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
-        }
         Bootstrap b;
-        b.nccl_unique_id = sh->id;
+        b.nccl_unique_id = sh->uid.exchange(r);
         std::vector<uint16_t> out;
         std::vector<double> times;
         RunResult info;

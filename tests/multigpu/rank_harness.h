@@ -38,8 +38,7 @@ struct RankReport {
 };
 
 struct RankShared {
-  std::atomic<int> id_ready;
-  NcclUniqueIdBytes id;
+  SharedUniqueId uid;
   RankReport rep[kMaxRanks];
 };
 
@@ -81,18 +80,8 @@ inline RanksResult run_ranks(int world, double timeout_s, const RankBody& fn) {
       int rc = 0;
       try {
         if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
-        if (r == 0) {
-          sh->id = ep_create_unique_id();
-          sh->id_ready.store(1, std::memory_order_release);
-        } else {
-          const auto deadline = Clock::now() + std::chrono::seconds(60);
-          while (sh->id_ready.load(std::memory_order_acquire) == 0) {
-            if (Clock::now() > deadline)
-              throw std::runtime_error("rank 0 never published the NCCL unique id");
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
-        }
-        fn(r, world, sh->id, rep);
+        const NcclUniqueIdBytes id = sh->uid.exchange(r, 60000);
+        fn(r, world, id, rep);
       } catch (const std::exception& e) {
         std::snprintf(rep.msg, sizeof(rep.msg), "rank %d: %s", r, e.what());
         rep.failed = 1;

@@ -1,7 +1,9 @@
 #include "cuda/comm/nccl_comm.h"
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "cuda/comm/nccl_dev_comm.h"
 #include "moe_ep/status.h"
@@ -63,6 +65,23 @@ NcclUniqueIdBytes ep_unique_id_from_hex(const std::string& hex) {
   for (size_t i = 0; i < out.size(); ++i)
     out[i] = static_cast<char>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
   return out;
+}
+
+NcclUniqueIdBytes SharedUniqueId::exchange(int rank, int64_t timeout_ms) {
+  if (rank == 0) {
+    id = ep_create_unique_id();
+    ready.store(1, std::memory_order_release);  // publishes `id` to the ranks that acquire it
+    return id;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (ready.load(std::memory_order_acquire) == 0) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error(ErrorCode::kPeer, "rank " + std::to_string(rank) +
+                                        ": rank 0 never published the NCCL unique id (waited " +
+                                        std::to_string(timeout_ms) + " ms)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return id;
 }
 
 std::string ep_error_message(const EpErrorRecord& r) {
