@@ -197,6 +197,7 @@ class CudaBackend final : public LayerBackend {
     return int(workspaces_.size()) - 1;
   }
 
+  int num_workspaces() const override { return int(workspaces_.size()); }
   int workspace_capacity(int ws) const override { return get_ws(ws).capacity; }
   size_t workspace_bytes(int ws) const override {
     const Workspace& w = get_ws(ws);

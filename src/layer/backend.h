@@ -40,6 +40,7 @@ class LayerBackend {
   virtual ~LayerBackend() = default;
   virtual Device device() const = 0;
   virtual int create_workspace(int capacity) = 0;
+  virtual int num_workspaces() const = 0;
   virtual int workspace_capacity(int ws) const = 0;
   virtual size_t workspace_bytes(int ws) const = 0;
   virtual void warmup(int ws) = 0;

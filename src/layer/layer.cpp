@@ -1,6 +1,7 @@
 // MegaLayer: argument checks and the API surface; the work is done by a LayerBackend.
 #include "moe_ep/layer.h"
 
+#include <algorithm>
 #include <string>
 
 #include "layer/backend.h"
@@ -112,20 +113,16 @@ size_t MegaLayer::workspace_bytes(WorkspaceId ws) const {
 
 WorkspaceId MegaLayer::select_workspace(int max_tokens_any_rank) const {
   if (!impl_) throw Error(ErrorCode::kDestroyed, "moe_ep: select_workspace after destroy()");
-  int best = -1;
-  for (int i = 0;; ++i) {
-    int cap;
-    try {
-      cap = impl_->workspace_capacity(i);
-    } catch (const Error&) {
-      break;
-    }
+  int best = -1, largest = 0;
+  for (int i = 0; i < impl_->num_workspaces(); ++i) {
+    const int cap = impl_->workspace_capacity(i);
+    largest = std::max(largest, cap);
     if (cap >= max_tokens_any_rank && (best < 0 || cap < impl_->workspace_capacity(best))) best = i;
   }
   if (best < 0)
     throw Error(ErrorCode::kCapacity, "select_workspace: T = " + str(max_tokens_any_rank) +
                                           " tokens exceed every workspace (largest capacity " +
-                                          str(impl_->workspace_capacity(0)) + ")");
+                                          str(largest) + ")");
   return WorkspaceId{best};
 }
 

@@ -117,6 +117,7 @@ class CpuBackend final : public LayerBackend {
     return idx;
   }
 
+  int num_workspaces() const override { return int(workspaces_.size()); }
   int workspace_capacity(int ws) const override { return get_ws(ws).layout.capacity; }
   size_t workspace_bytes(int ws) const override { return get_ws(ws).layout.total_bytes; }
 

@@ -257,6 +257,12 @@ TEST(Workspaces, DifferentCapacitiesGiveIdenticalOutputsAndSelectionPicksSmalles
     // Collective selection: the largest T of any rank decides (rank 1 has 7, rank 0 has 2).
     check(layer.select_workspace_collective(r == 0 ? 2 : 7) == ws12, "collective select -> 12");
     check(layer.select_workspace_collective(r == 0 ? 3 : 0) == ws4, "collective select -> 4");
+    // A workspace larger than the default: selection reaches it, and the error past it names it.
+    const WorkspaceId ws_large = layer.create_workspace(2 * kCap);
+    check(layer.select_workspace(kCap + 1) == ws_large, "select(cap+1) -> the larger workspace");
+    const Caught beyond = catch_error([&] { layer.select_workspace(2 * kCap + 1); });
+    check(beyond.thrown && contains(beyond.what, "largest capacity " + std::to_string(2 * kCap)),
+          "select past every workspace names the largest capacity: " + beyond.what);
     layer.warmup();
     layer.warmup(ws4);
 
