@@ -104,27 +104,9 @@ double openblas_ms(const Problem& p, int iters) {
 }  // namespace
 
 int cmd_bench(const BenchOptions& o) {
-  auto shape = find_shape(o.shape);
-  if (!shape) throw Error(ErrorCode::kInvalidArgument, "unknown shape '" + o.shape + "'");
-  if (o.experts > 0) shape->E = o.experts;
-  std::vector<Recipe> recipes;
-  if (o.recipes == "all")
-    recipes = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16};
-  else {
-    std::stringstream ss(o.recipes);
-    std::string n;
-    while (std::getline(ss, n, ','))
-      if (auto r = parse_recipe(n))
-        recipes.push_back(*r);
-      else
-        throw Error(ErrorCode::kInvalidArgument, "unknown recipe '" + n + "'");
-  }
-  std::vector<int> tokens;
-  {
-    std::stringstream ss(o.tokens);
-    std::string n;
-    while (std::getline(ss, n, ',')) tokens.push_back(std::stoi(n));
-  }
+  const ModelShape* shape = &o.shape;
+  const std::vector<Recipe>& recipes = o.recipes;
+  const std::vector<int>& tokens = o.tokens;
   const std::string commit = shell_line("git rev-parse --short HEAD 2>/dev/null");
   const std::string device = "cpu: " + cpu_name() + " x" + std::to_string(omp_get_max_threads());
   std::ostringstream json;

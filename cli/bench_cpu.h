@@ -4,14 +4,16 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "problem.h"
 
 namespace moe_ep::cli {
 
 struct BenchOptions {
-  std::string shape;
-  int experts;
-  std::string recipes;
-  std::string tokens;
+  ModelShape shape;
+  std::vector<Recipe> recipes;
+  std::vector<int> tokens;
   int ranks;
   int iters;
   uint64_t seed;

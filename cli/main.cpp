@@ -36,7 +36,7 @@ struct Options {
   bool ranks_given = false;
   int gpus = 0;  // --gpus N: one process per GPU
   std::string backend = "auto";
-  int iters = 5;
+  int iters = 0;  // 0: the command's default (run 5, bench 20)
   uint64_t seed = 1;
   std::string routing = "uniform";
   std::string load, save, json;
@@ -176,6 +176,16 @@ ModelShape shape_of(const Options& o) {
   }
   if (o.experts > 0) s->E = o.experts;
   return *s;
+}
+
+std::vector<int> tokens_of(const Options& o, const char* fallback) {
+  std::vector<int> out;
+  for (auto& t : split(o.tokens.empty() ? fallback : o.tokens)) {
+    out.push_back(to_int("--tokens", t));
+    if (out.back() < 0) throw Error(ErrorCode::kInvalidArgument, "--tokens: " + t + " is negative");
+  }
+  if (out.empty()) throw Error(ErrorCode::kInvalidArgument, "--tokens: no token count given");
+  return out;
 }
 
 // --- safetensors I/O of a whole problem -------------------------------------------------------
@@ -409,7 +419,7 @@ int cmd_run(const Options& o, bool check_only) {
     std::vector<uint16_t> saved;
     Problem p = load_problem(o.load, &saved);
     RunResult res;
-    Row row = run_one(p, backend, o.iters, true, &res);
+    Row row = run_one(p, backend, o.iters ? o.iters : 5, true, &res);
     if (!saved.empty()) {
       const bool same = concat(res.out) == saved;
       row.note += same ? " out == saved out (bitwise)" : " out != saved out";
@@ -418,9 +428,7 @@ int cmd_run(const Options& o, bool check_only) {
     rows.push_back(row);
   } else {
     const ModelShape shape = shape_of(o);
-    std::vector<int> token_list;
-    for (auto& t : split(o.tokens.empty() ? "64" : o.tokens))
-      token_list.push_back(to_int("--tokens", t));
+    const std::vector<int> token_list = tokens_of(o, "64");
     for (Recipe r : recipes_of(o.recipes)) {
       for (int T : token_list) {
         Problem p = make_random_problem(shape, r, o.ranks, std::vector<int>(o.ranks, T), o.seed,
@@ -428,7 +436,7 @@ int cmd_run(const Options& o, bool check_only) {
         p.swiglu_limit = o.swiglu_limit;
         p.apply_topk_in_fc1 = o.topk_in_fc1;
         RunResult res;
-        Row row = run_one(p, backend, check_only ? 1 : o.iters, true, &res);
+        Row row = run_one(p, backend, check_only ? 1 : (o.iters ? o.iters : 5), true, &res);
         // Tolerances: SPEC §7 against the reference; against float64 a gross-error bound per
         // recipe (4-bit weights carry ~10% error, bf16 well under 1%).
         const double fp64_bound = r == Recipe::kBf16 ? 0.02 : 0.35;
@@ -509,11 +517,14 @@ int main_impl(int argc, char** argv) {
   if (o.command == "run") return cmd_run(o, false);
   if (o.command == "check") return cmd_run(o, true);
   if (o.command == "bench") {
-    BenchOptions b{o.shape,   o.experts,
-                   o.recipes, o.tokens.empty() ? "1,8,32,128" : o.tokens,
-                   o.ranks,   o.iters == 5 ? 20 : o.iters,
-                   o.seed,    o.routing,
-                   o.json};
+    const BenchOptions b{shape_of(o),
+                         recipes_of(o.recipes),
+                         tokens_of(o, "1,8,32,128"),
+                         o.ranks,
+                         o.iters ? o.iters : 20,
+                         o.seed,
+                         o.routing,
+                         o.json};
     return cmd_bench(b);
   }
   std::fprintf(stderr, "moe-ep: unknown command '%s'\n\n%s", o.command.c_str(), kUsage);
