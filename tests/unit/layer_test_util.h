@@ -56,6 +56,19 @@ inline std::vector<std::exception_ptr> run_fleet_collect(int world,
   return errs;
 }
 
+// The bootstrap of CPU rank r of W sharing `fleet` (none for W = 1), with the given timeouts.
+inline Bootstrap cpu_boot(int W, int r, std::shared_ptr<CpuFleet> fleet,
+                          int64_t timeout_ms = 30000) {
+  Bootstrap b;
+  b.world_size = W;
+  b.rank = r;
+  b.backend = Backend::kCPU;
+  b.cpu_fleet = std::move(fleet);
+  b.timeout_ms = timeout_ms;
+  b.warmup_timeout_ms = std::max<int64_t>(timeout_ms, 2000);
+  return b;
+}
+
 // Runs fn(rank) on `world` threads and rethrows the first (lowest rank) exception.
 inline void run_fleet(int world, const std::function<void(int)>& fn) {
   for (auto& e : run_fleet_collect(world, fn))

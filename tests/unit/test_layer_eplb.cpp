@@ -88,11 +88,7 @@ TEST_P(Eplb, MovingExpertsAndRemappingIdsKeepsOutputsBitwise) {
   phase_inputs[3] = inputs;
 
   run_fleet(kW, [&](int r) {
-    Bootstrap b;
-    b.world_size = kW;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(kW, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * kLocal, kLocal), pack.epilogue_view(r * kLocal, kLocal));
     const KernelWeights kw = layer.kernel_weights();
     const bool four_bit = recipe_traits(recipe).weights_4bit;
@@ -212,11 +208,7 @@ TEST_P(Eplb, RedundantCopyOnAnotherRankGivesTheSameBits) {
   ExpertState staged;
   std::vector<Bits> before(kW), after(kW);
   run_fleet(kW, [&](int r) {
-    Bootstrap b;
-    b.world_size = kW;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(kW, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * kLocal, kLocal), pack.epilogue_view(r * kLocal, kLocal));
     auto run = [&](const RankInputs& in) {
       Tensor t = layer.forward(in.forward_inputs());

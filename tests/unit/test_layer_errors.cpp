@@ -19,17 +19,6 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-Bootstrap boot(int W, int r, std::shared_ptr<CpuFleet> fleet, int64_t timeout_ms = 30000) {
-  Bootstrap b;
-  b.world_size = W;
-  b.rank = r;
-  b.backend = Backend::kCPU;
-  b.cpu_fleet = std::move(fleet);
-  b.timeout_ms = timeout_ms;
-  b.warmup_timeout_ms = std::max<int64_t>(timeout_ms, 2000);
-  return b;
-}
-
 Bits run_into(MegaLayer& layer, const ForwardInputs& fi, int T) {
   Bits out(size_t(T) * kH, kPoison);
   layer.forward(fi, TensorView::contiguous(out.data(), DType::kBF16, {T, kH}));
@@ -169,7 +158,7 @@ std::vector<BadInput> bad_inputs() {
 TEST(BadInput, EachIsRejectedWithItsMessageAndChangesNothing) {
   const HostPack pack = random_pack(Recipe::kNvfp4, kE, kH, kI, 41);
   const LayerConfig cfg = make_config(Recipe::kNvfp4, kE, kCap, kH, kI, kK);
-  MegaLayer layer(boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
+  MegaLayer layer(cpu_boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
   const RankInputs good = random_inputs(6, kH, kK, kE, 42);
   const Bits before = run_into(layer, good.forward_inputs(), good.T);
   ASSERT_EQ(count_nan(before), 0u);
@@ -219,7 +208,7 @@ TEST(BadInput, EachIsRejectedWithItsMessageAndChangesNothing) {
 TEST(BadInput, MoreTokensThanCapacityNamesBothNumbers) {
   const HostPack pack = random_pack(Recipe::kBf16, kE, kH, kI, 43);
   const LayerConfig cfg = make_config(Recipe::kBf16, kE, kCap, kH, kI, kK);
-  MegaLayer layer(boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
+  MegaLayer layer(cpu_boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
   const RankInputs good = random_inputs(kCap, kH, kK, kE, 44);
   const Bits before = run_into(layer, good.forward_inputs(), good.T);
   const RankInputs over = random_inputs(kCap + 3, kH, kK, kE, 45);
@@ -262,7 +251,7 @@ TEST(BadInput, ABadRankMakesItsPeerFailNamingItAndBothRecover) {
   };
   std::vector<PerRank> res(W);
   run_fleet(W, [&](int r) {
-    MegaLayer layer(boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
+    MegaLayer layer(cpu_boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
                     pack.epilogue_view(r * El, El));
     auto& me = res[r];
     me.before = run_into(layer, good[r].forward_inputs(), good[r].T);
@@ -336,7 +325,7 @@ TEST_P(OneRankRejects, PeerFailsPromptlyNamingItAndBothRecover) {
   std::vector<Caught> errs(W), after_err(W);
   double peer_ms = 0;
   run_fleet(W, [&](int r) {
-    MegaLayer layer(boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
+    MegaLayer layer(cpu_boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
                     pack.epilogue_view(r * El, El));
     before[r] = run_into(layer, good[r].forward_inputs(), good[r].T);
     const auto t0 = Clock::now();
@@ -415,7 +404,7 @@ TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
   Caught err, sticky, late;
   double elapsed = 0, sticky_ms = 0;
   auto errs = run_fleet_collect(W, [&](int r) {
-    MegaLayer layer(boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
+    MegaLayer layer(cpu_boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
                     pack.epilogue_view(r * El, El));
     if (r == 0) {
       const auto t0 = Clock::now();
@@ -462,7 +451,8 @@ TEST(Lifetime, CallsAfterDestroyFailClearlyAndDestroyIsIdempotent) {
   auto fleet = make_cpu_fleet(W);
   std::vector<std::vector<std::string>> bad(W);
   run_fleet(W, [&](int r) {
-    MegaLayer layer(boot(W, r, fleet), cfg, pack.view(r * El, El), pack.epilogue_view(r * El, El));
+    MegaLayer layer(cpu_boot(W, r, fleet), cfg, pack.view(r * El, El),
+                    pack.epilogue_view(r * El, El));
     layer.forward(in.forward_inputs());
     EXPECT_FALSE(layer.destroyed());
     layer.destroy();
@@ -500,7 +490,7 @@ TEST(Lifetime, ForwardModeMismatchIsAnErrorAndChangesNothing) {
     std::vector<Caught> errs(W);
     std::vector<Bits> before(W), after(W);
     run_fleet(W, [&](int r) {
-      MegaLayer layer(boot(W, r, fleet), cfg, pack.view(r * El, El),
+      MegaLayer layer(cpu_boot(W, r, fleet), cfg, pack.view(r * El, El),
                       pack.epilogue_view(r * El, El));
       auto run_ok = [&] {
         if (finalize) return run_into(layer, in.forward_inputs(), in.T);
@@ -532,7 +522,8 @@ TEST(Lifetime, PropertiesAsVllmReadsThem) {
   auto fleet = make_cpu_fleet(W);
   std::vector<std::string> bad(W);
   run_fleet(W, [&](int r) {
-    MegaLayer layer(boot(W, r, fleet), cfg, pack.view(r * kE, kE), pack.epilogue_view(r * kE, kE));
+    MegaLayer layer(cpu_boot(W, r, fleet), cfg, pack.view(r * kE, kE),
+                    pack.epilogue_view(r * kE, kE));
     auto check = [&](bool ok, const char* what) {
       if (!ok) bad[r] += std::string(what) + "; ";
     };
@@ -617,7 +608,7 @@ TEST(Config, ConstructionRejectsWithEveryReasonOnEveryRank) {
   auto fleet = make_cpu_fleet(W);
   const auto t0 = Clock::now();
   auto errs = run_fleet_collect(W, [&](int r) {
-    MegaLayer layer(boot(W, r, fleet, 20000), cfg, pack.view(r * 2, 2),
+    MegaLayer layer(cpu_boot(W, r, fleet, 20000), cfg, pack.view(r * 2, 2),
                     pack.epilogue_view(r * 2, 2));
   });
   EXPECT_LT(ms_since(t0), 5000.0);
@@ -630,8 +621,9 @@ TEST(Config, ConstructionRejectsWithEveryReasonOnEveryRank) {
   }
   // A rank outside the world.
   const Caught c = catch_error([&] {
-    MegaLayer layer(boot(2, 2, make_cpu_fleet(2)), make_config(Recipe::kBf16, 4, 16, 128, 64, 2),
-                    pack.view(0, 2), pack.epilogue_view(0, 2));
+    MegaLayer layer(cpu_boot(2, 2, make_cpu_fleet(2)),
+                    make_config(Recipe::kBf16, 4, 16, 128, 64, 2), pack.view(0, 2),
+                    pack.epilogue_view(0, 2));
   });
   EXPECT_TRUE(c.thrown && contains(c.what, "rank 2")) << c.what;
 }
@@ -655,12 +647,12 @@ TEST(Config, WeightTensorsOfTheWrongShapeOrDtypeAreNamed) {
     WeightPack w = pack.view(0, kE);
     cs.mutate(w);
     const Caught c = catch_error(
-        [&] { MegaLayer layer(boot(1, 0, nullptr), cfg, w, pack.epilogue_view(0, kE)); });
+        [&] { MegaLayer layer(cpu_boot(1, 0, nullptr), cfg, w, pack.epilogue_view(0, kE)); });
     EXPECT_TRUE(c.thrown && contains(c.what, cs.name)) << cs.name << ": " << c.what;
   }
   // Scales tagged as float8 bytes are accepted.
   EXPECT_FALSE(catch_error([&] {
-                 MegaLayer layer(boot(1, 0, nullptr), cfg, pack.view(0, kE, DType::kF8E4M3),
+                 MegaLayer layer(cpu_boot(1, 0, nullptr), cfg, pack.view(0, kE, DType::kF8E4M3),
                                  pack.epilogue_view(0, kE));
                }).thrown);
   // The bf16 recipe takes no scales.
@@ -668,7 +660,7 @@ TEST(Config, WeightTensorsOfTheWrongShapeOrDtypeAreNamed) {
   WeightPack wb = b.view(0, kE);
   wb.w13_scale = pack.view(0, kE).w13_scale;
   const Caught c = catch_error([&] {
-    MegaLayer layer(boot(1, 0, nullptr), make_config(Recipe::kBf16, kE, kCap, kH, kI, kK), wb);
+    MegaLayer layer(cpu_boot(1, 0, nullptr), make_config(Recipe::kBf16, kE, kCap, kH, kI, kK), wb);
   });
   EXPECT_TRUE(c.thrown && contains(c.what, "scale")) << c.what;
 }
@@ -677,22 +669,23 @@ TEST(Config, BootstrapAndWorkspaceMistakesAreNamed) {
   const HostPack pack = random_pack(Recipe::kBf16, kE, kH, kI, 67);
   const LayerConfig cfg = make_config(Recipe::kBf16, kE, kCap, kH, kI, kK);
   // W > 1 without a fleet; a fleet of another size.
-  Caught c = catch_error(
-      [&] { MegaLayer l(boot(2, 0, nullptr), cfg, pack.view(0, 2), pack.epilogue_view(0, 2)); });
+  Caught c = catch_error([&] {
+    MegaLayer l(cpu_boot(2, 0, nullptr), cfg, pack.view(0, 2), pack.epilogue_view(0, 2));
+  });
   EXPECT_TRUE(c.thrown && contains(c.what, "fleet")) << c.what;
   c = catch_error([&] {
-    MegaLayer l(boot(2, 0, make_cpu_fleet(3)), cfg, pack.view(0, 2), pack.epilogue_view(0, 2));
+    MegaLayer l(cpu_boot(2, 0, make_cpu_fleet(3)), cfg, pack.view(0, 2), pack.epilogue_view(0, 2));
   });
   EXPECT_TRUE(c.thrown && contains(c.what, "3") && contains(c.what, "2")) << c.what;
   // Weights on a device the CPU backend cannot read.
   c = catch_error([&] {
     WeightPack w = pack.view(0, kE);
     w.w2.device = Device{DeviceKind::kCUDA, 0};
-    MegaLayer l(boot(1, 0, nullptr), cfg, w, pack.epilogue_view(0, kE));
+    MegaLayer l(cpu_boot(1, 0, nullptr), cfg, w, pack.epilogue_view(0, kE));
   });
   EXPECT_TRUE(c.thrown && contains(c.what, "w2")) << c.what;
   // Workspace calls with impossible arguments.
-  MegaLayer layer(boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
+  MegaLayer layer(cpu_boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
   c = catch_error([&] { layer.create_workspace(0); });
   EXPECT_TRUE(c.thrown && contains(c.what, "0")) << c.what;
   c = catch_error([&] { layer.warmup(WorkspaceId{3}); });
@@ -730,10 +723,10 @@ TEST(Config, ConstructionRejectedOnOneRankReleasesPeersAndKeepsTheFleetUsable) {
       if (r == 1 && which == 1)
         ep.fc2_alpha = TensorView::contiguous(short_alpha.data(), DType::kF32, {El - 1});
       const auto t0 = Clock::now();
-      errs[r] = catch_error([&] { MegaLayer bad(boot(W, r, fleet, kTimeout), cfg, w, ep); });
+      errs[r] = catch_error([&] { MegaLayer bad(cpu_boot(W, r, fleet, kTimeout), cfg, w, ep); });
       if (r == 0) rank0_ms = ms_since(t0);
       later[r] = catch_error([&] {
-        MegaLayer layer(boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
+        MegaLayer layer(cpu_boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
                         pack.epilogue_view(r * El, El));
         out[r] = run_into(layer, in[r].forward_inputs(), in[r].T);
         layer.destroy();
@@ -770,7 +763,7 @@ TEST(Config, NanScalesAreRejectedAtConstruction) {
         (cs.fc1 ? pack.w13_scale_bytes() : pack.w2_scale_bytes()) * 2 + 5;  // expert 2
     scales[at] = cs.byte;
     const Caught c = catch_error([&] {
-      MegaLayer layer(boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
+      MegaLayer layer(cpu_boot(1, 0, nullptr), cfg, pack.view(0, kE), pack.epilogue_view(0, kE));
     });
     ASSERT_TRUE(c.thrown) << "NaN scale accepted";
     EXPECT_TRUE(contains(c.what, cs.fc1 ? "w13_scale" : "w2_scale")) << c.what;
@@ -787,7 +780,7 @@ TEST(Config, NanScalesAreRejectedAtConstruction) {
   auto errs = run_fleet_collect(2, [&](int r) {
     const auto t0 = Clock::now();
     try {
-      MegaLayer layer(boot(2, r, fleet, kTimeout), cfg, pack.view(r * 2, 2),
+      MegaLayer layer(cpu_boot(2, r, fleet, kTimeout), cfg, pack.view(r * 2, 2),
                       pack.epilogue_view(r * 2, 2));
     } catch (...) {
       ms[r] = ms_since(t0);

@@ -75,11 +75,7 @@ TEST_P(Finalize, UnfinalizedWeightsAreOnesWhenFc1AppliesThem) {
   const int El = kE / p.world;
   std::vector<std::string> bad(p.world);
   run_fleet(p.world, [&](int r) {
-    Bootstrap b;
-    b.world_size = p.world;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(p.world, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * El, El), pack.epilogue_view(r * El, El));
     const RankInputs& in = calls[0][r];
     UnfinalizedOutput u = layer.forward_unfinalized(in.forward_inputs());
@@ -226,11 +222,7 @@ TEST(Workspaces, DifferentCapacitiesGiveIdenticalOutputsAndSelectionPicksSmalles
     auto check = [&](bool ok, const std::string& what) {
       if (!ok) b_.push_back(what);
     };
-    Bootstrap b;
-    b.world_size = W;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(W, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * El, El), pack.epilogue_view(r * El, El));
     const WorkspaceId ws4 = layer.create_workspace(4);
     const WorkspaceId ws12 = layer.create_workspace(12);
@@ -324,11 +316,7 @@ TEST(Epilogue, PerCallVectorsOverrideTheLayersForThatCallOnly) {
   auto fleet = make_cpu_fleet(W);
   std::vector<Bits> plain(W), over(W), plain_again(W);
   run_fleet(W, [&](int r) {
-    Bootstrap b;
-    b.world_size = W;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(W, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * El, El), pack.epilogue_view(r * El, El));
     auto run = [&](const ForwardInputs& fi) {
       Tensor t = layer.forward(fi);
@@ -365,11 +353,7 @@ TEST(NumTokens, RowsPastTheCountAreZerosAndTheRestMatchesTheShortCall) {
   auto fleet = make_cpu_fleet(W);
   std::vector<Bits> counted(W), shortened(W);
   run_fleet(W, [&](int r) {
-    Bootstrap b;
-    b.world_size = W;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(W, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * El, El), pack.epilogue_view(r * El, El));
     const int32_t n = counts[r];
     ForwardInputs fi = full[r].forward_inputs();
@@ -411,11 +395,7 @@ TEST(InputLayouts, PaddedRowsAndEmptyNullInputs) {
   std::vector<Bits> plain(W), padded(W);
   std::vector<Caught> empty_err(W);
   run_fleet(W, [&](int r) {
-    Bootstrap b;
-    b.world_size = W;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(W, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * El, El), pack.epilogue_view(r * El, El));
     const RankInputs& x = in[r];
     Tensor t = layer.forward(x.forward_inputs());
@@ -466,11 +446,7 @@ TEST(SharedFleet, TwoLayersInterleavedMatchTheirOwnFleets) {
   auto fleet = make_cpu_fleet(W);
   std::vector<std::vector<Bits>> got_a(3, std::vector<Bits>(W)), got_b(3, std::vector<Bits>(W));
   run_fleet(W, [&](int r) {
-    Bootstrap b;
-    b.world_size = W;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(W, r, fleet);
     const int ela = kE / W, elb = 2 * kE / W;
     auto la =
         std::make_unique<MegaLayer>(b, ca, pa.view(r * ela, ela), pa.epilogue_view(r * ela, ela));

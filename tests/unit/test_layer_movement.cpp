@@ -119,11 +119,7 @@ TEST_P(DataMovement, EverySlotReachesItsExpertAndComesBack) {
   auto fleet = W > 1 ? make_cpu_fleet(W) : nullptr;
   std::vector<std::vector<std::string>> problems(W);
   run_fleet(W, [&](int r) {
-    Bootstrap b;
-    b.world_size = W;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(W, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * kLocal, kLocal), pack.epilogue_view(r * kLocal, kLocal));
     auto& bad = problems[r];
     for (int c = 0; c < kCalls; ++c) {

@@ -71,11 +71,7 @@ TEST_P(RecipeVsFloat64, RelativeL2WithinTolerance) {
   auto fleet = make_cpu_fleet(W);
   std::vector<Bits> out(W);
   run_fleet(W, [&](int r) {
-    Bootstrap b;
-    b.world_size = W;
-    b.rank = r;
-    b.backend = Backend::kCPU;
-    b.cpu_fleet = fleet;
+    Bootstrap b = cpu_boot(W, r, fleet);
     MegaLayer layer(b, cfg, pack.view(r * El, El), pack.epilogue_view(r * El, El));
     out[r].assign(size_t(in[r].T) * sh.H, kPoison);
     layer.forward(in[r].forward_inputs(),
@@ -143,11 +139,7 @@ TEST(RecipeVsFloat64Tokens, Qwen3AtW4WithTokenCounts0To128) {
     auto fleet = make_cpu_fleet(W);
     std::vector<Bits> out(W);
     run_fleet(W, [&](int r) {
-      Bootstrap b;
-      b.world_size = W;
-      b.rank = r;
-      b.backend = Backend::kCPU;
-      b.cpu_fleet = fleet;
+      Bootstrap b = cpu_boot(W, r, fleet);
       MegaLayer layer(b, cfg, pack.view(r * El, El), pack.epilogue_view(r * El, El));
       out[r].assign(size_t(in[r].T) * sh.H, kPoison);
       layer.forward(in[r].forward_inputs(),
@@ -205,11 +197,7 @@ TEST(RecipeVsFloat64Packed, PackExpertWeightsOutputRunsAsTheReferenceSays) {
     auto fleet = make_cpu_fleet(W);
     std::vector<Bits> out(W);
     run_fleet(W, [&](int r) {
-      Bootstrap b;
-      b.world_size = W;
-      b.rank = r;
-      b.backend = Backend::kCPU;
-      b.cpu_fleet = fleet;
+      Bootstrap b = cpu_boot(W, r, fleet);
       // The library's own views of the pack.
       MegaLayer layer(b, cfg, pe.view(r * El, El), pe.epilogue_view(r * El, El));
       Tensor t = layer.forward(in[r].forward_inputs());
