@@ -96,6 +96,50 @@ struct Shape {
   int H, I, E, K;
 };
 
+// Random checkpoint-layout weights of `El` experts on the GPU (never zeros; valid scale bytes),
+// freed with the object. seed_base separates ranks.
+struct DeviceWeights {
+  void *w13 = nullptr, *w2 = nullptr, *s13 = nullptr, *s2 = nullptr;
+  size_t bytes_per_expert = 0;  // weights and scales of one expert
+  WeightPack pack;
+  DeviceWeights(Recipe recipe, const Shape& s, int64_t El, uint64_t seed_base, Device gpu) {
+    const RecipeTraits tr = recipe_traits(recipe);
+    const size_t E = El, H = s.H, I = s.I;
+    const size_t w13_bytes = tr.weights_4bit ? E * 2 * I * H / 2 : E * 2 * I * H * 2;
+    const size_t w2_bytes = tr.weights_4bit ? E * H * I / 2 : E * H * I * 2;
+    const size_t s13_bytes = tr.weights_4bit ? E * 2 * I * H / tr.weight_block : 0;
+    const size_t s2_bytes = tr.weights_4bit ? E * H * I / tr.weight_block : 0;
+    bytes_per_expert = (w13_bytes + w2_bytes + s13_bytes + s2_bytes) / E;
+    CK(cudaMalloc(&w13, w13_bytes));
+    CK(cudaMalloc(&w2, w2_bytes));
+    fill(w13, w13_bytes, seed_base + 1, tr.weights_4bit ? 0 : 3);
+    fill(w2, w2_bytes, seed_base + 2, tr.weights_4bit ? 0 : 3);
+    if (tr.weights_4bit) {
+      CK(cudaMalloc(&s13, s13_bytes));
+      CK(cudaMalloc(&s2, s2_bytes));
+      fill(s13, s13_bytes, seed_base + 3, tr.e4m3_scales ? 1 : 2);
+      fill(s2, s2_bytes, seed_base + 4, tr.e4m3_scales ? 1 : 2);
+      pack.w13 = TensorView::contiguous(w13, DType::kU8, {El, 2 * s.I, s.H / 2}, gpu);
+      pack.w2 = TensorView::contiguous(w2, DType::kU8, {El, s.H, s.I / 2}, gpu);
+      pack.w13_scale =
+          TensorView::contiguous(s13, DType::kU8, {El, 2 * s.I, s.H / tr.weight_block}, gpu);
+      pack.w2_scale = TensorView::contiguous(s2, DType::kU8, {El, s.H, s.I / tr.weight_block}, gpu);
+    } else {
+      pack.w13 = TensorView::contiguous(w13, DType::kBF16, {El, 2 * s.I, s.H}, gpu);
+      pack.w2 = TensorView::contiguous(w2, DType::kBF16, {El, s.H, s.I}, gpu);
+    }
+    CK(cudaDeviceSynchronize());
+  }
+  ~DeviceWeights() {
+    cudaFree(w13);
+    cudaFree(w2);
+    cudaFree(s13);
+    cudaFree(s2);
+  }
+  DeviceWeights(const DeviceWeights&) = delete;
+  DeviceWeights& operator=(const DeviceWeights&) = delete;
+};
+
 std::vector<int> parse_ints(const std::string& s) {
   std::vector<int> v;
   std::stringstream ss(s);
@@ -183,34 +227,8 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
   for (size_t ri = 0; ri < rn.size(); ++ri) {
     const Recipe recipe = *parse_recipe(rn[ri]);
     const RecipeTraits tr = recipe_traits(recipe);
-    const size_t E = El, H = s.H, I = s.I;
-    const size_t w13_bytes = tr.weights_4bit ? E * 2 * I * H / 2 : E * 2 * I * H * 2;
-    const size_t w2_bytes = tr.weights_4bit ? E * H * I / 2 : E * H * I * 2;
-    const size_t s13_bytes = tr.weights_4bit ? E * 2 * I * H / tr.weight_block : 0;
-    const size_t s2_bytes = tr.weights_4bit ? E * H * I / tr.weight_block : 0;
-    void *w13 = nullptr, *w2 = nullptr, *s13 = nullptr, *s2 = nullptr;
-    CK(cudaMalloc(&w13, w13_bytes));
-    CK(cudaMalloc(&w2, w2_bytes));
-    fill(w13, w13_bytes, 1 + rank * 10, tr.weights_4bit ? 0 : 3);
-    fill(w2, w2_bytes, 2 + rank * 10, tr.weights_4bit ? 0 : 3);
-    if (tr.weights_4bit) {
-      CK(cudaMalloc(&s13, s13_bytes));
-      CK(cudaMalloc(&s2, s2_bytes));
-      fill(s13, s13_bytes, 3 + rank * 10, tr.e4m3_scales ? 1 : 2);
-      fill(s2, s2_bytes, 4 + rank * 10, tr.e4m3_scales ? 1 : 2);
-    }
-    CK(cudaDeviceSynchronize());
-    WeightPack wp;
-    if (tr.weights_4bit) {
-      wp.w13 = TensorView::contiguous(w13, DType::kU8, {El, 2 * s.I, s.H / 2}, gpu);
-      wp.w2 = TensorView::contiguous(w2, DType::kU8, {El, s.H, s.I / 2}, gpu);
-      wp.w13_scale =
-          TensorView::contiguous(s13, DType::kU8, {El, 2 * s.I, s.H / tr.weight_block}, gpu);
-      wp.w2_scale = TensorView::contiguous(s2, DType::kU8, {El, s.H, s.I / tr.weight_block}, gpu);
-    } else {
-      wp.w13 = TensorView::contiguous(w13, DType::kBF16, {El, 2 * s.I, s.H}, gpu);
-      wp.w2 = TensorView::contiguous(w2, DType::kBF16, {El, s.H, s.I}, gpu);
-    }
+    const DeviceWeights dw(recipe, s, El, uint64_t(rank) * 10, gpu);
+    const WeightPack& wp = dw.pack;
     LayerConfig cfg;
     cfg.fleet.num_experts = s.E;
     cfg.fleet.max_tokens_per_rank = 1;  // each token count gets its own workspace below
@@ -225,11 +243,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
     boot.rank = rank;
     boot.nccl_unique_id = uid;
     auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
-    cudaFree(w13);
-    cudaFree(w2);
-    cudaFree(s13);
-    cudaFree(s2);
-    const size_t expert_bytes = (w13_bytes + w2_bytes + s13_bytes + s2_bytes) / E;
+    const size_t expert_bytes = dw.bytes_per_expert;
     for (int T : tokens) {
       const WorkspaceId ws = layer->create_workspace(std::max(1, T));
       layer->warmup(ws);
@@ -469,36 +483,9 @@ int main(int argc, char** argv) {
     }
     const RecipeTraits tr = recipe_traits(*recipe);
     // Checkpoint-layout weights on the GPU.
-    const size_t E = s.E, H = s.H, I = s.I;
-    const size_t w13_bytes = tr.weights_4bit ? E * 2 * I * H / 2 : E * 2 * I * H * 2;
-    const size_t w2_bytes = tr.weights_4bit ? E * H * I / 2 : E * H * I * 2;
-    const size_t s13_bytes = tr.weights_4bit ? E * 2 * I * H / tr.weight_block : 0;
-    const size_t s2_bytes = tr.weights_4bit ? E * H * I / tr.weight_block : 0;
-    void *w13 = nullptr, *w2 = nullptr, *s13 = nullptr, *s2 = nullptr;
-    CK(cudaMalloc(&w13, w13_bytes));
-    CK(cudaMalloc(&w2, w2_bytes));
-    fill(w13, w13_bytes, 1, tr.weights_4bit ? 0 : 3);
-    fill(w2, w2_bytes, 2, tr.weights_4bit ? 0 : 3);
-    if (tr.weights_4bit) {
-      CK(cudaMalloc(&s13, s13_bytes));
-      CK(cudaMalloc(&s2, s2_bytes));
-      fill(s13, s13_bytes, 3, tr.e4m3_scales ? 1 : 2);
-      fill(s2, s2_bytes, 4, tr.e4m3_scales ? 1 : 2);
-    }
-    CK(cudaDeviceSynchronize());
     const Device gpu{DeviceKind::kCUDA, dev};
-    WeightPack wp;
-    const int64_t El = s.E;
-    if (tr.weights_4bit) {
-      wp.w13 = TensorView::contiguous(w13, DType::kU8, {El, 2 * s.I, s.H / 2}, gpu);
-      wp.w2 = TensorView::contiguous(w2, DType::kU8, {El, s.H, s.I / 2}, gpu);
-      wp.w13_scale =
-          TensorView::contiguous(s13, DType::kU8, {El, 2 * s.I, s.H / tr.weight_block}, gpu);
-      wp.w2_scale = TensorView::contiguous(s2, DType::kU8, {El, s.H, s.I / tr.weight_block}, gpu);
-    } else {
-      wp.w13 = TensorView::contiguous(w13, DType::kBF16, {El, 2 * s.I, s.H}, gpu);
-      wp.w2 = TensorView::contiguous(w2, DType::kBF16, {El, s.H, s.I}, gpu);
-    }
+    const DeviceWeights dw(*recipe, s, s.E, 0, gpu);
+    const WeightPack& wp = dw.pack;
     LayerConfig cfg;
     cfg.fleet.num_experts = s.E;
     cfg.fleet.max_tokens_per_rank = cap;
@@ -510,12 +497,8 @@ int main(int argc, char** argv) {
     boot.backend = Backend::kCUDA;
     boot.device = dev;
     auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
-    cudaFree(w13);
-    cudaFree(w2);
-    cudaFree(s13);
-    cudaFree(s2);
     layer->warmup();
-    const size_t expert_bytes = (w13_bytes + w2_bytes + s13_bytes + s2_bytes) / E;
+    const size_t expert_bytes = dw.bytes_per_expert;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
