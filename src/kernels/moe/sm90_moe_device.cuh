@@ -130,6 +130,127 @@ struct GemmConfig {
   static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
 };
 
+// The epilogue of both grouped GEMMs (mma.sync here, wgmma in sm90_moe_wgmma.cuh): acc[f][nf][i]
+// is fragment 2*warp+f's mma.sync m16n8 accumulator for n-fragment nf, i.e. weight row
+// (2*warp+f)*16 + g + (i>>1)*8 of the M-tile and token column nf*8 + 2*t4 + (i&1). The pipeline
+// smem is free when it runs (every thread synchronized after the last MMA).
+template <Recipe R, int kN, bool kFc1>
+__device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
+                                              const float (&acc)[2][kN / 8][4], unsigned char* smem,
+                                              const int* pair_of, const float* tw_of) {
+  using RT = RecipeKernelTraits<R>;
+  constexpr int kNF = kN / 8;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int e = tile.expert;
+  if constexpr (kFc1) {
+    // h tile [kN][64 (+4)] fp32: column n = token slot, row = h index within this M-tile.
+    float* hs = reinterpret_cast<float*>(smem);
+    constexpr int kHS = kFc1TileH + 4;
+    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        const int row = warp * 16 + g + (i >> 1) * 8;
+        float gv = acc[0][nf][i] * RT::kAccScale, uv = acc[1][nf][i] * RT::kAccScale;
+        if constexpr (R == Recipe::kNvfp4) {
+          gv = fmt::mul_rn(alpha, gv);
+          uv = fmt::mul_rn(alpha, uv);
+        } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+          gv = fmt::round_to_bf16(gv);
+          uv = fmt::round_to_bf16(uv);
+        }
+        float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
+        if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+        hs[col * kHS + row] = hv;
+      }
+    __syncthreads();
+    uint16_t* hdst = a.h + size_t(tile.start) * a.I + mtile * kFc1TileH;
+    if constexpr (R == Recipe::kNvfp4) {
+      const float nc = a.fc1_norm_const[e];
+      for (int it = tid; it < kN * 4; it += kThreads) {
+        const int col = it >> 2, blk = it & 3;
+        if (col >= tile.rows) continue;
+        const float* v = hs + col * kHS + blk * 16;
+        uint8_t packed[8];
+        const uint8_t sb = fmt::quantize_block_nvfp4(v, nc, packed);
+        const float s = fmt::e4m3_to_float(sb);
+        uint32_t o[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
+          const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
+          o[i] = lo | (hi << 16);
+        }
+        uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 16);
+        d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+      }
+    } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+      for (int it = tid; it < kN * 2; it += kThreads) {
+        const int col = it >> 1, blk = it & 1;
+        if (col >= tile.rows) continue;
+        const float* v = hs + col * kHS + blk * 32;
+        uint8_t q[32];
+        const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
+        const float s = fmt::ue8m0_to_float(sb);
+        uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 32);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t o[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
+            const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
+            o[i] = lo | (hi << 16);
+          }
+          d[j] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+      }
+    } else {
+      for (int it = tid; it < kN * 8; it += kThreads) {
+        const int col = it >> 3, p = it & 7;
+        if (col >= tile.rows) continue;
+        const float* v = hs + col * kHS + p * 8;
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          o[i] = uint32_t(fmt::float_to_bf16(v[2 * i])) |
+                 (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
+        *reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + p * 8) =
+            make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  } else {
+    // y tile [kN][128 (+8)] bf16, then 16-byte row stores to y_rows[t*K+k].
+    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
+    constexpr int kYS = kTileRows + 8;
+    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
+#pragma unroll
+    for (int f = 0; f < 2; ++f)
+#pragma unroll
+      for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = nf * 8 + 2 * t4 + (i & 1);
+          const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
+          float v = acc[f][nf][i] * RT::kAccScale;
+          if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
+          ys[col * kYS + row] = fmt::float_to_bf16(v);
+        }
+    __syncthreads();
+    const int row0 = mtile * kTileRows;
+    for (int it = tid; it < kN * 16; it += kThreads) {
+      const int col = it >> 4, p = it & 15;
+      if (col >= tile.rows || row0 + p * 8 >= a.H) continue;
+      *reinterpret_cast<uint4*>(a.y_rows + size_t(pair_of[col]) * a.H + row0 + p * 8) =
+          *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
+    }
+  }
+}
+
 template <Recipe R, int kN, bool kFc1>
 __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardArgs a) {
   using C = GemmConfig<R, kN>;
@@ -146,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   const TileInfo tile = a.tiles[tile_idx];
   const int mtile = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t4 = lane & 3;
+  const int g = lane >> 2;
 
   const int K_dim = kFc1 ? a.H : a.I;
   const int chunks = K_dim / kKChunk;
@@ -315,113 +436,7 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
 
-  const int e = tile.expert;
-  if constexpr (kFc1) {
-    // h tile [kN][64 (+4)] fp32: column n = token slot, row = h index within this M-tile.
-    float* hs = reinterpret_cast<float*>(smem);
-    constexpr int kHS = kFc1TileH + 4;
-    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        const int row = warp * 16 + g + (i >> 1) * 8;
-        float gv = acc[0][nf][i] * RT::kAccScale, uv = acc[1][nf][i] * RT::kAccScale;
-        if constexpr (R == Recipe::kNvfp4) {
-          gv = fmt::mul_rn(alpha, gv);
-          uv = fmt::mul_rn(alpha, uv);
-        } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-          gv = fmt::round_to_bf16(gv);
-          uv = fmt::round_to_bf16(uv);
-        }
-        float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
-        if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
-        hs[col * kHS + row] = hv;
-      }
-    __syncthreads();
-    uint16_t* hdst = a.h + size_t(tile.start) * a.I + mtile * kFc1TileH;
-    if constexpr (R == Recipe::kNvfp4) {
-      const float nc = a.fc1_norm_const[e];
-      for (int it = tid; it < kN * 4; it += kThreads) {
-        const int col = it >> 2, blk = it & 3;
-        if (col >= tile.rows) continue;
-        const float* v = hs + col * kHS + blk * 16;
-        uint8_t packed[8];
-        const uint8_t sb = fmt::quantize_block_nvfp4(v, nc, packed);
-        const float s = fmt::e4m3_to_float(sb);
-        uint32_t o[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
-          const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
-          o[i] = lo | (hi << 16);
-        }
-        uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 16);
-        d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-        d[1] = make_uint4(o[4], o[5], o[6], o[7]);
-      }
-    } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-      for (int it = tid; it < kN * 2; it += kThreads) {
-        const int col = it >> 1, blk = it & 1;
-        if (col >= tile.rows) continue;
-        const float* v = hs + col * kHS + blk * 32;
-        uint8_t q[32];
-        const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
-        const float s = fmt::ue8m0_to_float(sb);
-        uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 32);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t o[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
-            const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
-            o[i] = lo | (hi << 16);
-          }
-          d[j] = make_uint4(o[0], o[1], o[2], o[3]);
-        }
-      }
-    } else {
-      for (int it = tid; it < kN * 8; it += kThreads) {
-        const int col = it >> 3, p = it & 7;
-        if (col >= tile.rows) continue;
-        const float* v = hs + col * kHS + p * 8;
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          o[i] = uint32_t(fmt::float_to_bf16(v[2 * i])) |
-                 (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
-        *reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + p * 8) =
-            make_uint4(o[0], o[1], o[2], o[3]);
-      }
-    }
-  } else {
-    // y tile [kN][128 (+8)] bf16, then 16-byte row stores to y_rows[t*K+k].
-    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
-    constexpr int kYS = kTileRows + 8;
-    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
-#pragma unroll
-    for (int f = 0; f < 2; ++f)
-#pragma unroll
-      for (int nf = 0; nf < kNF; ++nf)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = nf * 8 + 2 * t4 + (i & 1);
-          const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
-          float v = acc[f][nf][i] * RT::kAccScale;
-          if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
-          ys[col * kYS + row] = fmt::float_to_bf16(v);
-        }
-    __syncthreads();
-    const int row0 = mtile * kTileRows;
-    for (int it = tid; it < kN * 16; it += kThreads) {
-      const int col = it >> 4, p = it & 15;
-      if (col >= tile.rows || row0 + p * 8 >= a.H) continue;
-      *reinterpret_cast<uint4*>(a.y_rows + size_t(pair_of[col]) * a.H + row0 + p * 8) =
-          *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
-    }
-  }
+  gemm_epilogue<R, kN, kFc1>(a, tile, mtile, acc, smem, pair_of, tw_of);
 }
 
 }  // namespace moe_ep::kern
