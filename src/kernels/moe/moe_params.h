@@ -68,11 +68,12 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
   return s;
 }
 
-// Tokens per routing tile: 16 while experts see few rows (decode: a weight stream), 64 when
-// they see many (prefill: more MMA work per weight byte).
+// Tokens per routing tile: 16 while experts see few rows (decode: a weight stream, mma.sync
+// kernel), 128 when they see many (prefill: the wgmma kernel, which sizes its N to each tile's
+// rows in steps of 32, so a 128-row tile costs no MMA work for the rows it lacks).
 inline int choose_tile_n(int tokens, int top_k, int local_experts) {
   const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
-  return mean_rows <= 24.0 ? 16 : 64;
+  return mean_rows <= 24.0 ? 16 : 128;
 }
 
 // Upper bound of the number of routing tiles (what the grids are sized for).

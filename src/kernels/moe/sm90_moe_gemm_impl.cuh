@@ -4,6 +4,7 @@
 
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/sm90_moe_device.cuh"
+#include "kernels/moe/sm90_moe_wgmma.cuh"
 
 namespace moe_ep::kern {
 
@@ -17,6 +18,17 @@ cudaError_t launch_gemm(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+// Prefill tiles (tile_n 128): one CTA per (tile, M-tile) in a 1-D grid, M-tile fastest.
+template <Recipe R, bool kFc1>
+cudaError_t launch_wgmma(const ForwardArgs& a, cudaStream_t s) {
+  const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWgN);
+  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
+  if (tiles == 0) return cudaSuccess;
+  sm90_moe_wgmma_kernel<R, kFc1>
+      <<<unsigned(tiles) * unsigned(mtiles), kThreads, WgmmaConfig<R>::kSmemBytes, s>>>(a);
+  return cudaGetLastError();
+}
+
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
   cudaError_t err;
@@ -25,9 +37,9 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
     if (ev) cudaEventRecord(ev[0], s);
     return launch_gemm<R, 16, false>(a, s);
   }
-  if ((err = launch_gemm<R, 64, true>(a, s)) != cudaSuccess) return err;
+  if ((err = launch_wgmma<R, true>(a, s)) != cudaSuccess) return err;
   if (ev) cudaEventRecord(ev[0], s);
-  return launch_gemm<R, 64, false>(a, s);
+  return launch_wgmma<R, false>(a, s);
 }
 
 template <Recipe R, int kN, bool kFc1>
@@ -42,8 +54,13 @@ cudaError_t set_gemm_attributes() {
   cudaError_t err;
   if ((err = set_attr<R, 16, true>()) != cudaSuccess) return err;
   if ((err = set_attr<R, 16, false>()) != cudaSuccess) return err;
-  if ((err = set_attr<R, 64, true>()) != cudaSuccess) return err;
-  return set_attr<R, 64, false>();
+  if ((err = cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, true>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  WgmmaConfig<R>::kSmemBytes)) != cudaSuccess)
+    return err;
+  return cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, false>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              WgmmaConfig<R>::kSmemBytes);
 }
 
 }  // namespace moe_ep::kern

@@ -1,4 +1,4 @@
-// Grouped GEMMs (fc1, fc2; tile_n 16 and 64) of the mxfp4_bf16 recipe.
+// Grouped GEMMs (fc1, fc2; tile_n 16 mma.sync and 128 wgmma) of the mxfp4_bf16 recipe.
 #include "kernels/moe/sm90_moe_gemm_impl.cuh"
 
 namespace moe_ep::kern {
