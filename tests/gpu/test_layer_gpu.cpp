@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe/moe_params.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
 #include "moe_ep/weight_prep.h"
@@ -439,7 +440,22 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
         const std::vector<uint16_t> e = to_host_bf16(eager.view());
         std::copy(e.begin(), e.end(), want.begin());
       }
-      ASSERT_TRUE(got == want) << "graph replay differs from the eager forward";
+      // Same kernel (tile_n) in both: bitwise. The capture (T = 128) runs the wgmma kernel; an
+      // eager forward of n = 1 picks the mma.sync decode kernel (tile_n 16). Their fp32
+      // accumulations are both per k16 step, but PTX does not promise the two instructions round
+      // a k16 sum the same way, so across kernels the bound is a tight rel L2 (the bitwise
+      // outcome is printed: docs/gpu_kernels.md records what the H200 gives).
+      const bool same_kernel = kern::choose_tile_n(n, s.K, s.E) == kern::choose_tile_n(T, s.K, s.E);
+      if (same_kernel || n == 0) {
+        ASSERT_TRUE(got == want) << "graph replay differs from the eager forward";
+      } else {
+        std::string why;
+        const double err = rel_l2(got, want, &why);
+        std::printf(
+            "[ kernels ] %s n=%d: wgmma (graph) vs mma.sync (eager) bitwise %s, rel_l2 %.3e\n",
+            recipe_name(r), n, got == want ? "equal" : "different", err);
+        ASSERT_LE(err, 1e-3) << why;
+      }
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -533,21 +549,24 @@ TEST(GpuLayer, SmallForSanitizer) {
   const Shape s{"small", 256, 128, 8, 2};
   Master m(s, 23);
   for (Recipe r : kRecipes) {
-    SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
-    auto cpu = make_layer(Backend::kCPU, make_config(s, r, 8, true, Options{}), p);
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 8, true, Options{}), p);
-    auto unf = make_layer(Backend::kCUDA, make_config(s, r, 8, false, Options{}), p);
-    HostInputs h = make_inputs(5, s.H, s.K, s.E, 8);
-    DeviceInputs d(h);
-    const Tensor ref_t = cpu->forward(host_view(h));
-    std::vector<uint16_t> ref(size_t(h.T) * s.H);
-    std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
-    const std::vector<uint16_t> got = to_host_bf16(gpu->forward(device_view(d, h)).view());
-    std::string why;
-    EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;
-    const UnfinalizedOutput u = unf->forward_unfinalized(device_view(d, h));
-    EXPECT_EQ(to_host_bf16(u.rows.view()).size(), size_t(h.T) * s.K * s.H);
+    auto cpu = make_layer(Backend::kCPU, make_config(s, r, 128, true, Options{}), p);
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 128, true, Options{}), p);
+    auto unf = make_layer(Backend::kCUDA, make_config(s, r, 128, false, Options{}), p);
+    // T = 5: the decode kernel (tile_n 16); T = 120: 30 rows per expert, the wgmma kernel.
+    for (int T : {5, 120}) {
+      SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T));
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
+      DeviceInputs d(h);
+      const Tensor ref_t = cpu->forward(host_view(h));
+      std::vector<uint16_t> ref(size_t(h.T) * s.H);
+      std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
+      const std::vector<uint16_t> got = to_host_bf16(gpu->forward(device_view(d, h)).view());
+      std::string why;
+      EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;
+      const UnfinalizedOutput u = unf->forward_unfinalized(device_view(d, h));
+      EXPECT_EQ(to_host_bf16(u.rows.view()).size(), size_t(h.T) * s.K * s.H);
+    }
   }
 }
 
