@@ -444,12 +444,24 @@ int main(int argc, char** argv) {
       experts = std::stoi(next());
     else if (a == "--routing")
       routing = next();
+    else {
+      std::fprintf(stderr,
+                   "bench_layer: unknown option '%s' (--json --shape --recipes --tokens --iters "
+                   "--ep --experts --routing)\n",
+                   a.c_str());
+      return 2;
+    }
   }
   const std::vector<Shape> shapes = {
       {"dsv3", 7168, 2048, 256, 8}, {"qwen3", 2048, 768, 128, 8}, {"gpt-oss", 2880, 2880, 128, 4}};
-  Shape s = shapes[0];
-  for (const auto& c : shapes)
-    if (c.name == shape_name) s = c;
+  auto it = std::find_if(shapes.begin(), shapes.end(),
+                         [&](const Shape& c) { return c.name == shape_name; });
+  if (it == shapes.end()) {
+    std::fprintf(stderr, "bench_layer: unknown --shape '%s' (dsv3, qwen3, gpt-oss)\n",
+                 shape_name.c_str());
+    return 2;
+  }
+  Shape s = *it;
   if (experts > 0) s.E = experts;
   if (ep > 1) {
     // The parent never touches CUDA: the ranks are forked from it.
