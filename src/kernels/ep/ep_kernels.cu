@@ -12,7 +12,7 @@ namespace ep {
 namespace {
 
 constexpr int kMaxWarps = 32;
-constexpr int kCountUnroll = 8;  // int4 words of ids in flight per thread in the count pass
+constexpr int kCountUnroll = 4;  // int4 words of ids in flight per thread in the count pass
 constexpr int kPiece16 = 256;    // 16-byte words of one warp batch (32 lanes x 8): 4 KB
 
 __device__ __forceinline__ int clamp_tokens(int bound, const int32_t* dev_count, int capacity) {
@@ -44,11 +44,11 @@ __device__ __forceinline__ uint64_t owner_mask(const int32_t* ids, int top_k, co
   return m;
 }
 
-// One warp copies `n16` 16-byte words; up to eight loads per lane are in flight before their
+// One warp copies `n16` 16-byte words; up to kUnroll loads per lane are in flight before their
 // stores, so the remote (NVLink) stores leave in bursts.
+template <int kUnroll = 8>
 __device__ __forceinline__ void warp_copy16(int4* __restrict__ dst, const int4* __restrict__ src,
                                             int n16, int lane) {
-  constexpr int kUnroll = 8;
   for (int c0 = 0; c0 < n16; c0 += 32 * kUnroll) {
     int4 v[kUnroll];
 #pragma unroll
@@ -114,16 +114,30 @@ __device__ __forceinline__ void count_tokens_before(const int32_t* ids, int top_
   }
 }
 
+// cp.async: 16 bytes global -> shared without passing through registers (lands while the block
+// does other work; cp_async_wait_all before reading).
+__device__ __forceinline__ void cp_async16(int4* smem, const int4* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------------------------
-// dispatch. Block b handles tokens [b*chunk, (b+1)*chunk). A token's row at owner o is the
-// number of this source's tokens before it with a slot on o: each block counts the tokens before
-// its chunk (one round of vector loads), then scans its chunk tile by tile (warp ballots + a
-// prefix over warps).
+// dispatch. Block b handles tokens [b*chunk, (b+1)*chunk), one token per warp per tile of
+// `nwarps` tokens. A token's row at owner o is the number of this source's tokens before it with
+// a slot on o: the block counts the tokens before its chunk (one round of vector loads), then
+// takes a prefix over the tile's warps. The first 4 KB of each warp's token row is prefetched
+// into shared memory (cp.async) before the count, so it lands meanwhile; the row is read once and
+// stored to every owner rank of the token (itself included).
 __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParams p) {
-  extern __shared__ int2 s_jobs[];  // (token, row << 8 | owner) of the current tile
+  extern __shared__ int4 s_rows[];  // [nwarps][head16]: the head of each warp's current row
   __shared__ int s_base[kEpMaxRanks];
-  __shared__ int s_warp[kMaxWarps][kEpMaxRanks];
-  __shared__ int s_njobs;
+  __shared__ uint64_t s_mask[kMaxWarps];
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
   const WorkspaceLayout& L = tp.layout;
@@ -137,6 +151,15 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   const int T = clamp_tokens(p.num_tokens, p.num_tokens_dev, L.capacity);
   const int chunk = (T + gridDim.x - 1) / gridDim.x;
   const int start = min(T, int(blockIdx.x) * chunk), end = min(T, start + chunk);
+  const int n16 = L.act_row_bytes / 16, head16 = min(n16, kPiece16);
+  const int meta16 = L.meta_row_bytes / 16;
+  int4* head = s_rows + size_t(warp) * head16;
+  auto prefetch = [&](int tok) {
+    const int4* src = reinterpret_cast<const int4*>(p.act + size_t(tok) * p.act_stride);
+    for (int c = lane; c < head16; c += 32) cp_async16(head + c, src + c);
+    cp_async_commit();
+  };
+  if (start + warp < end) prefetch(start + warp);
 
   // 1. Rows each owner already gets from tokens before this chunk (block 0: over all tokens,
   //    which are the counts it publishes).
@@ -153,67 +176,79 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   }
   __syncthreads();
 
-  // 2. The chunk, one token per thread per tile.
-  const unsigned lt_mask = (1u << lane) - 1u;
-  for (int tile = start; tile < end; tile += nthreads) {
-    const int t = tile + tid;
-    const uint64_t m = t < end ? owner_mask(p.topk_ids, K, own, t) : 0;
-    for (int o = 0; o < W; ++o) {
-      const unsigned b = __ballot_sync(~0u, (m >> o) & 1);
-      if (lane == 0) s_warp[warp][o] = __popc(b);
-    }
-    if (tid == 0) s_njobs = 0;
-    __syncthreads();
-    for (int o = tid; o < W; o += nthreads) {  // exclusive prefix over warps, per owner
-      int acc = s_base[o];
-      for (int w = 0; w < nwarps; ++w) {
-        const int c = s_warp[w][o];
-        s_warp[w][o] = acc;
-        acc += c;
-      }
-      s_base[o] = acc;
-    }
-    __syncthreads();
-    for (int o = 0; o < W; ++o) {
-      const unsigned b = __ballot_sync(~0u, (m >> o) & 1);
-      if ((m >> o) & 1) {
-        const int row = s_warp[warp][o] + __popc(b & lt_mask);
-        s_jobs[atomicAdd(&s_njobs, 1)] = make_int2(t, (row << 8) | o);
-      }
-    }
-    __syncthreads();
-    const int njobs = s_njobs;
-    const int n16 = L.act_row_bytes / 16;
-    const int meta16 = L.meta_row_bytes / 16;
-    for (int j = warp; j < njobs; j += nwarps) {
-      const int2 job = s_jobs[j];
-      const int tok = job.x, o = job.y & 255, row = job.y >> 8;
-      uint8_t* dst_base = tp.peer_base[o];
-      // Metadata row (word 0 token, 1..K ids, K+1..2K weights, then zeros), loaded before the
-      // row's stores so both latencies overlap.
-      int4 meta_v = make_int4(0, 0, 0, 0);
-      if (lane < meta16) {
-        uint32_t v[4];
+  // 2. The chunk, one token per warp per tile.
+  for (int tile = start; tile < end; tile += nwarps) {
+    const int t = tile + warp;
+    const bool valid = t < end;
+    // Metadata row (word 0 token, 1..K ids, K+1..2K weights, then zeros) in lanes < meta16; the
+    // owner mask is the OR of every lane's ids.
+    int4 meta_v = make_int4(0, 0, 0, 0);
+    uint64_t part = 0;
+    if (valid && lane < meta16) {
+      uint32_t v[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int word = 4 * lane + q;
-          uint32_t x = 0;
-          if (word == 0)
-            x = uint32_t(tok);
-          else if (word <= K)
-            x = uint32_t(__ldg(p.topk_ids + size_t(tok) * K + (word - 1)));
-          else if (word <= 2 * K)
-            x = __float_as_uint(__ldg(p.topk_weights + size_t(tok) * K + (word - 1 - K)));
-          v[q] = x;
+      for (int q = 0; q < 4; ++q) {
+        const int word = 4 * lane + q;
+        uint32_t x = 0;
+        if (word == 0) {
+          x = uint32_t(t);
+        } else if (word <= K) {
+          const int id = __ldg(p.topk_ids + size_t(t) * K + (word - 1));
+          part |= own.bit(id);
+          x = uint32_t(id);
+        } else if (word <= 2 * K) {
+          x = __float_as_uint(__ldg(p.topk_weights + size_t(t) * K + (word - 1 - K)));
         }
-        meta_v = make_int4(int(v[0]), int(v[1]), int(v[2]), int(v[3]));
+        v[q] = x;
       }
-      warp_copy16(reinterpret_cast<int4*>(dst_base + L.recv_act(tp.rank, row)),
-                  reinterpret_cast<const int4*>(p.act + size_t(tok) * p.act_stride), n16, lane);
+      meta_v = make_int4(int(v[0]), int(v[1]), int(v[2]), int(v[3]));
+    }
+    const uint64_t mask = uint64_t(__reduce_or_sync(~0u, uint32_t(part))) |
+                          uint64_t(__reduce_or_sync(~0u, uint32_t(part >> 32))) << 32;
+    if (lane == 0) s_mask[warp] = mask;
+    __syncthreads();
+    cp_async_wait_all();
+    __syncwarp();
+    for (uint64_t m = mask; m != 0; m &= m - 1) {
+      const int o = __ffsll(static_cast<long long>(m)) - 1;
+      // Row: tokens of this chunk before ours (earlier warps of the tile) with a slot on o.
+      const unsigned before = __ballot_sync(~0u, lane < warp && ((s_mask[lane] >> o) & 1));
+      const int row = s_base[o] + __popc(before);
+      uint8_t* dst_base = tp.peer_base[o];
+      int4* dst = reinterpret_cast<int4*>(dst_base + L.recv_act(tp.rank, row));
+      // From shared memory (short latency): four words per lane per round keep us in 64 registers.
+      for (int c0 = 0; c0 < head16; c0 += 128) {
+        int4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (c0 + u * 32 + lane < head16) v[u] = head[c0 + u * 32 + lane];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (c0 + u * 32 + lane < head16) dst[c0 + u * 32 + lane] = v[u];
+      }
       if (lane < meta16)
         reinterpret_cast<int4*>(dst_base + L.recv_meta(tp.rank, row))[lane] = meta_v;
     }
-    __syncthreads();  // s_jobs / s_warp are reused by the next tile
+    // Rows longer than 4 KB (mxfp8, bf16 rows): the rest, per owner (a second owner's read of
+    // the same bytes hits L2).
+    if (n16 > head16) {
+      const int4* src = reinterpret_cast<const int4*>(p.act + size_t(t) * p.act_stride);
+      for (uint64_t m = mask; m != 0; m &= m - 1) {
+        const int o = __ffsll(static_cast<long long>(m)) - 1;
+        const unsigned before = __ballot_sync(~0u, lane < warp && ((s_mask[lane] >> o) & 1));
+        int4* dst = reinterpret_cast<int4*>(tp.peer_base[o] +
+                                            L.recv_act(tp.rank, s_base[o] + __popc(before)));
+        warp_copy16<4>(dst + head16, src + head16, n16 - head16, lane);  // 64 registers
+      }
+    }
+    __syncthreads();  // every warp read s_mask / s_base of this tile
+    for (int o = tid; o < W; o += nthreads) {
+      int c = 0;
+      for (int w = 0; w < nwarps; ++w) c += int((s_mask[w] >> o) & 1);
+      s_base[o] += c;
+    }
+    if (t + nwarps < end) prefetch(t + nwarps);  // this warp is done with its head buffer
+    __syncthreads();
   }
 
   // 3. The last block to finish publishes epoch 2n-1 to every owner (release after all rows),
@@ -398,8 +433,9 @@ cudaError_t launch_ep_dispatch(const EpDispatchParams& p, cudaStream_t stream) {
       p.act_stride % 16 != 0 || p.num_local_experts < 1 || p.num_tokens < 0)
     return cudaErrorInvalidValue;
   const int blocks = p.num_blocks > 0 ? p.num_blocks : ep_default_blocks(sm_count());
-  const size_t smem =
-      size_t(p.num_threads) * std::min(p.tp.layout.top_k, p.tp.world_size) * sizeof(int2);
+  // One row head (up to 4 KB) per warp.
+  const size_t smem = size_t(p.num_threads / 32) *
+                      std::min(p.tp.layout.act_row_bytes / 16, ep::kPiece16) * sizeof(int4);
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(ep::ep_dispatch_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
