@@ -6,7 +6,7 @@
 // One forward on every rank, in stream order (all ranks, also with T = 0):
 //   launch_ep_dispatch -> launch_ep_wait(kDispatch) -> expert compute (reads recv_* of the local
 //   window, writes y) -> launch_ep_combine -> launch_ep_wait(kCombine) -> finalize (reads the
-//   local combine area).
+//   local combine area). With fused_wait set, dispatch / combine do their wait themselves.
 #pragma once
 
 #include <cuda_runtime.h>
