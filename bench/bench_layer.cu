@@ -642,7 +642,10 @@ int main(int argc, char** argv) {
         const double bytes = double(n_touched) * expert_bytes;
         const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
         const double tflops = 2.0 * 3.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
-        const int tile_n = kern::choose_tile_n(T, s.K, s.E);
+        int tile_n = kern::choose_tile_n(T, s.K, s.E);
+        if (const char* tn = std::getenv("MOE_EP_TILE_N"); tn && tile_n <= 16)
+          tile_n = std::atoi(tn);  // the benchmark knob of launch_forward
+        if (*recipe == Recipe::kBf16 && tile_n < 16) tile_n = 16;  // launch_forward's rule
         std::printf(
             "%-8s %-12s %6d %-7s %10.1f %10.1f %10.1f %8.3f %8.3f %8.3f  %.1f/%.1f/%.1f/%.1f\n",
             s.name.c_str(), rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes / 1e9,

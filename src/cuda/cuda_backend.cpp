@@ -194,7 +194,8 @@ class CudaBackend final : public LayerBackend {
     ws->pairs_off = off;
     off = al(off + rows * 4);
     ws->tiles_off = off;
-    off = al(off + size_t(kern::max_tiles(int(rows), El_, 16)) * sizeof(kern::TileInfo));
+    off =
+        al(off + size_t(kern::max_tiles(int(rows), El_, kern::kMinTileN)) * sizeof(kern::TileInfo));
     ws->num_tiles_off = off;
     off = al(off + 4);
     ws->counts_off = off;
