@@ -199,6 +199,7 @@ struct EpCase {
   int recipe_index, tokens;
   double median_us, min_us, max_us, weight_bytes;
   int64_t pairs;
+  double stage_us[debug::kEpStageEvents - 1];  // graph replays with captured stage events
 };
 struct EpShared {
   SharedUniqueId uid;
@@ -319,6 +320,40 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         c.weight_bytes = double(n_touched) * expert_bytes;
         c.pairs = pairs;
       }
+      // Per-stage times inside a replayed CUDA graph: the stage events are captured as event
+      // nodes of a third graph (same kernels as the timed ones).
+      cudaEvent_t sev[debug::kEpStageEvents];
+      for (auto& e : sev) CK(cudaEventCreate(&e));
+      std::vector<float> stage[debug::kEpStageEvents - 1];
+      debug::set_ep_stage_events(sev);
+      cudaGraphExec_t staged;
+      {
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        layer->forward(inputs(sets[0]), ov);
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&staged, g, 0));
+        CK(cudaGraphDestroy(g));
+      }
+      for (int it = 0; it < std::max(5, iters / 2); ++it) {
+        CK(cudaGraphLaunch(staged, st));
+        CK(cudaStreamSynchronize(st));
+        for (int j = 0; j + 1 < debug::kEpStageEvents; ++j) {
+          float ms = 0;
+          // Stage times are extra information: a driver without event nodes gives NaN.
+          if (cudaEventElapsedTime(&ms, sev[j], sev[j + 1]) != cudaSuccess) {
+            cudaGetLastError();
+            ms = std::nanf("");
+          }
+          stage[j].push_back(ms * 1000);
+        }
+      }
+      cudaGraphExecDestroy(staged);
+      debug::set_ep_stage_events(nullptr);
+      for (auto& e : sev) cudaEventDestroy(e);
+      if (me.ncases > 0 && me.cases[me.ncases - 1].tokens == T)
+        for (int j = 0; j + 1 < debug::kEpStageEvents; ++j)
+          me.cases[me.ncases - 1].stage_us[j] = median(stage[j]);
       for (auto& e : ev) cudaEventDestroy(e);
       for (auto& x : exec) cudaGraphExecDestroy(x);
       cudaFree(out);
@@ -396,6 +431,12 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
     const double tflops = 6.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
     std::printf("%-8s %-12s %4d %6d %12.1f %12.1f %12.1f %14.3f %s\n", s.name.c_str(),
                 rn[0].c_str(), world, T, med, mn, mx, bytes / 1e9, per.c_str());
+    // Stages of rank 0 (events captured in a replayed graph).
+    const double* sg = sh->rank[0].cases[c].stage_us;
+    std::printf(
+        "    stages us (rank 0, graph): quantize %.1f, dispatch+wait %.1f, unpack %.1f, "
+        "route+fc1+fc2 %.1f, combine+wait %.1f, finalize %.1f\n",
+        sg[0], sg[1], sg[2], sg[3], sg[4], sg[5]);
     if (js)
       std::fprintf(js,
                    "%s  {\"commit\": \"%s\", \"device\": \"%d x %s\", \"ep\": %d, "
@@ -406,10 +447,14 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
                    "\"weight_bytes_read\": %.0f, \"weight_bytes_per_rank_max\": %.0f, "
                    "\"hbm_fraction\": %.4f, \"tflops\": %.2f, \"mma_fraction\": %.4f, "
                    "\"mma_type\": \"bf16\", \"iterations\": %d, "
+                   "\"stages_us_rank0_graph\": {\"quantize\": %.2f, \"dispatch_wait\": %.2f, "
+                   "\"unpack\": %.2f, \"route_fc1_fc2\": %.2f, \"combine_wait\": %.2f, "
+                   "\"finalize\": %.2f}, "
                    "\"timing\": \"cuda graph replay, slowest rank's median\"}",
                    c ? ",\n" : "", commit ? commit : "unknown", world, sh->device, world, world,
                    s.name.c_str(), s.H, s.I, s.E, s.K, rn[0].c_str(), T, med, mn, mx, per.c_str(),
-                   bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters);
+                   bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters, sg[0], sg[1], sg[2],
+                   sg[3], sg[4], sg[5]);
   }
   if (js) {
     std::fprintf(js, "\n]\n");
@@ -444,12 +489,24 @@ int main(int argc, char** argv) {
       experts = std::stoi(next());
     else if (a == "--routing")
       routing = next();
+    else {
+      std::fprintf(stderr,
+                   "bench_layer: unknown option '%s' (--json --shape --recipes --tokens --iters "
+                   "--ep --experts --routing)\n",
+                   a.c_str());
+      return 2;
+    }
   }
   const std::vector<Shape> shapes = {
       {"dsv3", 7168, 2048, 256, 8}, {"qwen3", 2048, 768, 128, 8}, {"gpt-oss", 2880, 2880, 128, 4}};
-  Shape s = shapes[0];
-  for (const auto& c : shapes)
-    if (c.name == shape_name) s = c;
+  auto it = std::find_if(shapes.begin(), shapes.end(),
+                         [&](const Shape& c) { return c.name == shape_name; });
+  if (it == shapes.end()) {
+    std::fprintf(stderr, "bench_layer: unknown --shape '%s' (dsv3, qwen3, gpt-oss)\n",
+                 shape_name.c_str());
+    return 2;
+  }
+  Shape s = *it;
   if (experts > 0) s.E = experts;
   if (ep > 1) {
     // The parent never touches CUDA: the ranks are forked from it.
@@ -585,7 +642,10 @@ int main(int argc, char** argv) {
         const double bytes = double(n_touched) * expert_bytes;
         const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
         const double tflops = 2.0 * 3.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
-        const int tile_n = kern::choose_tile_n(T, s.K, s.E);
+        int tile_n = kern::choose_tile_n(T, s.K, s.E);
+        if (const char* tn = std::getenv("MOE_EP_TILE_N"); tn && tile_n <= 16)
+          tile_n = std::atoi(tn);  // the benchmark knob of launch_forward
+        if (*recipe == Recipe::kBf16 && tile_n < 16) tile_n = 16;  // launch_forward's rule
         std::printf(
             "%-8s %-12s %6d %-7s %10.1f %10.1f %10.1f %8.3f %8.3f %8.3f  %.1f/%.1f/%.1f/%.1f\n",
             s.name.c_str(), rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes / 1e9,
@@ -609,7 +669,7 @@ int main(int argc, char** argv) {
               s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
               hbm, tflops, tflops / kBf16Tflops, iters, median(stage[0]), median(stage[1]),
               median(stage[2]), median(stage[3]), tile_n,
-              tile_n == 16 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
+              tile_n <= 16 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
           first_record = false;
         }
         for (auto& e : ev) cudaEventDestroy(e);

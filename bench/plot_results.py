@@ -36,7 +36,8 @@ def main():
     ax.set_yscale("log")
     ax.set_xlabel("tokens per rank (EP = 1)")
     ax.set_ylabel("median forward time (us)")
-    ax.set_title(f"DeepSeek-V3 MoE layer on {ours[0]['device']}, uniform routing")
+    ax.set_title(f"{ours[0]['shape']} MoE layer (H {ours[0]['H']}, I {ours[0]['I']}, "
+                 f"E {ours[0]['E']}, K {ours[0]['K']}) on {ours[0]['device']}, uniform routing")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
-#   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]  (default: all)
+#   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench] [benchall]
+#   (default: all but benchall). benchall = every BENCH.md case: bench_quantize, bench_layer for
+#   dsv3 / qwen3 / gpt-oss at EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of
+#   each shape and the plots, packed into $OUT/bench.tar.gz (the device returns few files).
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
@@ -87,5 +90,41 @@ if has bench; then
     "$b" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1 || status=1
     tail -25 "$OUT/$name.log"
   done
+fi
+
+if has benchall; then
+  echo "== all BENCH.md cases -> $OUT/bench.tar.gz"
+  B="$OUT/bench"
+  mkdir -p "$B"
+  export MOE_EP_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  "$BUILD/bench/bench_quantize" --json "$B/quantize.json" >"$B/quantize.log" 2>&1 || status=1
+  # BENCH_SHAPES / TORCH_SHAPES narrow the shapes (e.g. TORCH_SHAPES="" when the baseline of
+  # this device is already recorded).
+  for shape in ${BENCH_SHAPES-dsv3 qwen3 gpt-oss}; do
+    "$BUILD/bench/bench_layer" --shape $shape --json "$B/layer-$shape.json" \
+      >"$B/layer-$shape.log" 2>&1 || status=1
+    torch_json=""
+    if [[ " ${TORCH_SHAPES-dsv3 qwen3 gpt-oss} " == *" $shape "* ]]; then
+      python3 bench/torch_baseline.py --shape $shape --json "$B/torch-$shape.json" \
+        >"$B/torch-$shape.log" 2>&1 || status=1
+      torch_json="$B/torch-$shape.json"
+    fi
+    python3 bench/plot_results.py "$B/layer-$shape.json" $torch_json \
+      "$B/layer-$shape.png" >>"$B/plot.log" 2>&1 || true
+    grep -E "^(shape| *$shape)" "$B/layer-$shape.log" | grep -E "uniform|shape" | head -40
+  done
+  if [ "$ngpu" -ge 2 ]; then
+    for r in nvfp4 mxfp4_mxfp8 mxfp4_bf16 bf16; do
+      "$BUILD/bench/bench_layer" --ep 2 --shape dsv3 --recipes $r \
+        --json "$B/layer-dsv3-ep2-$r.json" >"$B/layer-dsv3-ep2-$r.log" 2>&1 || status=1
+      tail -9 "$B/layer-dsv3-ep2-$r.log"
+    done
+    # The single-GPU time of the same per-rank work (E = 128, the same T): the EP = 2 target.
+    "$BUILD/bench/bench_layer" --shape dsv3 --experts 128 --recipes nvfp4 --routing uniform \
+      --tokens 1,128,4096 --json "$B/layer-dsv3-ep1-e128.json" >"$B/layer-dsv3-ep1-e128.log" 2>&1 ||
+      status=1
+  fi
+  tar -C "$OUT" -czf "$OUT/bench.tar.gz" bench && rm -rf "$B"
 fi
 exit $status

@@ -59,6 +59,12 @@ def _dtype_name(d):
     return name.split(".")[-1]  # torch.bfloat16 -> bfloat16
 
 
+def _config_of(names):
+    """The configuration keywords among a function's locals (the signatures spell them out
+    for the reader; this passes them on once)."""
+    return {k: names[k] for k in _CONFIG_FIELDS}
+
+
 def _spec(**kw):
     spec = _moe_ep._Spec()
     unknown = set(kw) - set(_CONFIG_FIELDS)
@@ -94,22 +100,7 @@ def unsupported_reasons(
 ):
     """Every human-readable reason why this configuration cannot run on `backend`
     ('cpu', 'cuda' or 'auto'); an empty list when it can."""
-    spec = _spec(
-        num_experts=num_experts,
-        max_tokens_per_rank=max_tokens_per_rank,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        top_k=top_k,
-        recipe=recipe,
-        swiglu_limit=swiglu_limit,
-        apply_topk_in_fc1=apply_topk_in_fc1,
-        do_finalize=do_finalize,
-        input_norm_const=input_norm_const,
-        activation_dtype=activation_dtype,
-        combine_dtype=combine_dtype,
-        has_expert_bias=has_expert_bias,
-        has_custom_swiglu_alpha_beta=has_custom_swiglu_alpha_beta,
-    )
+    spec = _spec(**_config_of(locals()))
     return list(_moe_ep._unsupported_reasons(spec, int(world_size), backend))
 
 
@@ -196,22 +187,7 @@ class MoeEpLayer:
         if nccl_unique_id is not None:
             nccl_unique_id = bytes(nccl_unique_id)
         self._framework = T.TORCH if T.is_torch(w13) else T.NUMPY
-        spec = _spec(
-            num_experts=num_experts,
-            max_tokens_per_rank=max_tokens_per_rank,
-            hidden_size=hidden_size,
-            intermediate_size=intermediate_size,
-            top_k=top_k,
-            recipe=recipe,
-            swiglu_limit=swiglu_limit,
-            apply_topk_in_fc1=apply_topk_in_fc1,
-            do_finalize=do_finalize,
-            input_norm_const=input_norm_const,
-            activation_dtype=activation_dtype,
-            combine_dtype=combine_dtype,
-            has_expert_bias=has_expert_bias,
-            has_custom_swiglu_alpha_beta=has_custom_swiglu_alpha_beta,
-        )
+        spec = _spec(**_config_of(locals()))
         x = T.to_extension
         self._impl = _moe_ep._Layer(
             spec,

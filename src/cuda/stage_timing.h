@@ -8,4 +8,9 @@ namespace moe_ep::debug {
 
 void set_stage_events(cudaEvent_t* events);  // null: off
 
+// The same for W > 1 forwards: 7 events (before quantize, after quantize, after dispatch + its
+// wait, after unpack, after route + fc1 + fc2, after combine + its wait, after finalize).
+constexpr int kEpStageEvents = 7;
+void set_ep_stage_events(cudaEvent_t* events);  // null: off
+
 }  // namespace moe_ep::debug

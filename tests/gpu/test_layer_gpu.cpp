@@ -440,9 +440,9 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
         const std::vector<uint16_t> e = to_host_bf16(eager.view());
         std::copy(e.begin(), e.end(), want.begin());
       }
-      // n = 1 runs the mma.sync decode kernel (tile_n 16) eagerly while the graph captured at
+      // n = 1 runs a decode kernel (tile_n 8 or 16, mma.sync) eagerly while the graph captured at
       // T = 128 runs the wgmma kernel: both accumulate in fp32 one k16 step at a time, and on the
-      // H200 they agree bit for bit (docs/gpu_kernels.md §7), so the assertion stays bitwise.
+      // H200 they agree bit for bit (docs/gpu_kernels.md §10), so the assertion stays bitwise.
       if (kern::choose_tile_n(n, s.K, s.E) != kern::choose_tile_n(T, s.K, s.E))
         std::printf("[ kernels ] %s n=%d: wgmma (graph) vs mma.sync (eager) bitwise %s\n",
                     recipe_name(r), n, got == want ? "equal" : "different");
@@ -544,7 +544,7 @@ TEST(GpuLayer, SmallForSanitizer) {
     auto cpu = make_layer(Backend::kCPU, make_config(s, r, 128, true, Options{}), p);
     auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 128, true, Options{}), p);
     auto unf = make_layer(Backend::kCUDA, make_config(s, r, 128, false, Options{}), p);
-    // T = 5: the decode kernel (tile_n 16); T = 120: 30 rows per expert, the wgmma kernel.
+    // T = 5: a decode kernel (tile_n 8); T = 120: 30 rows per expert, the wgmma kernel.
     for (int T : {5, 120}) {
       SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);

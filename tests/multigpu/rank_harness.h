@@ -31,9 +31,9 @@ struct RankReport {
   int finished;
   char msg[4096];
   int nval;
-  double val[128];
+  double val[256];
   void add(double v) {
-    if (nval < 128) val[nval++] = v;
+    if (nval < 256) val[nval++] = v;
   }
 };
 

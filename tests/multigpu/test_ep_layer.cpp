@@ -528,5 +528,86 @@ TEST(EpLayer, SkippedCallIsReportedWithinTheTimeout) {
   expect_ranks_passed(res);
 }
 
+// Rank 1 passes a bad shape: it throws kInvalidArgument at once and tells its peer, whose call
+// of that round completes within a small fraction of the 20 s timeout; rank 0's next host call
+// throws kPeer naming rank 1 as having abandoned the call (and the stage it was waiting at).
+// The transport is then unusable on both ranks (kPeer), and both tear down without hanging.
+TEST(EpLayer, RejectedCallReleasesPeersAtOnce) {
+  SKIP_UNLESS_2_GPUS();
+  constexpr int64_t kTimeoutMs = 20000;
+  auto res =
+      run_ranks(kWorld, 180, [](int rank, int, const NcclUniqueIdBytes& id, RankReport& rep) {
+        const Recipe r = Recipe::kNvfp4;
+        const Options o = recipe_options(r);
+        const PackedExperts p = make_pack(r, o, 5);
+        const LayerConfig c = make_config(r, 32, o);
+        Bootstrap b = ep_boot(rank, nullptr, &id);
+        b.timeout_ms = kTimeoutMs;
+        b.warmup_timeout_ms = 30000;
+        MegaLayer ep(b, c, p.view(rank * kEl, kEl), p.epilogue_view(rank * kEl, kEl));
+        ep.warmup();
+        Inputs h = make_inputs(16, rank, 3 + rank, Route::kUniform);
+        DevInputs d(h, rank);
+        run(ep, d.view(), h.T, rank);  // one good call on both ranks
+        auto call = [&](const ForwardInputs& f, std::string* msg) {
+          try {
+            run(ep, f, h.T, rank);
+          } catch (const Error& e) {
+            *msg = e.what();
+            return e.code();
+          }
+          *msg = "(no error)";
+          return ErrorCode::kBackend;
+        };
+        std::string msg;
+        if (rank == 1) {
+          ForwardInputs bad = d.view();
+          bad.hidden_states = TensorView::contiguous(d.x.p, DType::kBF16, {h.T, kH - 8},
+                                                     Device{DeviceKind::kCUDA, rank});
+          const ErrorCode code = call(bad, &msg);
+          REQUIRE(code == ErrorCode::kInvalidArgument,
+                  "the bad shape must be rejected with kInvalidArgument: " + msg);
+          // The rank that gave up cannot rejoin: the epochs no longer agree.
+          const ErrorCode next = call(d.view(), &msg);
+          REQUIRE(next == ErrorCode::kPeer && msg.find("abandoned") != std::string::npos,
+                  "rank 1's next call must report the abandoned transport: " + msg);
+          std::printf("rank 1 after abandoning: %s\n", msg.c_str());
+        } else {
+          const auto t0 = std::chrono::steady_clock::now();
+          const ErrorCode first = call(d.view(), &msg);  // rank 1 rejects this round
+          const double first_s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          REQUIRE(first == ErrorCode::kBackend || first == ErrorCode::kPeer,
+                  "the abandoned round itself: " + msg);
+          ErrorCode code = first;
+          if (first != ErrorCode::kPeer) code = call(d.view(), &msg);
+          const double waited =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          rep.add(first_s);
+          rep.add(waited);
+          REQUIRE(code == ErrorCode::kPeer, "expected a kPeer error, got '" + msg + "'");
+          REQUIRE(msg.find("peer rank 1") != std::string::npos &&
+                      msg.find("abandoned") != std::string::npos &&
+                      msg.find("dispatch") != std::string::npos,
+                  "the error must name rank 1, the abandon and the dispatch stage: " + msg);
+          REQUIRE(waited < 2.0, "rank 0 learned of the abandon after " + std::to_string(waited) +
+                                    " s; the forward timeout is " +
+                                    std::to_string(kTimeoutMs / 1000) + " s");
+          std::printf("rank 0: abandoned round done after %.4f s, error after %.4f s: %s\n",
+                      first_s, waited, msg.c_str());
+          // Sticky: a later call reports it again at once.
+          REQUIRE(call(d.view(), &msg) == ErrorCode::kPeer, "the error must stay: " + msg);
+        }
+        try {
+          ep.destroy();
+        } catch (const Error&) {
+          // Teardown after a fault may report it again; it must not hang.
+        }
+      });
+  expect_ranks_passed(res);
+  if (!res.hung && res.rep[0].nval >= 2)
+    EXPECT_LT(res.rep[0].val[1], 2.0) << "rank 0 waited " << res.rep[0].val[1] << " s";
+}
+
 }  // namespace
 }  // namespace moe_ep::mgtest

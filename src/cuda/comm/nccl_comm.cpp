@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "cuda/comm/nccl_dev_comm.h"
+#include "kernels/ep/ep_launch.h"
 #include "moe_ep/status.h"
 
 namespace moe_ep {
@@ -86,6 +87,15 @@ NcclUniqueIdBytes SharedUniqueId::exchange(int rank, int64_t timeout_ms) {
 
 std::string ep_error_message(const EpErrorRecord& r) {
   const auto stage = static_cast<EpStage>(r.stage);
+  if (stage == EpStage::kAbandon)
+    return "rank " + std::to_string(r.rank) +
+           " abandoned a call (it rejected the call's arguments and told its peers); the "
+           "transport is unusable until destroyed";
+  if ((r.observed & kEpAbandonBit) != 0)
+    return "rank " + std::to_string(r.rank) + ": peer rank " + std::to_string(r.peer) +
+           " abandoned call " + std::to_string(r.call) + " (it rejected that call's arguments), " +
+           "seen at stage '" + ep_stage_name(stage) + "' after " +
+           std::to_string(r.waited_ns / 1000) + " us; the transport is unusable until destroyed";
   std::string msg = "rank " + std::to_string(r.rank) + ": peer rank " + std::to_string(r.peer) +
                     " did not arrive at stage '" + ep_stage_name(stage) + "'";
   if (stage != EpStage::kBarrier) msg += " of call " + std::to_string(r.call);
@@ -101,6 +111,7 @@ struct EpComm::Impl {
   int rank = 0, world = 1, device = 0;
   EpCommOptions opt;
   EpDevComm* dev_comm = nullptr;
+  std::string abandoned_why;            // this rank's rejected call (abandon)
   EpErrorRecord* error_host = nullptr;  // pinned, mapped
   EpErrorRecord* error_dev = nullptr;   // its device alias
   EpState* comm_state = nullptr;        // state of the barrier's error mirror
@@ -333,13 +344,51 @@ std::optional<EpErrorRecord> EpComm::error() const { return impl_->read_error();
 
 void EpComm::check() const {
   if (impl_->destroyed) throw Error(ErrorCode::kDestroyed, "the EP communicator was destroyed");
-  if (auto r = impl_->read_error()) throw Error(ErrorCode::kPeer, ep_error_message(*r));
+  if (auto r = impl_->read_error()) {
+    std::string msg = ep_error_message(*r);
+    if (r->stage == int32_t(EpStage::kAbandon) && !impl_->abandoned_why.empty())
+      msg += " (the rejected call: " + impl_->abandoned_why + ")";
+    throw Error(ErrorCode::kPeer, msg);
+  }
+}
+
+void EpComm::abandon(const std::string& why, cudaStream_t stream) {
+  Impl& m = *impl_;
+  if (m.destroyed || m.error_host == nullptr) return;
+  // A capturing stream would record the marker into the caller's graph instead of sending it.
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) {
+    cudaGetLastError();
+    cs = cudaStreamCaptureStatusActive;
+  }
+  if (cs != cudaStreamCaptureStatusNone) stream = m.stream;
+  for (const EpWorkspace& ws : m.workspaces)
+    cuda_check(launch_ep_abandon(m.make_transport(&ws, false), stream), "abandon launch");
+  if (m.abandoned_why.empty()) m.abandoned_why = why;
+  // The sticky record of this rank, unless a wait already wrote one (fields before the flag).
+  volatile EpErrorRecord* r = m.error_host;
+  if (r->flag != 0u) return;
+  r->stage = int32_t(EpStage::kAbandon);
+  r->peer = m.rank;
+  r->rank = m.rank;
+  r->call = 0;
+  r->expected = 0;
+  r->observed = kEpAbandonBit;
+  r->waited_ns = 0;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  r->flag = 1u;
 }
 
 void EpComm::barrier() {
   check();
   impl_->barrier_nothrow_peer();
   check();
+}
+
+void EpComm::barrier_async(cudaStream_t stream) {
+  check();
+  cuda_check(ep_launch_lsa_barrier(impl_->dev_comm, impl_->make_transport(nullptr, true), stream),
+             "LSA barrier launch");
 }
 
 int EpComm::allreduce_max(int value) {

@@ -89,9 +89,21 @@ class EpComm {
   // Error(kDestroyed) after destroy(). Call it at the start of every host call.
   void check() const;
 
+  // This rank rejected the arguments of the call it was about to make (it launches nothing for
+  // it): every workspace's slot of this rank at every peer gets an abandon marker, enqueued on
+  // `stream` (null: the legacy default stream) after this rank's earlier calls (on the internal
+  // stream when `stream` is capturing),
+  // so the peers' waits of that call fail at once naming this rank instead of timing out. The
+  // epochs no longer agree afterwards: this rank's error is sticky too (`why` is kept for it).
+  // Not collective; never blocks.
+  void abandon(const std::string& why, cudaStream_t stream);
+
   // Host-synchronizing barrier of all ranks over the NCCL LSA barrier, bounded by the warmup
   // timeout; then check(). Collective. Not for the forward path.
   void barrier();
+  // The same barrier enqueued on `stream` without a host sync (benchmarks start timed stages
+  // with it so both GPUs enter together). Not concurrently with barrier(). Collective.
+  void barrier_async(cudaStream_t stream);
   // Max of `value` over ranks (ncclAllReduce on the comm; syncs). Collective.
   int allreduce_max(int value);
 

@@ -26,9 +26,10 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
 }
 
 // Release: everything this thread has observed or written (cumulatively, incl. what an earlier
-// fence ordered) is visible to a peer that acquires this value.
-__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+// fence ordered) is visible to a peer that acquires this value. An atomic max, not a store: a
+// slot never goes down, so an abandon marker (kEpAbandonBit) outlives a late epoch store.
+__device__ __forceinline__ void signal_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ uint64_t* signal_slot(uint8_t* base, const WorkspaceLayout& l,
@@ -79,13 +80,27 @@ __device__ __forceinline__ bool wait_signal(const EpTransport& tp, EpStage stage
     }
     v = ld_acquire_sys(slot);
   }
+  // An abandon marker carries the peer's last epoch: below the target, the peer gave up this
+  // call (it will never arrive); at or above it, the peer did arrive before it gave up.
+  if ((v & kEpAbandonBit) != 0 && (v & ~kEpAbandonBit) < target) {
+    record_error(tp, stage, peer, call, target, v, globaltimer_ns() - start);
+    return false;
+  }
   return true;
+}
+
+// Every thread t < W of the calling block waits for peer t's signal `target` (fused waits).
+__device__ __forceinline__ void wait_all_peers(const EpTransport& tp, EpStage stage, uint64_t call,
+                                               uint64_t target) {
+  for (int peer = threadIdx.x; peer < tp.world_size; peer += blockDim.x)
+    wait_signal(tp, stage, peer, call, target);
 }
 
 // Grid arrival after a block's peer stores. Returns true in exactly one thread of the last block
 // to arrive; that thread may then publish signals (its stores are ordered after every block's
 // data stores). `counter` is reset by the last block, so the next launch starts at 0.
-__device__ __forceinline__ bool grid_arrive_last(uint32_t* counter) {
+// `s_last` (shared) tells the whole block whether it is the last one (for fused waits).
+__device__ __forceinline__ bool grid_arrive_last(uint32_t* counter, int* s_last = nullptr) {
   __syncthreads();  // every thread of this block finished its stores (CTA-scope order)
   bool last = false;
   if (threadIdx.x == 0) {
@@ -99,6 +114,7 @@ __device__ __forceinline__ bool grid_arrive_last(uint32_t* counter) {
       __threadfence_system();
       *counter = 0u;
     }
+    if (s_last != nullptr) *s_last = last;
   }
   return last;
 }

@@ -20,6 +20,7 @@ enum class EpStage : int32_t {
   kDispatch = 1,  // an owner waited for a source's dispatch signal
   kCombine = 2,   // a source waited for an owner's combine signal
   kBarrier = 3,   // setup / teardown barrier (NCCL LSA barrier)
+  kAbandon = 4,   // this rank rejected a call's arguments and told its peers (no wait)
 };
 
 inline const char* ep_stage_name(EpStage s) {
@@ -30,6 +31,8 @@ inline const char* ep_stage_name(EpStage s) {
       return "combine";
     case EpStage::kBarrier:
       return "barrier";
+    case EpStage::kAbandon:
+      return "abandon";
     default:
       return "none";
   }
@@ -63,6 +66,12 @@ struct EpState {
 MOE_EP_HD uint64_t ep_dispatch_signal(uint64_t call) { return 2 * call - 1; }
 MOE_EP_HD uint64_t ep_combine_signal(uint64_t call) { return 2 * call; }
 
+// A rank that rejects a call's arguments (it never launches that call) writes
+// kEpAbandonBit | e into its slot at every rank, e = the last epoch it published. Slots are
+// written with an atomic max, so the marker stays above every epoch; a waiter whose target is
+// above e learns at once that the peer abandoned the call (instead of timing out).
+constexpr uint64_t kEpAbandonBit = 1ull << 63;
+
 // What every transport kernel needs: the workspace of this rank and its peers.
 struct EpTransport {
   WorkspaceLayout layout;
@@ -87,6 +96,9 @@ struct EpDispatchParams {
   int num_local_experts = 1;                // E_local: owner of expert e is e / E_local
   int num_blocks = 0;                       // grid size (0: a default)
   int num_threads = 512;
+  // The last block to finish also waits for every source's dispatch signal (what
+  // launch_ep_wait(kDispatch) does), saving a launch.
+  bool fused_wait = false;
 };
 
 // combine: every (source, received row, local slot) result row goes back to the source's
@@ -101,6 +113,7 @@ struct EpCombineParams {
   int num_local_experts = 1;
   int num_blocks = 0;
   int num_threads = 512;
+  bool fused_wait = false;  // the last block also waits for every owner's combine signal
 };
 
 // wait: this rank waits for every peer's signal of the current call and stage.

@@ -3,6 +3,8 @@
 // single-GPU route / GEMM kernels consume unchanged (docs/protocol.md §8).
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "kernels/moe/moe_launch.h"
 #include "moe_ep/formats.h"
 
@@ -15,6 +17,26 @@ __device__ __forceinline__ int valid_count(int bound, const int32_t* dev) {
   if (!dev) return bound;
   const int n = *dev;
   return n < 0 ? 0 : (n > bound ? bound : n);
+}
+
+// N bf16 values (N % 8 == 0) from x: 16-byte loads when `vec`, else 2-byte loads.
+template <int N>
+__device__ __forceinline__ void load_bf16(const uint16_t* x, bool vec, uint16_t (&v)[N]) {
+  if (vec) {
+#pragma unroll
+    for (int q = 0; q < N / 8; ++q) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(x) + q);
+      const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[8 * q + 2 * i] = uint16_t(u[i] & 0xffffu);
+        v[8 * q + 2 * i + 1] = uint16_t(u[i] >> 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = x[i];
+  }
 }
 
 // Block t: token t's ids are checked (first bad one recorded, as the single-GPU route does) and
@@ -35,11 +57,12 @@ __global__ void __launch_bounds__(kThreads256) ep_source_kernel(const EpSourceAr
   }
   const uint16_t* x = a.x + int64_t(t) * a.x_stride;
   uint8_t* row = a.act + size_t(t) * a.act_row_bytes;
+  // 16-byte loads of x where its rows allow (the caller's tensor need not be aligned).
+  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.x_stride) * 2) & 15) == 0;
   if constexpr (R == Recipe::kNvfp4) {
     for (int b = tid; b < H / 16; b += kThreads256) {
       uint16_t v[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = x[b * 16 + i];
+      load_bf16<16>(x + b * 16, vec, v);
       uint8_t packed[8];
       const uint8_t sb = fmt::quantize_block_nvfp4(v, a.input_norm_const, packed);
       uint2 p;
@@ -53,8 +76,7 @@ __global__ void __launch_bounds__(kThreads256) ep_source_kernel(const EpSourceAr
   } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
     for (int b = tid; b < H / 32; b += kThreads256) {
       uint16_t v[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) v[i] = x[b * 32 + i];
+      load_bf16<32>(x + b * 32, vec, v);
       uint8_t q[32];
       const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
       uint4* d = reinterpret_cast<uint4*>(row + b * 32);
@@ -71,7 +93,12 @@ __global__ void __launch_bounds__(kThreads256) ep_source_kernel(const EpSourceAr
     }
   } else {
     uint16_t* d = reinterpret_cast<uint16_t*>(row);
-    for (int i = tid; i < H; i += kThreads256) d[i] = x[i];
+    if (vec && H % 8 == 0) {  // act rows are 16-byte aligned
+      for (int c = tid; c < H / 8; c += kThreads256)
+        reinterpret_cast<uint4*>(d)[c] = __ldg(reinterpret_cast<const uint4*>(x) + c);
+    } else {
+      for (int i = tid; i < H; i += kThreads256) d[i] = x[i];
+    }
   }
 }
 

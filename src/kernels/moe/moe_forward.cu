@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
 #include "moe_ep/formats.h"
 
@@ -15,6 +17,7 @@ namespace {
 
 constexpr int kPrepThreads = 512;
 constexpr int kMaxLocalExperts = 1024;  // cuda_backend_unsupported_reasons says so beyond it
+static_assert(kMaxLocalExperts <= 2 * kPrepThreads, "route scans two experts per thread");
 
 __device__ __forceinline__ int valid_tokens(const ForwardArgs& a) {
   if (!a.num_tokens) return a.tokens;
@@ -52,28 +55,56 @@ __device__ void route(const ForwardArgs& a) {
     if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
   }
   __syncthreads();
-  if (warp == 0) {
-    int carry_p = 0, carry_t = 0;
-    for (int base = 0; base < El; base += 32) {
-      const int e = base + lane;
-      const int c = e < El ? cnt[e] : 0, nt = (c + tn - 1) / tn;
-      int ip = c, it = nt;
+  // Exclusive scans of the pair and tile counts over El <= 2 * kPrepThreads experts: two per
+  // thread, a warp scan, then the warp totals (a serial warp-0 loop over 32-expert groups cost
+  // microseconds at 256 experts).
+  __shared__ int warp_p[kPrepThreads / 32], warp_t[kPrepThreads / 32];
+  {
+    const int e0 = 2 * tid, e1 = e0 + 1;
+    const int c0 = e0 < El ? cnt[e0] : 0, c1 = e1 < El ? cnt[e1] : 0;
+    const int n0 = (c0 + tn - 1) / tn, n1 = (c1 + tn - 1) / tn;
+    int ip = c0 + c1, it = n0 + n1;
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, ip, o), z = __shfl_up_sync(0xffffffffu, it, o);
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, ip, o), z = __shfl_up_sync(0xffffffffu, it, o);
+      if (lane >= o) {
+        ip += y;
+        it += z;
+      }
+    }
+    if (lane == 31) {
+      warp_p[warp] = ip;
+      warp_t[warp] = it;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      constexpr int kW = kPrepThreads / 32;
+      int wp = lane < kW ? warp_p[lane] : 0, wt = lane < kW ? warp_t[lane] : 0;
+#pragma unroll
+      for (int o = 1; o < kW; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, wp, o), z = __shfl_up_sync(0xffffffffu, wt, o);
         if (lane >= o) {
-          ip += y;
-          it += z;
+          wp += y;
+          wt += z;
         }
       }
-      if (e < El) {
-        off[e] = carry_p + ip - c;
-        toff[e] = carry_t + it - nt;
+      if (lane < kW) {
+        warp_p[lane] = wp;  // inclusive
+        warp_t[lane] = wt;
       }
-      carry_p += __shfl_sync(0xffffffffu, ip, 31);
-      carry_t += __shfl_sync(0xffffffffu, it, 31);
+      if (lane == kW - 1) *a.num_tiles = wt;
     }
-    if (lane == 0) *a.num_tiles = carry_t;
+    __syncthreads();
+    const int bp = (warp ? warp_p[warp - 1] : 0) + ip - c0 - c1;
+    const int bt = (warp ? warp_t[warp - 1] : 0) + it - n0 - n1;
+    if (e0 < El) {
+      off[e0] = bp;
+      toff[e0] = bt;
+    }
+    if (e1 < El) {
+      off[e1] = bp + c0;
+      toff[e1] = bt + n0;
+    }
   }
   __syncthreads();
   for (int e = tid; e < El; e += kPrepThreads) {
@@ -99,75 +130,95 @@ __device__ void route(const ForwardArgs& a) {
 
 __device__ __forceinline__ bool live_id(int id, int E) { return id >= 0 && id < E; }
 
-// Blocks 1..T: token t = blockIdx.x - 1. Writes xq row t (x as the GEMM sees it: q*s in bf16,
-// exact) and, for the unfinalized outputs, weights/indices and zero rows for empty slots.
+// Elements of a token row one quantizing block covers: 4 per thread (a 16-wide NVFP4 block =
+// 4 lanes, a 32-wide MX block = 8 lanes), so a decode token spreads over several SMs and each
+// thread's chain is one block's worth of divisions, not 16 elements' (that chain dominated
+// prepare at 1 token).
+constexpr int kQuantElems = 4 * kPrepThreads;
+__host__ __device__ inline int quant_blocks_per_token(int H) {
+  return (H + kQuantElems - 1) / kQuantElems;
+}
+
+// Block 0 routes; blocks 1.. quantize: token t = (blockIdx.x - 1) / nb, part (blockIdx.x - 1) % nb
+// of its row. Writes xq (x as the GEMM sees it: q*s in bf16, exact, the same per-block
+// arithmetic as fmt::quantize_block_*) and, for the unfinalized outputs, weights/indices and
+// zero rows for empty slots.
 template <Recipe R>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs a) {
+  pdl_launch_dependents();  // fc1 may launch; it waits for this grid in pdl_wait
   if (blockIdx.x == 0) {
     route(a);
     return;
   }
-  const int t = blockIdx.x - 1, tid = threadIdx.x;
+  const int nb = quant_blocks_per_token(a.H);
+  const int t = (blockIdx.x - 1) / nb, part = (blockIdx.x - 1) % nb, tid = threadIdx.x;
   const int T = valid_tokens(a), K = a.K, H = a.H;
+  const int c0 = part * kQuantElems, c1 = min(H, c0 + kQuantElems);
   if (a.weights_out) {
     for (int k = 0; k < K; ++k) {
       const int row = t * K + k;
       const bool live = t < T && live_id(a.ids[row], a.num_experts);
-      if (tid == 0) {
+      if (tid == 0 && part == 0) {
         a.weights_out[row] = t < T ? (a.weight_in_fc1 ? 1.0f : a.topk_weights[row]) : 0.0f;
         a.indices_out[row] = live ? row : -1;
       }
       if (!live) {
         uint4* d = reinterpret_cast<uint4*>(a.y_rows + size_t(row) * H);
-        for (int i = tid; i < H / 8; i += kPrepThreads) d[i] = make_uint4(0, 0, 0, 0);
+        for (int i = c0 / 8 + tid; i < c1 / 8; i += kPrepThreads) d[i] = make_uint4(0, 0, 0, 0);
       }
     }
   }
   if (t >= T) return;
   const uint16_t* x = a.x + int64_t(t) * a.x_stride;
   uint16_t* xq = a.xq + size_t(t) * H;
-  if constexpr (R == Recipe::kNvfp4) {
-    for (int b = tid; b < H / 16; b += kPrepThreads) {
-      uint16_t v[16];
+  const int i0 = c0 + 4 * tid;
+  const bool on = i0 < c1;  // H is a multiple of the block (16 / 32): whole groups are on or off
+  float v[4];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = x[b * 16 + i];
-      uint8_t packed[8];
-      const float s = fmt::e4m3_to_float(fmt::quantize_block_nvfp4(v, a.input_norm_const, packed));
-      uint32_t o[8];
+  for (int i = 0; i < 4; ++i) v[i] = on ? fmt::bf16_to_float(x[i0 + i]) : 0.0f;
+  uint32_t o[2];
+  if constexpr (R == Recipe::kNvfp4 || R == Recipe::kMxfp4Mxfp8) {
+    constexpr int kLanes = R == Recipe::kNvfp4 ? fmt::kNvfp4Block / 4 : fmt::kMxBlock / 4;
+    float amax = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        o[i] = uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s)) |
-               (uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s)) << 16);
-      uint4* d = reinterpret_cast<uint4*>(xq + b * 16);
-      d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-      d[1] = make_uint4(o[4], o[5], o[6], o[7]);
-    }
-  } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-    for (int b = tid; b < H / 32; b += kPrepThreads) {
-      uint16_t v[32];
+    for (int i = 0; i < 4; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
 #pragma unroll
-      for (int i = 0; i < 32; ++i) v[i] = x[b * 32 + i];
-      uint8_t q[32];
-      const float s = fmt::ue8m0_to_float(fmt::quantize_block_mxfp8(v, q));
-      uint4* d = reinterpret_cast<uint4*>(xq + b * 32);
+    for (int m = 1; m < kLanes; m <<= 1)
+      amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    float d[4];
+    if constexpr (R == Recipe::kNvfp4) {
+      const float nc = a.input_norm_const;
+      const uint8_t sb = fmt::float_to_e4m3(fmt::div_rn(fmt::mul_rn(amax, nc), fmt::kE2M1Max));
+      const float s = fmt::e4m3_to_float(sb);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          o[i] = uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s)) |
-                 (uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s)) << 16);
-        d[j] = make_uint4(o[0], o[1], o[2], o[3]);
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t q = s != 0.0f ? fmt::float_to_e2m1(fmt::div_rn(fmt::mul_rn(v[i], nc), s)) : 0;
+        d[i] = fmt::e2m1_to_float(q) * s;
       }
+    } else {
+      const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
+      const float inv = fmt::exp2i(127 - int(sb)), s = fmt::ue8m0_to_float(sb);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        d[i] = fmt::e4m3_to_float(fmt::float_to_e4m3(fmt::mul_rn(v[i], inv))) * s;
     }
+    o[0] = uint32_t(fmt::float_to_bf16(d[0])) | (uint32_t(fmt::float_to_bf16(d[1])) << 16);
+    o[1] = uint32_t(fmt::float_to_bf16(d[2])) | (uint32_t(fmt::float_to_bf16(d[3])) << 16);
   } else {
-    for (int i = tid; i < H; i += kPrepThreads) xq[i] = x[i];
+    o[0] = on ? uint32_t(x[i0]) | (uint32_t(x[i0 + 1]) << 16) : 0u;
+    o[1] = on ? uint32_t(x[i0 + 2]) | (uint32_t(x[i0 + 3]) << 16) : 0u;
   }
+  if (on) *reinterpret_cast<uint2*>(xq + i0) = make_uint2(o[0], o[1]);
 }
 
 // out[t] = bf16(sum_k c * float(y[t,k])) in slot order, multiply and add rounded separately.
+// The ids, weights and y rows of up to 8 slots are loaded before the ordered sum, so the loads
+// overlap instead of forming a chain of K dependent round trips.
 constexpr int kFinThreads = 128;
+constexpr int kFinBatch = 8;
 __global__ void __launch_bounds__(kFinThreads) finalize_kernel(const ForwardArgs a) {
+  pdl_wait();  // y rows are fc2's output
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const int c8 = (blockIdx.y * kFinThreads + threadIdx.x) * 8;
   if (c8 >= a.H) return;
@@ -180,16 +231,28 @@ __global__ void __launch_bounds__(kFinThreads) finalize_kernel(const ForwardArgs
   float acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-  for (int k = 0; k < K; ++k) {
-    const int row = t * K + k;
-    if (!live_id(a.ids[row], a.num_experts)) continue;
-    const float c = a.weight_in_fc1 ? 1.0f : a.topk_weights[row];
-    const uint4 v = *reinterpret_cast<const uint4*>(a.y_rows + size_t(row) * H + c8);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (int k0 = 0; k0 < K; k0 += kFinBatch) {
+    bool live[kFinBatch];
+    float c[kFinBatch];
+    uint4 v[kFinBatch];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[2 * i] = fmt::add_rn(acc[2 * i], fmt::mul_rn(c, fmt::bf16_to_float(w[i] & 0xffff)));
-      acc[2 * i + 1] = fmt::add_rn(acc[2 * i + 1], fmt::mul_rn(c, fmt::bf16_to_float(w[i] >> 16)));
+    for (int j = 0; j < kFinBatch; ++j) {
+      const int row = t * K + k0 + j;
+      live[j] = k0 + j < K && live_id(a.ids[row], a.num_experts);
+      c[j] = live[j] ? (a.weight_in_fc1 ? 1.0f : a.topk_weights[row]) : 0.0f;
+      v[j] = live[j] ? *reinterpret_cast<const uint4*>(a.y_rows + size_t(row) * H + c8)
+                     : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kFinBatch; ++j) {
+      if (!live[j]) continue;
+      const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] = fmt::add_rn(acc[2 * i], fmt::mul_rn(c[j], fmt::bf16_to_float(w[i] & 0xffff)));
+        acc[2 * i + 1] =
+            fmt::add_rn(acc[2 * i + 1], fmt::mul_rn(c[j], fmt::bf16_to_float(w[i] >> 16)));
+      }
     }
   }
   uint32_t o[4];
@@ -345,10 +408,25 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_forward(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  if (a.tokens == 0) return cudaSuccess;
+// The decode tile of a forward: choose_tile_n's 8 or 16, except bf16 weights (tile_n 16 only,
+// sm90_moe_gemm_kernel). Benchmark knobs: MOE_EP_TILE_N=8|16 overrides the 4-bit recipes'
+// choice; MOE_EP_DECODE_OLD=1 (sm90_moe_gemm_kernel for them too) implies 16.
+static int decode_tile_n(Recipe r, int chosen) {
+  static const int forced = [] {
+    if (decode_use_old_kernel()) return 16;
+    const char* v = std::getenv("MOE_EP_TILE_N");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (r == Recipe::kBf16) return 16;
+  return forced == 8 || forced == 16 ? forced : chosen;
+}
+
+cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
+  if (args.tokens == 0) return cudaSuccess;
+  ForwardArgs a = args;
+  if (a.tile_n <= 16) a.tile_n = decode_tile_n(a.recipe, a.tile_n);
   if (ev) cudaEventRecord(ev[0], s);
-  const dim3 pgrid(a.xq_ready ? 1 : a.tokens + 1);
+  const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
   switch (a.recipe) {
     case Recipe::kNvfp4:
       prepare_kernel<Recipe::kNvfp4><<<pgrid, kPrepThreads, 0, s>>>(a);
@@ -383,9 +461,17 @@ cudaError_t launch_forward(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev
   if (err != cudaSuccess) return err;
   if (ev) cudaEventRecord(ev[3], s);
   if (a.out) {
-    const dim3 fgrid(a.tokens, (a.H / 8 + kFinThreads - 1) / kFinThreads);
-    finalize_kernel<<<fgrid, kFinThreads, 0, s>>>(a);
-    err = cudaGetLastError();
+    // Programmatic dependent launch: finalize's CTAs are resident when fc2 ends.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(a.tokens, (a.H / 8 + kFinThreads - 1) / kFinThreads);
+    cfg.blockDim = dim3(kFinThreads);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaLaunchKernelEx(&cfg, finalize_kernel, a);
   }
   if (ev) cudaEventRecord(ev[4], s);
   return err;

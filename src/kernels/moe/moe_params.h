@@ -68,15 +68,19 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
   return s;
 }
 
-// Tokens per routing tile: 16 while experts see few rows (decode: a weight stream, mma.sync
-// kernel), 128 when they see many (prefill: the wgmma kernel, which sizes its N to each tile's
-// rows in steps of 32, so a 128-row tile costs no MMA work for the rows it lacks).
+// Tokens per routing tile: 8 or 16 while experts see few rows (decode: a weight stream; 8 up
+// to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work
+// goes to empty columns; measured, docs/gpu_kernels.md §6), 128 when they see many (prefill:
+// the wgmma kernel, which sizes its N to each tile's rows in steps of 32, so a 128-row tile
+// costs no MMA work for the rows it lacks; §10).
 inline int choose_tile_n(int tokens, int top_k, int local_experts) {
   const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
-  return mean_rows <= 24.0 ? 16 : 128;
+  return mean_rows <= 4.0 ? 8 : mean_rows <= 24.0 ? 16 : 128;
 }
 
-// Upper bound of the number of routing tiles (what the grids are sized for).
+// Upper bound of the number of routing tiles (what the grids are sized for; workspaces hold
+// the list for the smallest tile_n, 8).
+constexpr int kMinTileN = 8;
 inline int max_tiles(int pairs, int local_experts, int tile_n) {
   const int touched = pairs < local_experts ? pairs : local_experts;
   return pairs / tile_n + touched;

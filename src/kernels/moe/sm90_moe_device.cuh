@@ -130,10 +130,93 @@ struct GemmConfig {
   static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
 };
 
-// The epilogue of both grouped GEMMs (mma.sync here, wgmma in sm90_moe_wgmma.cuh): acc[f][nf][i]
+// The fc1 epilogue's last step: h tile hs [kN][64 (+4)] fp32 (column = token slot) requantized
+// with the CPU's block quantizers and written as bf16 q*s rows in sorted order. Threads tid of
+// nthreads share the work.
+template <Recipe R, int kN>
+__device__ __forceinline__ void store_h_tile(const ForwardArgs& a, const float* hs,
+                                             const TileInfo& tile, int mtile, int tid,
+                                             int nthreads) {
+  constexpr int kHS = kFc1TileH + 4;
+  const int e = tile.expert;
+  uint16_t* hdst = a.h + size_t(tile.start) * a.I + mtile * kFc1TileH;
+  if constexpr (R == Recipe::kNvfp4) {
+    const float nc = a.fc1_norm_const[e];
+    for (int it = tid; it < kN * 4; it += nthreads) {
+      const int col = it >> 2, blk = it & 3;
+      if (col >= tile.rows) continue;
+      const float* v = hs + col * kHS + blk * 16;
+      uint8_t packed[8];
+      const uint8_t sb = fmt::quantize_block_nvfp4(v, nc, packed);
+      const float s = fmt::e4m3_to_float(sb);
+      uint32_t o[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
+        const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
+        o[i] = lo | (hi << 16);
+      }
+      uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 16);
+      d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+      d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+  } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+    for (int it = tid; it < kN * 2; it += nthreads) {
+      const int col = it >> 1, blk = it & 1;
+      if (col >= tile.rows) continue;
+      const float* v = hs + col * kHS + blk * 32;
+      uint8_t q[32];
+      const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
+      const float s = fmt::ue8m0_to_float(sb);
+      uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 32);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
+          const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
+          o[i] = lo | (hi << 16);
+        }
+        d[j] = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  } else {
+    for (int it = tid; it < kN * 8; it += nthreads) {
+      const int col = it >> 3, p = it & 7;
+      if (col >= tile.rows) continue;
+      const float* v = hs + col * kHS + p * 8;
+      uint32_t o[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        o[i] = uint32_t(fmt::float_to_bf16(v[2 * i])) |
+               (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
+      *reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + p * 8) =
+          make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+}
+
+// The fc2 epilogue's last step: y tile ys [kN][128 (+8)] bf16, 16-byte row stores to
+// y_rows[t*K+k] (pair_of[col]).
+template <int kN>
+__device__ __forceinline__ void store_y_tile(const ForwardArgs& a, const uint16_t* ys,
+                                             const TileInfo& tile, const int* pair_of, int mtile,
+                                             int tid, int nthreads) {
+  constexpr int kYS = kTileRows + 8;
+  const int row0 = mtile * kTileRows;
+  for (int it = tid; it < kN * 16; it += nthreads) {
+    const int col = it >> 4, p = it & 15;
+    if (col >= tile.rows || row0 + p * 8 >= a.H) continue;
+    *reinterpret_cast<uint4*>(a.y_rows + size_t(pair_of[col]) * a.H + row0 + p * 8) =
+        *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
+  }
+}
+
+// The epilogue of both grouped GEMMs (mma.sync below, wgmma in sm90_moe_wgmma.cuh): acc[f][nf][i]
 // is fragment 2*warp+f's mma.sync m16n8 accumulator for n-fragment nf, i.e. weight row
-// (2*warp+f)*16 + g + (i>>1)*8 of the M-tile and token column nf*8 + 2*t4 + (i&1). The pipeline
-// smem is free when it runs (every thread synchronized after the last MMA).
+// (2*warp+f)*16 + g + (i>>1)*8 of the M-tile and token column nf*8 + 2*t4 + (i&1). Scales it,
+// stages the tile in the (free) pipeline smem and stores it with store_h_tile / store_y_tile.
 template <Recipe R, int kN, bool kFc1>
 __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
                                               const float (&acc)[2][kN / 8][4], unsigned char* smem,
@@ -167,62 +250,7 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
         hs[col * kHS + row] = hv;
       }
     __syncthreads();
-    uint16_t* hdst = a.h + size_t(tile.start) * a.I + mtile * kFc1TileH;
-    if constexpr (R == Recipe::kNvfp4) {
-      const float nc = a.fc1_norm_const[e];
-      for (int it = tid; it < kN * 4; it += kThreads) {
-        const int col = it >> 2, blk = it & 3;
-        if (col >= tile.rows) continue;
-        const float* v = hs + col * kHS + blk * 16;
-        uint8_t packed[8];
-        const uint8_t sb = fmt::quantize_block_nvfp4(v, nc, packed);
-        const float s = fmt::e4m3_to_float(sb);
-        uint32_t o[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
-          const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
-          o[i] = lo | (hi << 16);
-        }
-        uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 16);
-        d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-        d[1] = make_uint4(o[4], o[5], o[6], o[7]);
-      }
-    } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-      for (int it = tid; it < kN * 2; it += kThreads) {
-        const int col = it >> 1, blk = it & 1;
-        if (col >= tile.rows) continue;
-        const float* v = hs + col * kHS + blk * 32;
-        uint8_t q[32];
-        const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
-        const float s = fmt::ue8m0_to_float(sb);
-        uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 32);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t o[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
-            const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
-            o[i] = lo | (hi << 16);
-          }
-          d[j] = make_uint4(o[0], o[1], o[2], o[3]);
-        }
-      }
-    } else {
-      for (int it = tid; it < kN * 8; it += kThreads) {
-        const int col = it >> 3, p = it & 7;
-        if (col >= tile.rows) continue;
-        const float* v = hs + col * kHS + p * 8;
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          o[i] = uint32_t(fmt::float_to_bf16(v[2 * i])) |
-                 (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
-        *reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + p * 8) =
-            make_uint4(o[0], o[1], o[2], o[3]);
-      }
-    }
+    store_h_tile<R, kN>(a, hs, tile, mtile, tid, kThreads);
   } else {
     // y tile [kN][128 (+8)] bf16, then 16-byte row stores to y_rows[t*K+k].
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
@@ -241,13 +269,7 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
           ys[col * kYS + row] = fmt::float_to_bf16(v);
         }
     __syncthreads();
-    const int row0 = mtile * kTileRows;
-    for (int it = tid; it < kN * 16; it += kThreads) {
-      const int col = it >> 4, p = it & 15;
-      if (col >= tile.rows || row0 + p * 8 >= a.H) continue;
-      *reinterpret_cast<uint4*>(a.y_rows + size_t(pair_of[col]) * a.H + row0 + p * 8) =
-          *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
-    }
+    store_y_tile<kN>(a, ys, tile, pair_of, mtile, tid, kThreads);
   }
 }
 

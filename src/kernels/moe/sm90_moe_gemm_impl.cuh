@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
 #include "kernels/moe/sm90_moe_wgmma.cuh"
 
@@ -32,6 +33,10 @@ cudaError_t launch_wgmma(const ForwardArgs& a, cudaStream_t s) {
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
   cudaError_t err;
+  // The 4-bit recipes' decode tiles (8, 16) go to sm90_moe_decode_kernel; bf16 weights keep
+  // the tile_n 16 path here (launch_forward maps its tile_n 8 to 16; docs/gpu_kernels.md §6).
+  if constexpr (R != Recipe::kBf16)
+    if (a.tile_n <= 16 && !decode_use_old_kernel()) return launch_decode_gemms<R>(a, s, ev);
   if (a.tile_n == 16) {
     if ((err = launch_gemm<R, 16, true>(a, s)) != cudaSuccess) return err;
     if (ev) cudaEventRecord(ev[0], s);
@@ -52,6 +57,8 @@ cudaError_t set_attr() {
 template <Recipe R>
 cudaError_t set_gemm_attributes() {
   cudaError_t err;
+  if constexpr (R != Recipe::kBf16)
+    if ((err = set_decode_attributes<R>()) != cudaSuccess) return err;
   if ((err = set_attr<R, 16, true>()) != cudaSuccess) return err;
   if ((err = set_attr<R, 16, false>()) != cudaSuccess) return err;
   if ((err = cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, true>,

@@ -1,0 +1,514 @@
+// The decode GEMM (routing tiles of 8 or 16 tokens): the same swap-AB mma.sync math as
+// sm90_moe_gemm_kernel (same fragments, same decode, same k order per column, so the same bits),
+// with a cheaper weight stream for the few-token case where integer issue, not HBM, is the limit:
+//  - one producer warp feeds a ring of stages with 1-D bulk copies (cp.async.bulk, TMA): per
+//    stage one copy of the M-tile's contiguous 4 KB of weights, one of its scales and one per
+//    live token row, all completing on the stage's "full" mbarrier; consumers release a stage on
+//    its "empty" mbarrier. No per-thread address math, no CTA barrier per chunk.
+//  - the scale bytes of a stage are converted once per warp into a small table of bf16x2
+//    multipliers (one lookup per byte instead of four lanes repeating it), read back with two
+//    16-byte loads per fragment.
+//  - kFW fragments (16 weight rows each) per consumer warp: 8 / kFW consumer warps per CTA.
+//  - the ring depth is chosen at launch from the expected CTAs per SM: at 1 token fc1 has only
+//    ~2 CTAs per SM, and the bytes in flight per SM, not issue, set the rate.
+//  - programmatic dependent launch: the CTA sets up (barriers, table) while the previous kernel
+//    finishes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "kernels/moe/sm90_moe_device.cuh"
+
+namespace moe_ep::kern {
+
+// ---------------------------------------------------------------------------------------------
+// PTX helpers: mbarrier, bulk copy, programmatic dependent launch
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Global -> shared bulk copy (16-byte aligned, multiple of 16 bytes) completing on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds16(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+
+// Waits until the previous kernel in the stream has finished and its writes are visible (a
+// no-op without programmatic dependent launch).
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Lets the next kernel of the stream start launching its CTAs (they wait in pdl_wait).
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+template <Recipe R, int kN, int kFW>
+struct DecodeConfig {
+  using RT = RecipeKernelTraits<R>;
+  static constexpr int kCWarps = kTileFrags / kFW;     // consumer warps
+  static constexpr int kThreads = 32 * (kCWarps + 1);  // + the producer warp
+  static constexpr int kNF = kN / 8;
+  static constexpr int kBRow = kKChunk + 8;  // bf16 per B row (16 bytes of padding)
+  static constexpr int kWBytes = kTileFrags * RT::kFragBytes;
+  static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;
+  static constexpr int kBBytes = kN * kBRow * 2;
+  static constexpr int kStageBytes = kWBytes + kSBytes + kBBytes;
+  // Static shared memory (tables, barriers) stays under 8 KB; 227 KB per CTA at most.
+  static constexpr int kMaxStages =
+      (227 * 1024 - 8 * 1024) / kStageBytes < 16 ? (227 * 1024 - 8 * 1024) / kStageBytes : 16;
+  static constexpr int kMinStages = RT::kFourBit ? 4 : 3;
+  static constexpr int kGuStride = 17;  // fp32 per (frag, column) row of the fc1 g/u tile
+  static constexpr int kHS = kFc1TileH + 4;
+  static constexpr int kFc1EpiBytes = (kTileFrags * kN * kGuStride + kN * kHS) * 4;
+  static constexpr int kFc2EpiBytes = kN * (kTileRows + 8) * 2;
+  static constexpr int kEpiBytes = kFc1EpiBytes > kFc2EpiBytes ? kFc1EpiBytes : kFc2EpiBytes;
+  static_assert(kEpiBytes <= kMinStages * kStageBytes, "the epilogue reuses the ring");
+  static constexpr int smem_bytes(int stages) { return stages * kStageBytes; }
+  static_assert(kStageBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "bulk sizes");
+};
+
+template <Recipe R, int kN, int kFW, bool kFc1>
+__global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
+    sm90_moe_decode_kernel(const ForwardArgs a, const int stages) {
+  using C = DecodeConfig<R, kN, kFW>;
+  using RT = typename C::RT;
+  constexpr int kNF = C::kNF, kCW = C::kCWarps;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ uint32_t scale_lut[RT::kFourBit ? 256 : 1];
+  __shared__ uint4 scale_tbl[2][kCW][RT::kFourBit ? kFW * 16 : 1];  // per warp, double-buffered
+  __shared__ __align__(8) uint64_t full_bar[C::kMaxStages];
+  __shared__ __align__(8) uint64_t empty_bar[C::kMaxStages];
+  __shared__ int pair_of[kN];  // t*K+k of each column
+  __shared__ float tw_of[kN];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if constexpr (RT::kFourBit) {
+    for (int b = tid; b < 256; b += C::kThreads) scale_lut[b] = scale_multiplier<R>(b);
+  }
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(&full_bar[s], 1);
+      mbar_init(&empty_bar[s], kCW * 32);
+    }
+    mbar_init_fence();
+  }
+  // Everything below reads what earlier kernels of the forward wrote (tile list, xq or h).
+  pdl_wait();
+  pdl_launch_dependents();
+  const int tile_idx = blockIdx.x;
+  if (tile_idx >= *a.num_tiles) return;
+  const TileInfo tile = a.tiles[tile_idx];
+  const int mtile = blockIdx.y;
+  const int K_dim = kFc1 ? a.H : a.I;
+  const int chunks = K_dim / kKChunk;
+  const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
+  const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
+  const uint8_t* wbase =
+      (kFc1 ? a.w1 : a.w2) + size_t(tile.expert) * w_expert + size_t(mtile) * chunks * C::kWBytes;
+  const uint8_t* sbase = nullptr;
+  if constexpr (RT::kFourBit)
+    sbase =
+        (kFc1 ? a.s1 : a.s2) + size_t(tile.expert) * s_expert + size_t(mtile) * chunks * C::kSBytes;
+
+  for (int n = tid; n < kN; n += C::kThreads) {
+    int pair = -1;
+    float tw = 0.0f;
+    if (n < tile.rows) {
+      pair = a.sorted_pairs[tile.start + n];
+      if constexpr (kFc1) tw = a.topk_weights[pair];
+    }
+    pair_of[n] = pair;
+    tw_of[n] = tw;
+  }
+  // Ring slot s: weights at s * kStageBytes, then scales, then the B rows.
+  const uint32_t ring = smem_addr(smem);
+  constexpr uint32_t kSOff = C::kWBytes, kBOff = C::kWBytes + C::kSBytes;
+  // B rows past tile.rows are never copied: zero them once in every slot (their columns are
+  // computed and dropped; zeros keep them finite).
+  {
+    constexpr int kRowVecs = C::kBRow / 8;
+    const int dead = kN - tile.rows;
+    for (int i = tid; i < stages * dead * kRowVecs; i += C::kThreads) {
+      const int s = i / (dead * kRowVecs), r = i % (dead * kRowVecs);
+      uint16_t* row = reinterpret_cast<uint16_t*>(smem + s * C::kStageBytes + kBOff) +
+                      (tile.rows + r / kRowVecs) * C::kBRow;
+      reinterpret_cast<uint4*>(row)[r % kRowVecs] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  __syncthreads();
+
+  float acc[kFW][kNF][4];
+#pragma unroll
+  for (int f = 0; f < kFW; ++f)
+#pragma unroll
+    for (int n = 0; n < kNF; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][n][i] = 0.0f;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  if (warp == kCW) {
+    // Producer warp: lane 0 queues weights + scales, lane n < rows queues B row n.
+    const int rows = tile.rows;
+    const uint16_t* brow = nullptr;
+    if (lane < rows) {
+      if constexpr (kFc1)
+        brow = a.xq + int64_t(pair_of[lane] / a.K) * a.H;
+      else
+        brow = a.h + int64_t(tile.start + lane) * a.I;
+    }
+    const uint32_t tx = uint32_t(C::kWBytes + C::kSBytes + rows * kKChunk * 2);
+    int slot = 0;
+    uint32_t phase = 0;
+    for (int c = 0; c < chunks; ++c) {
+      if (c >= stages) mbar_wait(&empty_bar[slot], phase ^ 1);
+      unsigned char* st = smem + slot * C::kStageBytes;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&full_bar[slot], tx);
+        bulk_load(st, wbase + size_t(c) * C::kWBytes, C::kWBytes, &full_bar[slot]);
+        if constexpr (RT::kFourBit)
+          bulk_load(st + kSOff, sbase + size_t(c) * C::kSBytes, C::kSBytes, &full_bar[slot]);
+      }
+      if (lane < rows)
+        bulk_load(st + kBOff + lane * C::kBRow * 2, brow + c * kKChunk, kKChunk * 2,
+                  &full_bar[slot]);
+      if (++slot == stages) {
+        slot = 0;
+        phase ^= 1;
+      }
+    }
+  } else {
+    // Per-lane shared addresses within a slot: this warp's weight words, its scale bytes, the
+    // ldmatrix rows (x4: matrices (nf, k 0-7), (nf, k 8-15), (nf+1, k 0-7), (nf+1, k 8-15); x2:
+    // the first two), and the warp's scale table.
+    const int lm_row = (lane & 7) + (kNF >= 2 ? ((lane >> 4) << 3) : 0);
+    const int lm_col = ((lane >> 3) & 1) * 8;
+    const uint32_t w_off = (warp * kFW) * RT::kFragBytes + lane * (RT::kFourBit ? 16 : 64);
+    const uint32_t b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
+    const uint32_t s_off = kSOff + warp * kFW * RT::kScaleBytes;
+    const uint32_t tbl0 = smem_addr(&scale_tbl[0][warp][0]);
+    const uint32_t tbl_step = uint32_t(sizeof(scale_tbl[0]));
+    const uint32_t lut = smem_addr(scale_lut);
+    int slot = 0;
+    uint32_t phase = 0, st = ring;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      mbar_wait(&full_bar[slot], phase);
+      uint32_t b[4][kNF][2];
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        if constexpr (kNF >= 2) {
+#pragma unroll
+          for (int nf = 0; nf < kNF; nf += 2) {
+            uint32_t r[4];
+            ldsm_x4(r, st + b_off + (nf * 8 * C::kBRow + s * 16) * 2);
+            b[s][nf][0] = r[0];
+            b[s][nf][1] = r[1];
+            b[s][nf + 1][0] = r[2];
+            b[s][nf + 1][1] = r[3];
+          }
+        } else {
+          ldsm_x2(b[s][0][0], b[s][0][1], st + b_off + s * 32);
+        }
+      }
+      uint4 wq[kFW][RT::kFourBit ? 1 : 4];
+#pragma unroll
+      for (int f = 0; f < kFW; ++f) {
+        if constexpr (RT::kFourBit) {
+          wq[f][0] = lds128(st + w_off + f * RT::kFragBytes);
+        } else {
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+            wq[f][RT::kFourBit ? 0 : s] = lds128(st + w_off + f * RT::kFragBytes + s * 16);
+        }
+      }
+      // Scale multipliers of this warp's fragments: each lane converts its share of the slot's
+      // scale bytes into the warp's table ([frag*16 + row] -> 4 bf16x2, one per k16 step).
+      uint4 sc_lo[kFW], sc_hi[kFW];
+      if constexpr (RT::kFourBit) {
+        const uint32_t tbl = tbl0 + (chunk & 1) * tbl_step;
+        if constexpr (RT::kNvScale) {
+          if constexpr (kFW == 2) {
+            const uint32_t v = lds32(st + s_off + lane * 4);
+            const uint4 m =
+                make_uint4(lds32(lut + (v & 0xff) * 4), lds32(lut + ((v >> 6) & 0x3fc)),
+                           lds32(lut + ((v >> 14) & 0x3fc)), lds32(lut + (v >> 22 & 0x3fc)));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tbl + lane * 16),
+                         "r"(m.x), "r"(m.y), "r"(m.z), "r"(m.w));
+          } else {
+            const uint32_t v = lds16(st + s_off + lane * 2);
+            asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(tbl + lane * 8),
+                         "r"(lds32(lut + (v & 0xff) * 4)), "r"(lds32(lut + (v >> 8) * 4)));
+          }
+        } else {
+          if (kFW == 2 || lane < 16) {
+            const uint32_t v = lds16(st + s_off + lane * 2);
+            const uint32_t m0 = lds32(lut + (v & 0xff) * 4), m1 = lds32(lut + (v >> 8) * 4);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tbl + lane * 16),
+                         "r"(m0), "r"(m0), "r"(m1), "r"(m1));
+          }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int f = 0; f < kFW; ++f) {
+          sc_lo[f] = lds128(tbl + (f * 16 + g) * 16);
+          sc_hi[f] = lds128(tbl + (f * 16 + g + 8) * 16);
+        }
+      }
+
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+#pragma unroll
+        for (int f = 0; f < kFW; ++f) {
+          uint32_t af[4];
+          if constexpr (RT::kFourBit) {
+            const uint4& w = wq[f][0];
+            const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
+            const uint32_t lo = s == 0   ? sc_lo[f].x
+                                : s == 1 ? sc_lo[f].y
+                                : s == 2 ? sc_lo[f].z
+                                         : sc_lo[f].w;
+            const uint32_t hi = s == 0   ? sc_hi[f].x
+                                : s == 1 ? sc_hi[f].y
+                                : s == 2 ? sc_hi[f].z
+                                         : sc_hi[f].w;
+            uint32_t bits[4];
+            decode_e2m1x8(word, bits);
+            af[0] = mul_bf16x2(bits[0], lo);
+            af[1] = mul_bf16x2(bits[1], hi);
+            af[2] = mul_bf16x2(bits[2], lo);
+            af[3] = mul_bf16x2(bits[3], hi);
+          } else {
+            const uint4& v = wq[f][RT::kFourBit ? 0 : s];
+            af[0] = v.x;
+            af[1] = v.y;
+            af[2] = v.z;
+            af[3] = v.w;
+          }
+#pragma unroll
+          for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, b[s][nf][0], b[s][nf][1]);
+        }
+      }
+      // Release the slot only now: every value read from it has been consumed by an MMA, so
+      // no read of it can still be in flight when the producer's next bulk copy lands.
+      mbar_arrive(&empty_bar[slot]);
+      if (++slot == stages) {
+        slot = 0;
+        phase ^= 1;
+        st = ring;
+      } else {
+        st += C::kStageBytes;
+      }
+    }
+  }
+  __syncthreads();  // every stage was consumed; the pipeline smem becomes the epilogue tile
+
+  const int e = tile.expert;
+  if constexpr (kFc1) {
+    // g/u values [frag][col][row 0..15] (frag 2j = gate, 2j+1 = up rows of h rows j*16..),
+    // then the h tile [kN][64 (+4)] fp32, then the shared requantizing store.
+    float* gu = reinterpret_cast<float*>(smem);
+    float* hs = gu + kTileFrags * kN * C::kGuStride;
+    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
+    if (warp < kCW) {
+#pragma unroll
+      for (int f = 0; f < kFW; ++f)
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = nf * 8 + 2 * t4 + (i & 1);
+            const int row = g + (i >> 1) * 8;
+            float v = acc[f][nf][i] * RT::kAccScale;
+            if constexpr (R == Recipe::kNvfp4) {
+              v = fmt::mul_rn(alpha, v);
+            } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+              v = fmt::round_to_bf16(v);
+            }
+            gu[((warp * kFW + f) * kN + col) * C::kGuStride + row] = v;
+          }
+    }
+    __syncthreads();
+    for (int it = tid; it < kN * kFc1TileH; it += C::kThreads) {
+      const int col = it / kFc1TileH, row = it % kFc1TileH, j = row >> 4, r = row & 15;
+      const float gv = gu[((2 * j) * kN + col) * C::kGuStride + r];
+      const float uv = gu[((2 * j + 1) * kN + col) * C::kGuStride + r];
+      float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
+      if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+      hs[col * C::kHS + row] = hv;
+    }
+    __syncthreads();
+    store_h_tile<R, kN>(a, hs, tile, mtile, tid, C::kThreads);
+  } else {
+    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
+    constexpr int kYS = kTileRows + 8;
+    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
+    if (warp < kCW) {
+#pragma unroll
+      for (int f = 0; f < kFW; ++f)
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = nf * 8 + 2 * t4 + (i & 1);
+            const int row = (warp * kFW + f) * 16 + g + (i >> 1) * 8;
+            float v = acc[f][nf][i] * RT::kAccScale;
+            if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
+            ys[col * kYS + row] = fmt::float_to_bf16(v);
+          }
+    }
+    __syncthreads();
+    store_y_tile<kN>(a, ys, tile, pair_of, mtile, tid, C::kThreads);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch: programmatic stream serialization, so each CTA's setup overlaps the previous kernel.
+
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess)
+      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 132;
+  }();
+  return n;
+}
+
+// Ring depth: as deep as the shared memory of the CTAs expected per SM allows (the routing
+// tiles are counted on the device; min(pairs, experts) is the host's estimate at decode sizes).
+template <Recipe R, int kN, int kFW>
+int decode_stages(const ForwardArgs& a, int mtiles) {
+  using C = DecodeConfig<R, kN, kFW>;
+  const int pairs = a.tokens * a.K;
+  const int tiles = std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
+  // At most 4 CTAs per SM share its shared memory (beyond that they run in later waves anyway,
+  // and a deeper ring per CTA keeps more bytes in flight than more shallow CTAs).
+  const int per_sm = std::min(4, std::max(1, (tiles * mtiles + sm_count() - 1) / sm_count()));
+  constexpr int kSmemPerSm = 228 * 1024, kStatic = 8 * 1024;  // static smem + reserve, rounded
+  const int stages = (kSmemPerSm / per_sm - kStatic) / C::kStageBytes;
+  return std::max(C::kMinStages, std::min(C::kMaxStages, stages));
+}
+
+template <Recipe R, int kN, int kFW, bool kFc1>
+cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
+  using C = DecodeConfig<R, kN, kFW>;
+  const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kN);
+  if (tiles == 0) return cudaSuccess;
+  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
+  const int stages = decode_stages<R, kN, kFW>(a, mtiles);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(tiles, mtiles);
+  cfg.blockDim = dim3(C::kThreads);
+  cfg.dynamicSmemBytes = C::smem_bytes(stages);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, sm90_moe_decode_kernel<R, kN, kFW, kFc1>, a, stages);
+}
+
+// MOE_EP_DECODE_OLD=1 (benchmark knob): tile_n 16 through sm90_moe_gemm_kernel instead.
+inline bool decode_use_old_kernel() {
+  static const bool old = [] {
+    const char* v = std::getenv("MOE_EP_DECODE_OLD");
+    return v && v[0] == '1';
+  }();
+  return old;
+}
+
+// Two fragments per consumer warp (4 consumer warps): measured faster than one (8 warps) at
+// 1, 8 and 128 tokens (docs/gpu_kernels.md §6).
+constexpr int kDecodeFW = 2;
+
+template <Recipe R, int kN>
+cudaError_t launch_decode_pair(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
+  cudaError_t err = launch_decode<R, kN, kDecodeFW, true>(a, s);
+  if (err != cudaSuccess) return err;
+  if (ev) cudaEventRecord(ev[0], s);
+  return launch_decode<R, kN, kDecodeFW, false>(a, s);
+}
+
+template <Recipe R>
+cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
+  return a.tile_n == 8 ? launch_decode_pair<R, 8>(a, s, ev) : launch_decode_pair<R, 16>(a, s, ev);
+}
+
+template <Recipe R, int kN, bool kFc1>
+cudaError_t set_decode_attr() {
+  using C = DecodeConfig<R, kN, kDecodeFW>;
+  return cudaFuncSetAttribute(sm90_moe_decode_kernel<R, kN, kDecodeFW, kFc1>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              C::smem_bytes(C::kMaxStages));
+}
+
+template <Recipe R>
+cudaError_t set_decode_attributes() {
+  cudaError_t err;
+  if ((err = set_decode_attr<R, 8, true>()) != cudaSuccess) return err;
+  if ((err = set_decode_attr<R, 8, false>()) != cudaSuccess) return err;
+  if ((err = set_decode_attr<R, 16, true>()) != cudaSuccess) return err;
+  return set_decode_attr<R, 16, false>();
+}
+
+}  // namespace moe_ep::kern
