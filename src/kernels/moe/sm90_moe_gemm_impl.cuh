@@ -2,10 +2,13 @@
 // sm90_moe_gemm_<recipe>.cu files (so the four recipes compile in parallel).
 #pragma once
 
+#include <cstdlib>
+
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
 #include "kernels/moe/sm90_moe_wgmma.cuh"
+#include "kernels/moe/sm90_moe_wgmma_v2.cuh"
 
 namespace moe_ep::kern {
 
@@ -19,14 +22,28 @@ cudaError_t launch_gemm(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+// MOE_EP_WGMMA=2 (benchmark knob): the v2 prefill kernel (sm90_moe_wgmma_v2.cuh).
+inline int wgmma_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("MOE_EP_WGMMA");
+    return e && e[0] == '2' ? 2 : 1;
+  }();
+  return v;
+}
+
 // Prefill tiles (tile_n 128): one CTA per (tile, M-tile) in a 1-D grid, M-tile fastest.
 template <Recipe R, bool kFc1>
 cudaError_t launch_wgmma(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWgN);
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   if (tiles == 0) return cudaSuccess;
-  sm90_moe_wgmma_kernel<R, kFc1>
-      <<<unsigned(tiles) * unsigned(mtiles), kThreads, WgmmaConfig<R>::kSmemBytes, s>>>(a);
+  if (wgmma_variant() == 2)
+    wgmma_v2::sm90_moe_wgmma_kernel<R, kFc1>
+        <<<unsigned(tiles) * unsigned(mtiles), kThreads, wgmma_v2::WgmmaConfig<R>::kSmemBytes, s>>>(
+            a);
+  else
+    sm90_moe_wgmma_kernel<R, kFc1>
+        <<<unsigned(tiles) * unsigned(mtiles), kThreads, WgmmaConfig<R>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
@@ -65,9 +82,17 @@ cudaError_t set_gemm_attributes() {
                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   WgmmaConfig<R>::kSmemBytes)) != cudaSuccess)
     return err;
-  return cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, false>,
+  if ((err = cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, false>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  WgmmaConfig<R>::kSmemBytes)) != cudaSuccess)
+    return err;
+  if ((err = cudaFuncSetAttribute(wgmma_v2::sm90_moe_wgmma_kernel<R, true>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  wgmma_v2::WgmmaConfig<R>::kSmemBytes)) != cudaSuccess)
+    return err;
+  return cudaFuncSetAttribute(wgmma_v2::sm90_moe_wgmma_kernel<R, false>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              WgmmaConfig<R>::kSmemBytes);
+                              wgmma_v2::WgmmaConfig<R>::kSmemBytes);
 }
 
 }  // namespace moe_ep::kern
