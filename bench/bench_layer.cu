@@ -643,8 +643,9 @@ int main(int argc, char** argv) {
         const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
         const double tflops = 2.0 * 3.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
         int tile_n = kern::choose_tile_n(T, s.K, s.E);
-        if (const char* tn = std::getenv("MOE_EP_TILE_N"); tn && tile_n <= 16)
-          tile_n = std::atoi(tn);  // the benchmark knob of launch_forward
+        if (const char* tn = std::getenv("MOE_EP_TILE_N"))
+          if (const int f = std::atoi(tn); f == 8 || f == 16 || f == 128)
+            tile_n = f;  // the benchmark knob of launch_forward
         if (*recipe == Recipe::kBf16 && tile_n < 16) tile_n = 16;  // launch_forward's rule
         std::printf(
             "%-8s %-12s %6d %-7s %10.1f %10.1f %10.1f %8.3f %8.3f %8.3f  %.1f/%.1f/%.1f/%.1f\n",

@@ -408,23 +408,25 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
   return cudaErrorInvalidValue;
 }
 
-// The decode tile of a forward: choose_tile_n's 8 or 16, except bf16 weights (tile_n 16 only,
-// sm90_moe_gemm_kernel). Benchmark knobs: MOE_EP_TILE_N=8|16 overrides the 4-bit recipes'
-// choice; MOE_EP_DECODE_OLD=1 (sm90_moe_gemm_kernel for them too) implies 16.
-static int decode_tile_n(Recipe r, int chosen) {
+// The tile of a forward: choose_tile_n's 8, 16 or 128, except bf16 weights (no tile_n 8: 16
+// on sm90_moe_gemm_kernel). Benchmark knobs: MOE_EP_TILE_N=8|16|128 overrides the choice (8:
+// sm90_moe_decode_kernel, 16: sm90_moe_gemm_kernel, 128: the wgmma kernel);
+// MOE_EP_DECODE_OLD=1 turns 8 into 16.
+static int forward_tile_n(Recipe r, int chosen) {
   static const int forced = [] {
-    if (decode_use_old_kernel()) return 16;
     const char* v = std::getenv("MOE_EP_TILE_N");
-    return v ? std::atoi(v) : 0;
+    const int n = v ? std::atoi(v) : 0;
+    return n == 8 || n == 16 || n == 128 ? n : 0;
   }();
-  if (r == Recipe::kBf16) return 16;
-  return forced == 8 || forced == 16 ? forced : chosen;
+  int n = forced ? forced : chosen;
+  if (n == 8 && (r == Recipe::kBf16 || decode_use_old_kernel())) n = 16;
+  return n;
 }
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
-  if (a.tile_n <= 16) a.tile_n = decode_tile_n(a.recipe, a.tile_n);
+  a.tile_n = forward_tile_n(a.recipe, a.tile_n);
   if (ev) cudaEventRecord(ev[0], s);
   const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
   switch (a.recipe) {

@@ -491,7 +491,7 @@ cudaError_t launch_decode_pair(const ForwardArgs& a, cudaStream_t s, cudaEvent_t
 
 template <Recipe R>
 cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  return a.tile_n == 8 ? launch_decode_pair<R, 8>(a, s, ev) : launch_decode_pair<R, 16>(a, s, ev);
+  return launch_decode_pair<R, 8>(a, s, ev);  // tile_n 16 runs on sm90_moe_gemm_kernel
 }
 
 template <Recipe R, int kN, bool kFc1>
@@ -506,9 +506,7 @@ template <Recipe R>
 cudaError_t set_decode_attributes() {
   cudaError_t err;
   if ((err = set_decode_attr<R, 8, true>()) != cudaSuccess) return err;
-  if ((err = set_decode_attr<R, 8, false>()) != cudaSuccess) return err;
-  if ((err = set_decode_attr<R, 16, true>()) != cudaSuccess) return err;
-  return set_decode_attr<R, 16, false>();
+  return set_decode_attr<R, 8, false>();
 }
 
 }  // namespace moe_ep::kern

@@ -8,7 +8,6 @@
 #include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
 #include "kernels/moe/sm90_moe_wgmma.cuh"
-#include "kernels/moe/sm90_moe_wgmma_v2.cuh"
 
 namespace moe_ep::kern {
 
@@ -22,38 +21,26 @@ cudaError_t launch_gemm(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// MOE_EP_WGMMA=2 (benchmark knob): the v2 prefill kernel (sm90_moe_wgmma_v2.cuh).
-inline int wgmma_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("MOE_EP_WGMMA");
-    return e && e[0] == '2' ? 2 : 1;
-  }();
-  return v;
-}
-
 // Prefill tiles (tile_n 128): one CTA per (tile, M-tile) in a 1-D grid, M-tile fastest.
 template <Recipe R, bool kFc1>
 cudaError_t launch_wgmma(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWgN);
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   if (tiles == 0) return cudaSuccess;
-  if (wgmma_variant() == 2)
-    wgmma_v2::sm90_moe_wgmma_kernel<R, kFc1>
-        <<<unsigned(tiles) * unsigned(mtiles), kThreads, wgmma_v2::WgmmaConfig<R>::kSmemBytes, s>>>(
-            a);
-  else
-    sm90_moe_wgmma_kernel<R, kFc1>
-        <<<unsigned(tiles) * unsigned(mtiles), kThreads, WgmmaConfig<R>::kSmemBytes, s>>>(a);
+  sm90_moe_wgmma_kernel<R, kFc1>
+      <<<unsigned(tiles) * unsigned(mtiles), kThreads, WgmmaConfig<R>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
   cudaError_t err;
-  // The 4-bit recipes' decode tiles (8, 16) go to sm90_moe_decode_kernel; bf16 weights keep
-  // the tile_n 16 path here (launch_forward maps its tile_n 8 to 16; docs/gpu_kernels.md §6).
+  // The 4-bit recipes' tile_n 8 (at most 4 rows per expert on average) goes to
+  // sm90_moe_decode_kernel; bf16 weights keep the tile_n 16 path here (launch_forward maps their
+  // tile_n 8 to 16). Tile_n 16 (5-24 rows) stays on the mma.sync kernel: the H200 measured the
+  // decode kernel slower there (DSV3 nvfp4 512 tokens 4152 vs 3456 us; docs/gpu_kernels.md §6).
   if constexpr (R != Recipe::kBf16)
-    if (a.tile_n <= 16 && !decode_use_old_kernel()) return launch_decode_gemms<R>(a, s, ev);
+    if (a.tile_n == 8 && !decode_use_old_kernel()) return launch_decode_gemms<R>(a, s, ev);
   if (a.tile_n == 16) {
     if ((err = launch_gemm<R, 16, true>(a, s)) != cudaSuccess) return err;
     if (ev) cudaEventRecord(ev[0], s);
@@ -82,17 +69,9 @@ cudaError_t set_gemm_attributes() {
                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   WgmmaConfig<R>::kSmemBytes)) != cudaSuccess)
     return err;
-  if ((err = cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, false>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  WgmmaConfig<R>::kSmemBytes)) != cudaSuccess)
-    return err;
-  if ((err = cudaFuncSetAttribute(wgmma_v2::sm90_moe_wgmma_kernel<R, true>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  wgmma_v2::WgmmaConfig<R>::kSmemBytes)) != cudaSuccess)
-    return err;
-  return cudaFuncSetAttribute(wgmma_v2::sm90_moe_wgmma_kernel<R, false>,
+  return cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, false>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              wgmma_v2::WgmmaConfig<R>::kSmemBytes);
+                              WgmmaConfig<R>::kSmemBytes);
 }
 
 }  // namespace moe_ep::kern

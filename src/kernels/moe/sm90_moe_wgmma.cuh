@@ -1,14 +1,17 @@
-// Prefill grouped GEMM on Hopper wgmma (tile_n 128; decode tiles keep the mma.sync kernel of
-// sm90_moe_device.cuh). Same "swap AB" shape and resident weight layout: A = 128 weight rows
-// of one M-tile decoded in registers (wgmma's register-A fragment of warp w in a warpgroup is
-// mma.sync m16n8k16's A fragment of that warp's 16 rows, so the resident per-lane layout and
-// the 4-bit decode feed it unchanged), B = up to 128 routed token rows in shared memory
-// (K-major, 128-byte swizzle, one 128-byte row per token and K-chunk), loaded with cp.async.
-// One CTA = one warpgroup; per k16 step two m64nNk16 wgmmas (fragments 2w: gate / first 64
-// rows, 2w+1: up / last 64 rows), so acc[f][nf][i] is laid out as in the mma.sync kernel and
-// the epilogue is shared. N is picked per tile at run time (32, 64, 96 or 128 by its rows).
-// The wgmmas of chunk c run while the warps decode chunk c+1 (one commit group in flight).
+// Prefill grouped GEMM on Hopper wgmma (tile_n
+// 128; decode tiles keep the mma.sync kernel of sm90_moe_device.cuh). Same "swap AB" shape and
+// resident weight layout: A = 128 weight rows of one M-tile decoded in registers (wgmma's
+// register-A fragment of warp w in a warpgroup is mma.sync m16n8k16's A fragment of that warp's 16
+// rows, so the resident per-lane layout and the 4-bit decode feed it unchanged), B = up to 128
+// routed token rows in shared memory (K-major, 128-byte swizzle, one 128-byte row per token and
+// K-chunk), loaded with cp.async. One CTA = one warpgroup; per k16 step two m64nNk16 wgmmas
+// (fragments 2w: gate / first 64 rows, 2w+1: up / last 64 rows), so acc[f][nf][i] is laid out as in
+// the mma.sync kernel and the epilogue is shared. N is picked per tile at run time (32, 64, 96 or
+// 128 by its rows). One commit group per k16 step; up to 3 steps stay in flight while the warps
+// decode the next.
 #pragma once
+
+#include <type_traits>
 
 #include "kernels/moe/sm90_moe_device.cuh"
 
@@ -112,21 +115,22 @@ __device__ __forceinline__ void wgmma_n128(float* d, const uint32_t (&a)[4], uin
       : "memory");
 }
 
-// Eight wgmmas of one K-chunk (4 k16 steps x gate/up) with N = kNW columns.
+// The two wgmmas of one k16 step (f = 0: rows 0-63, f = 1: rows 64-127) with N = kNW columns.
 template <int kNW>
-__device__ __forceinline__ void wgmma_chunk(float (&acc)[2][kWgN / 8][4],
-                                            const uint32_t (&af)[4][2][4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_step(float (&acc)[2][kWgN / 8][4], const uint32_t (&af)[2][4],
+                                           uint64_t desc) {
 #pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int f = 0; f < 2; ++f) {
-      // +32 bytes per k16 step inside the swizzled 128-byte rows (the descriptor counts 16 B).
-      const uint64_t d = desc + uint64_t(2 * s);
-      if constexpr (kNW == 32) wgmma_n32(&acc[f][0][0], af[s][f], d);
-      if constexpr (kNW == 64) wgmma_n64(&acc[f][0][0], af[s][f], d);
-      if constexpr (kNW == 96) wgmma_n96(&acc[f][0][0], af[s][f], d);
-      if constexpr (kNW == 128) wgmma_n128(&acc[f][0][0], af[s][f], d);
-    }
+  for (int f = 0; f < 2; ++f) {
+    if constexpr (kNW == 32) wgmma_n32(&acc[f][0][0], af[f], desc);
+    if constexpr (kNW == 64) wgmma_n64(&acc[f][0][0], af[f], desc);
+    if constexpr (kNW == 96) wgmma_n96(&acc[f][0][0], af[f], desc);
+    if constexpr (kNW == 128) wgmma_n128(&acc[f][0][0], af[f], desc);
+  }
+}
+
+__device__ __forceinline__ void keep_alive(const uint32_t (&r)[2][4]) {
+  asm volatile("" ::"r"(r[0][0]), "r"(r[0][1]), "r"(r[0][2]), "r"(r[0][3]), "r"(r[1][0]),
+               "r"(r[1][1]), "r"(r[1][2]), "r"(r[1][3]));
 }
 
 template <Recipe R>
@@ -156,8 +160,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
   constexpr int kNF = kWgN / 8;
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint32_t scale_lut[RT::kFourBit ? 256 : 1];
-  __shared__ int64_t brow_off[kWgN];  // element offset of each B row
-  __shared__ int pair_of[kWgN];       // t*K+k of each column
+  __shared__ const uint16_t* brow_ptr[kWgN];  // first element of each B row (xq or h)
+  __shared__ int pair_of[kWgN];               // t*K+k of each column
   __shared__ float tw_of[kWgN];
 
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
@@ -183,6 +187,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
   if constexpr (RT::kFourBit) {
     for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
   }
+  const uint16_t* bsrc = kFc1 ? a.xq : a.h;
   for (int n = tid; n < kWgN; n += kThreads) {
     int pair = -1;
     int64_t off = 0;
@@ -196,38 +201,41 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
         off = int64_t(tile.start + n) * a.I;
       }
     }
-    brow_off[n] = off;
+    brow_ptr[n] = bsrc + off;
     pair_of[n] = pair;
     tw_of[n] = tw;
   }
   __syncthreads();
 
-  const uint16_t* bsrc = kFc1 ? a.xq : a.h;
-  // This thread's B pieces: 16-byte column c of rows r0 + 16 i; the swizzle XORs the column with
-  // the row's low 3 bits, which are r0's for every i.
+  // This thread's B pieces: 16-byte column bc of rows br0 + 16 i; the swizzle XORs the column
+  // with the row's low 3 bits, which are br0's for every i.
   const int bc = tid & 7, br0 = tid >> 3;
   const int bdst_off = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
   const int live_rows = tile.rows;
+  const uint8_t* wsrc_t = wbase + tid * 16;
+  const uint8_t* ssrc_t = RT::kFourBit ? sbase + tid * 16 : nullptr;
 
+  // One stage: the kNW rows the wgmmas read (rows past the tile's zero-filled), 8 weight
+  // fragments and their scales.
+  const int nb = (live_rows + 31) >> 5;  // 32-column blocks the wgmmas cover
   auto load_stage = [&](int slot, int chunk) {
     unsigned char* st = smem + slot * C::kStageBytes;
 #pragma unroll
     for (int i = 0; i < kWgN / 16; ++i) {
       const int row = br0 + 16 * i;
-      // Rows past the tile's are not loaded: their columns are never stored.
-      if (row < live_rows)
-        cp_async16(st + bdst_off + i * 2048, bsrc + brow_off[row] + chunk * kKChunk + bc * 8, true);
+      // Only the rows the wgmmas read; those past the tile's are zero-filled.
+      if (i < 2 * nb)  // uniform
+        cp_async16(st + bdst_off + i * 2048, brow_ptr[row] + chunk * kKChunk + bc * 8,
+                   row < live_rows);
     }
-    const uint8_t* wsrc = wbase + size_t(chunk) * C::kWBytes;
-    unsigned char* wdst = st + C::kBBytes;
+    const uint8_t* wsrc = wsrc_t + size_t(chunk) * C::kWBytes;
+    unsigned char* wdst = st + C::kBBytes + tid * 16;
 #pragma unroll
-    for (int i = 0; i < C::kWBytes / 16 / kThreads; ++i) {
-      const int p = tid + i * kThreads;
-      cp_async16(wdst + p * 16, wsrc + p * 16, true);
-    }
+    for (int i = 0; i < C::kWBytes / 16 / kThreads; ++i)
+      cp_async16(wdst + i * kThreads * 16, wsrc + i * kThreads * 16, true);
     if constexpr (RT::kFourBit) {
       if (tid < C::kSBytes / 16)
-        cp_async16(wdst + C::kWBytes + tid * 16, sbase + size_t(chunk) * C::kSBytes + tid * 16,
+        cp_async16(st + C::kBBytes + C::kWBytes + tid * 16, ssrc_t + size_t(chunk) * C::kSBytes,
                    true);
     }
   };
@@ -245,83 +253,107 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
     if (s < chunks) load_stage(s, s);
     cp_async_commit();
   }
-  const int nb = (live_rows + 31) >> 5;  // 32-column blocks the wgmmas cover
+  uint32_t af[4][2][4];  // A fragments of k16 steps 0..3 of a chunk (f, reg)
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int f = 0; f < 2; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) af[s][f][i] = 0;
   const uint32_t smem_base = smem_addr(smem);
 
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    cp_async_wait<C::kAhead - 1>();
-    fence_proxy_async_smem();
-    // After this barrier chunk's data is visible to every warp, and the slot loaded below
-    // (chunk - 2's) is free: each warp waited for its wgmmas at the end of chunk - 1.
-    __syncthreads();
-    {
-      const int next = chunk + C::kAhead;
-      if (next < chunks) load_stage(next % C::kStages, next);
-      cp_async_commit();
-    }
-    const int slot = chunk % C::kStages;
-    const unsigned char* ws = smem + slot * C::kStageBytes + C::kBBytes;
+  // One copy of the K loop per N, so every wgmma on the accumulators has the same shape (ptxas
+  // orders same-shape wgmmas implicitly; a shape change would need a fence in the pipeline).
+  auto k_loop = [&](auto nw) {
+    constexpr int kNW = decltype(nw)::value;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      cp_async_wait<C::kAhead - 1>();
+      fence_proxy_async_smem();
+      // After this barrier chunk's data is visible to every warp, and the slot loaded below
+      // (chunk - 2's) is free: every warp's waits in chunk - 1 retired all of chunk - 2's steps.
+      __syncthreads();
+      {
+        const int next = chunk + C::kAhead;
+        if (next < chunks) load_stage(next % C::kStages, next);
+        cp_async_commit();
+      }
+      const int slot = chunk % C::kStages;
+      const unsigned char* ws = smem + slot * C::kStageBytes + C::kBBytes;
 
-    uint32_t af[4][2][4];
+      // This warp's two fragments (2*warp: gate / rows 0-63, 2*warp+1: up / rows 64-127): the
+      // 4-bit words and scale multipliers of the whole chunk, decoded one k16 step at a time.
+      [[maybe_unused]] uint32_t words[2][4], sc_lo[2][4], sc_hi[2][4];
 #pragma unroll
-    for (int f = 0; f < 2; ++f) {
-      const int frag = 2 * warp + f;
-      if constexpr (RT::kFourBit) {
-        const uint4 wq = *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 16);
-        const unsigned char* ss = ws + C::kWBytes + frag * RT::kScaleBytes;
-        uint32_t sc_lo[4], sc_hi[4];
-        if constexpr (RT::kNvScale) {
-          const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
-          const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
+      for (int f = 0; f < 2; ++f) {
+        if constexpr (RT::kFourBit) {
+          const int frag = 2 * warp + f;
+          const uint4 wq = *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 16);
+          words[f][0] = wq.x;
+          words[f][1] = wq.y;
+          words[f][2] = wq.z;
+          words[f][3] = wq.w;
+          const unsigned char* ss = ws + C::kWBytes + frag * RT::kScaleBytes;
+          if constexpr (RT::kNvScale) {
+            const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
+            const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
 #pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            sc_lo[s] = scale_lut[(lo >> (8 * s)) & 0xff];
-            sc_hi[s] = scale_lut[(hi >> (8 * s)) & 0xff];
+            for (int s = 0; s < 4; ++s) {
+              sc_lo[f][s] = scale_lut[(lo >> (8 * s)) & 0xff];
+              sc_hi[f][s] = scale_lut[(hi >> (8 * s)) & 0xff];
+            }
+          } else {
+            const uint32_t lo = *reinterpret_cast<const uint16_t*>(ss + g * 2);
+            const uint32_t hi = *reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2);
+            sc_lo[f][0] = sc_lo[f][1] = scale_lut[lo & 0xff];
+            sc_lo[f][2] = sc_lo[f][3] = scale_lut[lo >> 8];
+            sc_hi[f][0] = sc_hi[f][1] = scale_lut[hi & 0xff];
+            sc_hi[f][2] = sc_hi[f][3] = scale_lut[hi >> 8];
           }
-        } else {
-          const uint32_t lo = *reinterpret_cast<const uint16_t*>(ss + g * 2);
-          const uint32_t hi = *reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2);
-          sc_lo[0] = sc_lo[1] = scale_lut[lo & 0xff];
-          sc_lo[2] = sc_lo[3] = scale_lut[lo >> 8];
-          sc_hi[0] = sc_hi[1] = scale_lut[hi & 0xff];
-          sc_hi[2] = sc_hi[3] = scale_lut[hi >> 8];
-        }
-        const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t bits[4];
-          decode_e2m1x8(words[s], bits);
-          af[s][f][0] = mul_bf16x2(bits[0], sc_lo[s]);
-          af[s][f][1] = mul_bf16x2(bits[1], sc_hi[s]);
-          af[s][f][2] = mul_bf16x2(bits[2], sc_lo[s]);
-          af[s][f][3] = mul_bf16x2(bits[3], sc_hi[s]);
-        }
-      } else {
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const uint4 v =
-              *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 64 + s * 16);
-          af[s][f][0] = v.x;
-          af[s][f][1] = v.y;
-          af[s][f][2] = v.z;
-          af[s][f][3] = v.w;
         }
       }
-    }
 
-    const uint64_t desc = sw128_desc(smem_base + slot * C::kStageBytes);
-    wgmma_fence();
-    if (nb >= 4)
-      wgmma_chunk<128>(acc, af, desc);
-    else if (nb == 3)
-      wgmma_chunk<96>(acc, af, desc);
-    else if (nb == 2)
-      wgmma_chunk<64>(acc, af, desc);
-    else
-      wgmma_chunk<32>(acc, af, desc);
-    wgmma_commit();
-    wgmma_wait<1>();
-  }
+      const uint64_t desc = sw128_desc(smem_base + slot * C::kStageBytes);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        // af[s] was last read by the wgmmas of this step one chunk ago, retired by the wait below
+        // in step s - 1 (up to 3 steps stay in flight while the next ones decode).
+#pragma unroll
+        for (int f = 0; f < 2; ++f) {
+          if constexpr (RT::kFourBit) {
+            uint32_t bits[4];
+            decode_e2m1x8(words[f][s], bits);
+            af[s][f][0] = mul_bf16x2(bits[0], sc_lo[f][s]);
+            af[s][f][1] = mul_bf16x2(bits[1], sc_hi[f][s]);
+            af[s][f][2] = mul_bf16x2(bits[2], sc_lo[f][s]);
+            af[s][f][3] = mul_bf16x2(bits[3], sc_hi[f][s]);
+          } else {
+            const uint4 v = *reinterpret_cast<const uint4*>(ws + (2 * warp + f) * RT::kFragBytes +
+                                                            lane * 64 + s * 16);
+            af[s][f][0] = v.x;
+            af[s][f][1] = v.y;
+            af[s][f][2] = v.z;
+            af[s][f][3] = v.w;
+          }
+        }
+        wgmma_fence();
+        const uint64_t d = desc + uint64_t(2 * s);  // +32 bytes per k16 step
+        wgmma_step<kNW>(acc, af[s], d);
+        wgmma_commit();
+        wgmma_wait<3>();
+        // The step that used af[(s + 1) % 4] is retired now; keeping those registers alive until
+        // here stops ptxas from reusing them for a decode while a wgmma may still read them.
+        keep_alive(af[(s + 1) & 3]);
+      }
+    }
+  };
+  if (nb >= 4)
+    k_loop(std::integral_constant<int, 128>{});
+  else if (nb == 3)
+    k_loop(std::integral_constant<int, 96>{});
+  else if (nb == 2)
+    k_loop(std::integral_constant<int, 64>{});
+  else
+    k_loop(std::integral_constant<int, 32>{});
   wgmma_wait<0>();
 #pragma unroll
   for (int f = 0; f < 2; ++f)
