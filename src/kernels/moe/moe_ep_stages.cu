@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/quant4_device.cuh"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
@@ -19,174 +20,151 @@ __device__ __forceinline__ int valid_count(int bound, const int32_t* dev) {
   return n < 0 ? 0 : (n > bound ? bound : n);
 }
 
-// N bf16 values (N % 8 == 0) from x: 16-byte loads when `vec`, else 2-byte loads.
-template <int N>
-__device__ __forceinline__ void load_bf16(const uint16_t* x, bool vec, uint16_t (&v)[N]) {
-  if (vec) {
-#pragma unroll
-    for (int q = 0; q < N / 8; ++q) {
-      const uint4 w = __ldg(reinterpret_cast<const uint4*>(x) + q);
-      const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        v[8 * q + 2 * i] = uint16_t(u[i] & 0xffffu);
-        v[8 * q + 2 * i + 1] = uint16_t(u[i] >> 16);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = x[i];
-  }
-}
+// Elements of a row one block of the EP source / unpack kernels covers: 4 per thread, so a
+// decode token spreads over H / 1024 blocks instead of one (quant4_device.cuh).
+constexpr int kEpElems = 4 * kThreads256;
+__host__ __device__ inline int ep_blocks_per_row(int H) { return (H + kEpElems - 1) / kEpElems; }
 
-// Block t: token t's ids are checked (first bad one recorded, as the single-GPU route does) and
-// its row quantized. Rows past the valid count are left alone (dispatch never reads them).
+// Block t * nb + part: part `part` of token t's row quantized into its activation row (data
+// bytes, then one scale byte per block), and (part 0) token t's ids checked (the first bad one
+// recorded, as the single-GPU route does). Rows past the valid count are left alone (dispatch
+// never reads them).
 template <Recipe R>
 __global__ void __launch_bounds__(kThreads256) ep_source_kernel(const EpSourceArgs a) {
-  const int t = blockIdx.x, tid = threadIdx.x;
+  const int nb = ep_blocks_per_row(a.H);
+  const int t = blockIdx.x / nb, part = blockIdx.x % nb, tid = threadIdx.x;
   if (t >= valid_count(a.tokens, a.num_tokens)) return;
   const int K = a.K, H = a.H;
-  for (int k = tid; k < K; k += kThreads256) {
-    const int id = a.ids[size_t(t) * K + k];
-    if ((id < -1 || id >= a.num_experts) && atomicCAS(&a.error->code, 0, 1) == 0) {
-      a.error->index = t * K + k;
-      a.error->value = id;
-      a.error->limit = a.num_experts;
-      __threadfence_system();
+  if (part == 0) {
+    for (int k = tid; k < K; k += kThreads256) {
+      const int id = a.ids[size_t(t) * K + k];
+      if ((id < -1 || id >= a.num_experts) && atomicCAS(&a.error->code, 0, 1) == 0) {
+        a.error->index = t * K + k;
+        a.error->value = id;
+        a.error->limit = a.num_experts;
+        __threadfence_system();
+      }
     }
   }
   const uint16_t* x = a.x + int64_t(t) * a.x_stride;
   uint8_t* row = a.act + size_t(t) * a.act_row_bytes;
-  // 16-byte loads of x where its rows allow (the caller's tensor need not be aligned).
-  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.x_stride) * 2) & 15) == 0;
-  if constexpr (R == Recipe::kNvfp4) {
-    for (int b = tid; b < H / 16; b += kThreads256) {
-      uint16_t v[16];
-      load_bf16<16>(x + b * 16, vec, v);
-      uint8_t packed[8];
-      const uint8_t sb = fmt::quantize_block_nvfp4(v, a.input_norm_const, packed);
-      uint2 p;
-      p.x = uint32_t(packed[0]) | uint32_t(packed[1]) << 8 | uint32_t(packed[2]) << 16 |
-            uint32_t(packed[3]) << 24;
-      p.y = uint32_t(packed[4]) | uint32_t(packed[5]) << 8 | uint32_t(packed[6]) << 16 |
-            uint32_t(packed[7]) << 24;
-      *reinterpret_cast<uint2*>(row + b * 8) = p;
-      row[a.act_data_bytes + b] = sb;
+  const int i0 = part * kEpElems + 4 * tid;
+  const bool on = i0 < H;  // H is a multiple of the block (16 / 32): whole groups are on or off
+  // 8-byte loads of x where its rows allow (the caller's tensor need not be aligned).
+  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.x_stride) * 2) & 7) == 0;
+  uint32_t w[2] = {0u, 0u};
+  if (on) {
+    if (vec) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(x + i0));
+      w[0] = u.x;
+      w[1] = u.y;
+    } else {
+      w[0] = uint32_t(x[i0]) | uint32_t(x[i0 + 1]) << 16;
+      w[1] = uint32_t(x[i0 + 2]) | uint32_t(x[i0 + 3]) << 16;
     }
-  } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-    for (int b = tid; b < H / 32; b += kThreads256) {
-      uint16_t v[32];
-      load_bf16<32>(x + b * 32, vec, v);
-      uint8_t q[32];
-      const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
-      uint4* d = reinterpret_cast<uint4*>(row + b * 32);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        uint32_t w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          w[i] = uint32_t(q[16 * j + 4 * i]) | uint32_t(q[16 * j + 4 * i + 1]) << 8 |
-                 uint32_t(q[16 * j + 4 * i + 2]) << 16 | uint32_t(q[16 * j + 4 * i + 3]) << 24;
-        d[j] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-      row[a.act_data_bytes + b] = sb;
+  }
+  if constexpr (kQuantizesActivations<R>) {
+    const float v[4] = {fmt::bf16_to_float(w[0] & 0xffffu), fmt::bf16_to_float(w[0] >> 16),
+                        fmt::bf16_to_float(w[1] & 0xffffu), fmt::bf16_to_float(w[1] >> 16)};
+    uint8_t q[4];
+    float d[4];
+    const uint8_t sb = quantize4<R>(v, a.input_norm_const, q, d);
+    if (!on) return;
+    if constexpr (R == Recipe::kNvfp4) {
+      // Even element in the low nibble (fmt::quantize_block_nvfp4's packing).
+      *reinterpret_cast<uint16_t*>(row + i0 / 2) =
+          uint16_t(q[0] | q[1] << 4 | q[2] << 8 | q[3] << 12);
+      if (i0 % fmt::kNvfp4Block == 0) row[a.act_data_bytes + i0 / fmt::kNvfp4Block] = sb;
+    } else {
+      *reinterpret_cast<uint32_t*>(row + i0) =
+          uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
+      if (i0 % fmt::kMxBlock == 0) row[a.act_data_bytes + i0 / fmt::kMxBlock] = sb;
     }
   } else {
-    uint16_t* d = reinterpret_cast<uint16_t*>(row);
-    if (vec && H % 8 == 0) {  // act rows are 16-byte aligned
-      for (int c = tid; c < H / 8; c += kThreads256)
-        reinterpret_cast<uint4*>(d)[c] = __ldg(reinterpret_cast<const uint4*>(x) + c);
-    } else {
-      for (int i = tid; i < H; i += kThreads256) d[i] = x[i];
-    }
+    if (on) *reinterpret_cast<uint2*>(row + size_t(i0) * 2) = make_uint2(w[0], w[1]);
   }
 }
 
-// Block v = src * capacity + row. xq values are q * s in bf16 (exact), the same bits the
-// single-GPU prepare writes for the same token, so EP and EP = 1 outputs agree bit for bit.
+// Block v * nb + part, v = src * capacity + row: part `part` of virtual token v's xq row (q * s
+// in bf16, exact: the same bits the single-GPU prepare writes for the same token, so EP and
+// EP = 1 outputs agree bit for bit) and (part 0) its ids and weights.
 template <Recipe R>
 __global__ void __launch_bounds__(kThreads256) ep_unpack_kernel(const EpUnpackArgs a) {
-  const int v = blockIdx.x, tid = threadIdx.x;
+  const int nb = ep_blocks_per_row(a.H);
+  const int v = blockIdx.x / nb, part = blockIdx.x % nb, tid = threadIdx.x;
   const int src = v / a.capacity, i = v % a.capacity, K = a.K, H = a.H;
   int n = *reinterpret_cast<const int32_t*>(a.window + a.recv_count_off + size_t(src) * 4);
   n = n < 0 ? 0 : (n > a.capacity ? a.capacity : n);
   const size_t r = size_t(src) * a.capacity + i;
   if (i >= n) {
-    for (int k = tid; k < K; k += kThreads256) a.ids[r * K + k] = -1;
+    if (part == 0)
+      for (int k = tid; k < K; k += kThreads256) a.ids[r * K + k] = -1;
     return;
   }
-  const uint8_t* meta = a.window + a.recv_meta_off + r * a.meta_row_bytes;
-  const int32_t* mids = reinterpret_cast<const int32_t*>(meta + 4);
-  const float* mw = reinterpret_cast<const float*>(meta + 4 + 4 * K);
-  for (int k = tid; k < K; k += kThreads256) {
-    const int id = mids[k];
-    const bool local = id >= a.expert_base && id < a.expert_base + a.local_experts;
-    a.ids[r * K + k] = local ? id : -1;
-    a.weights[r * K + k] = mw[k];
+  if (part == 0) {
+    const uint8_t* meta = a.window + a.recv_meta_off + r * a.meta_row_bytes;
+    const int32_t* mids = reinterpret_cast<const int32_t*>(meta + 4);
+    const float* mw = reinterpret_cast<const float*>(meta + 4 + 4 * K);
+    for (int k = tid; k < K; k += kThreads256) {
+      const int id = mids[k];
+      const bool local = id >= a.expert_base && id < a.expert_base + a.local_experts;
+      a.ids[r * K + k] = local ? id : -1;
+      a.weights[r * K + k] = mw[k];
+    }
   }
+  const int i0 = part * kEpElems + 4 * tid;
+  if (i0 >= H) return;
   const uint8_t* row = a.window + a.recv_act_off + r * a.act_row_bytes;
-  uint16_t* xq = a.xq + r * H;
+  uint32_t o[2];
   if constexpr (R == Recipe::kNvfp4) {
-    for (int b = tid; b < H / 16; b += kThreads256) {
-      const uint2 p = *reinterpret_cast<const uint2*>(row + b * 8);
-      const float s = fmt::e4m3_to_float(row[a.act_data_bytes + b]);
-      const uint32_t pw[2] = {p.x, p.y};
-      uint32_t o[8];
+    const uint32_t p = *reinterpret_cast<const uint16_t*>(row + i0 / 2);
+    const float s = fmt::e4m3_to_float(row[a.act_data_bytes + i0 / fmt::kNvfp4Block]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t byte = (pw[j / 4] >> (8 * (j % 4))) & 0xffu;
-        o[j] = uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(byte & 0xf) * s)) |
-               (uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(byte >> 4) * s)) << 16);
-      }
-      uint4* d = reinterpret_cast<uint4*>(xq + b * 16);
-      d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-      d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t byte = (p >> (8 * j)) & 0xffu;
+      o[j] = uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(byte & 0xf) * s)) |
+             (uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(byte >> 4) * s)) << 16);
     }
   } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-    for (int b = tid; b < H / 32; b += kThreads256) {
-      const float s = fmt::ue8m0_to_float(row[a.act_data_bytes + b]);
-      const uint8_t* q = row + b * 32;
-      uint4* d = reinterpret_cast<uint4*>(xq + b * 32);
+    const uint32_t q = *reinterpret_cast<const uint32_t*>(row + i0);
+    const float s = fmt::ue8m0_to_float(row[a.act_data_bytes + i0 / fmt::kMxBlock]);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t o[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          o[e] = uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * e]) * s)) |
-                 (uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * e + 1]) * s)) << 16);
-        d[j] = make_uint4(o[0], o[1], o[2], o[3]);
-      }
-    }
+    for (int j = 0; j < 2; ++j)
+      o[j] =
+          uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float((q >> (16 * j)) & 0xffu) * s)) |
+          (uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float((q >> (16 * j + 8)) & 0xffu) * s)) << 16);
   } else {
-    const uint4* s = reinterpret_cast<const uint4*>(row);
-    uint4* d = reinterpret_cast<uint4*>(xq);
-    for (int c = tid; c < H / 8; c += kThreads256) d[c] = s[c];
+    const uint2 u = *reinterpret_cast<const uint2*>(row + size_t(i0) * 2);
+    o[0] = u.x;
+    o[1] = u.y;
   }
+  *reinterpret_cast<uint2*>(a.xq + r * H + i0) = make_uint2(o[0], o[1]);
 }
 
 }  // namespace
 
 cudaError_t launch_ep_source(const EpSourceArgs& a, cudaStream_t s) {
   if (a.tokens == 0) return cudaSuccess;
+  const unsigned blocks = unsigned(a.tokens) * unsigned(ep_blocks_per_row(a.H));
   switch (a.recipe) {
     case Recipe::kNvfp4:
-      ep_source_kernel<Recipe::kNvfp4><<<a.tokens, kThreads256, 0, s>>>(a);
+      ep_source_kernel<Recipe::kNvfp4><<<blocks, kThreads256, 0, s>>>(a);
       break;
     case Recipe::kMxfp4Mxfp8:
-      ep_source_kernel<Recipe::kMxfp4Mxfp8><<<a.tokens, kThreads256, 0, s>>>(a);
+      ep_source_kernel<Recipe::kMxfp4Mxfp8><<<blocks, kThreads256, 0, s>>>(a);
       break;
     case Recipe::kMxfp4Bf16:
-      ep_source_kernel<Recipe::kMxfp4Bf16><<<a.tokens, kThreads256, 0, s>>>(a);
+      ep_source_kernel<Recipe::kMxfp4Bf16><<<blocks, kThreads256, 0, s>>>(a);
       break;
     case Recipe::kBf16:
-      ep_source_kernel<Recipe::kBf16><<<a.tokens, kThreads256, 0, s>>>(a);
+      ep_source_kernel<Recipe::kBf16><<<blocks, kThreads256, 0, s>>>(a);
       break;
   }
   return cudaGetLastError();
 }
 
 cudaError_t launch_ep_unpack(const EpUnpackArgs& a, cudaStream_t s) {
-  const int blocks = a.world * a.capacity;
+  const unsigned blocks = unsigned(a.world * a.capacity) * unsigned(ep_blocks_per_row(a.H));
   if (blocks == 0) return cudaSuccess;
   switch (a.recipe) {
     case Recipe::kNvfp4:

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/quant4_device.cuh"
 #include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
 #include "moe_ep/formats.h"
@@ -177,31 +178,10 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = on ? fmt::bf16_to_float(x[i0 + i]) : 0.0f;
   uint32_t o[2];
-  if constexpr (R == Recipe::kNvfp4 || R == Recipe::kMxfp4Mxfp8) {
-    constexpr int kLanes = R == Recipe::kNvfp4 ? fmt::kNvfp4Block / 4 : fmt::kMxBlock / 4;
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
-#pragma unroll
-    for (int m = 1; m < kLanes; m <<= 1)
-      amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  if constexpr (kQuantizesActivations<R>) {
+    uint8_t q[4];
     float d[4];
-    if constexpr (R == Recipe::kNvfp4) {
-      const float nc = a.input_norm_const;
-      const uint8_t sb = fmt::float_to_e4m3(fmt::div_rn(fmt::mul_rn(amax, nc), fmt::kE2M1Max));
-      const float s = fmt::e4m3_to_float(sb);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint8_t q = s != 0.0f ? fmt::float_to_e2m1(fmt::div_rn(fmt::mul_rn(v[i], nc), s)) : 0;
-        d[i] = fmt::e2m1_to_float(q) * s;
-      }
-    } else {
-      const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
-      const float inv = fmt::exp2i(127 - int(sb)), s = fmt::ue8m0_to_float(sb);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        d[i] = fmt::e4m3_to_float(fmt::float_to_e4m3(fmt::mul_rn(v[i], inv))) * s;
-    }
+    quantize4<R>(v, a.input_norm_const, q, d);
     o[0] = uint32_t(fmt::float_to_bf16(d[0])) | (uint32_t(fmt::float_to_bf16(d[1])) << 16);
     o[1] = uint32_t(fmt::float_to_bf16(d[2])) | (uint32_t(fmt::float_to_bf16(d[3])) << 16);
   } else {

@@ -1,0 +1,56 @@
+// Activation block quantization spread over lanes: each thread holds 4 consecutive elements of a
+// row, the 4 (NVFP4, 16-wide blocks) or 8 (MXFP8, 32-wide blocks) lanes of one scale block
+// share its amax by shuffles, and every element gets the arithmetic of fmt::quantize_block_nvfp4
+// / fmt::quantize_block_mxfp8 (so the codes, the scale byte and q * s are those functions' bits).
+// A row then spreads over many threads, so a decode token's quantization is not a chain of 16 or
+// 32 dependent divisions per thread. Used by the single-GPU prepare and the EP source.
+#pragma once
+
+#include <cstdint>
+
+#include "moe_ep/config.h"
+#include "moe_ep/formats.h"
+
+namespace moe_ep::kern {
+
+// The activation format of a recipe with 4-bit or 8-bit activations.
+template <Recipe R>
+constexpr bool kQuantizesActivations = R == Recipe::kNvfp4 || R == Recipe::kMxfp4Mxfp8;
+
+// v: this thread's 4 elements (lanes of one block are consecutive and all active, also those
+// past the row's end, with zeros). Returns the block's scale byte; q = the 4 codes (E2M1 codes
+// for NVFP4, E4M3 bytes for MXFP8), d = q * s as floats (exact).
+template <Recipe R>
+__device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_const, uint8_t (&q)[4],
+                                             float (&d)[4]) {
+  static_assert(kQuantizesActivations<R>, "bf16 activations are not quantized");
+  constexpr int kLanes = R == Recipe::kNvfp4 ? fmt::kNvfp4Block / 4 : fmt::kMxBlock / 4;
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
+#pragma unroll
+  for (int m = 1; m < kLanes; m <<= 1)
+    amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  if constexpr (R == Recipe::kNvfp4) {
+    const uint8_t sb =
+        fmt::float_to_e4m3(fmt::div_rn(fmt::mul_rn(amax, norm_const), fmt::kE2M1Max));
+    const float s = fmt::e4m3_to_float(sb);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q[i] = s != 0.0f ? fmt::float_to_e2m1(fmt::div_rn(fmt::mul_rn(v[i], norm_const), s)) : 0;
+      d[i] = fmt::e2m1_to_float(q[i]) * s;
+    }
+    return sb;
+  } else {
+    const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
+    const float inv = fmt::exp2i(127 - int(sb)), s = fmt::ue8m0_to_float(sb);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q[i] = fmt::float_to_e4m3(fmt::mul_rn(v[i], inv));
+      d[i] = fmt::e4m3_to_float(q[i]) * s;
+    }
+    return sb;
+  }
+}
+
+}  // namespace moe_ep::kern
