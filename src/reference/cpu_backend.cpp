@@ -362,9 +362,20 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
       }
       *reinterpret_cast<int32_t*>(peers[o] + L.recv_count(rank())) = int32_t(rows.size());
     }
-    // Release: everything written above is visible to the owners after this barrier.
-    fleet_->barrier(channel_, rank(), next_ticket(kStageDispatch), seq_, "dispatch",
-                    boot_.timeout_ms);
+    // Release: everything written above is visible to the owners after this barrier. It also
+    // gathers every rank's workspace: peers address each other's buffers at equal offsets, so
+    // a call where ranks use different workspaces fails on every rank (the rows written above
+    // went to the peers' receive areas of a workspace of the same capacity; nothing else
+    // changes) and the fleet stays in step.
+    const std::vector<int64_t> used = fleet_->allgather(
+        channel_, rank(), ws_idx, next_ticket(kStageDispatch), seq_, "dispatch", boot_.timeout_ms);
+    for (int p = 1; p < W(); ++p)
+      if (used[p] != used[0])
+        throw Error(ErrorCode::kInvalidArgument,
+                    "rank 0 called forward with workspace " + std::to_string(used[0]) +
+                        " and rank " + std::to_string(p) + " with workspace " +
+                        std::to_string(used[p]) +
+                        ": every rank must run a call with the same workspace");
 
     // ---- B. expert compute on what this rank received ------------------------------------
     std::vector<std::vector<Pair>> pairs(El);

@@ -391,6 +391,48 @@ INSTANTIATE_TEST_SUITE_P(
                                      }}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// SPEC §4: every rank runs a call with the same workspace. Ranks that disagree all get an error
+// naming both workspaces (nobody waits for a timeout, nothing is written to their outputs), and
+// the next call with one workspace gives the same bits as before.
+TEST(BadInput, RanksWithDifferentWorkspacesAllFailNamingBoth) {
+  const int W = 2, El = kE / W;
+  const HostPack pack = random_pack(Recipe::kNvfp4, kE, kH, kI, 64);
+  const LayerConfig cfg = make_config(Recipe::kNvfp4, kE, kCap, kH, kI, kK);
+  const std::vector<RankInputs> good = {random_inputs(4, kH, kK, kE, 65),
+                                        random_inputs(6, kH, kK, kE, 66)};
+  const int64_t kTimeout = 4000;
+  auto fleet = make_cpu_fleet(W);
+  std::vector<Bits> before(W), after(W), during(W);
+  std::vector<Caught> errs(W);
+  std::vector<double> ms(W);
+  run_fleet(W, [&](int r) {
+    MegaLayer layer(cpu_boot(W, r, fleet, kTimeout), cfg, pack.view(r * El, El),
+                    pack.epilogue_view(r * El, El));
+    const WorkspaceId small = layer.create_workspace(8);
+    before[r] = run_into(layer, good[r].forward_inputs(), good[r].T);
+    ForwardInputs fi = good[r].forward_inputs();
+    if (r == 1) fi.workspace = small;  // rank 0 keeps the default workspace
+    during[r].assign(size_t(good[r].T) * kH, kPoison);
+    const auto t0 = Clock::now();
+    errs[r] = catch_error([&] {
+      layer.forward(fi, TensorView::contiguous(during[r].data(), DType::kBF16, {good[r].T, kH}));
+    });
+    ms[r] = ms_since(t0);
+    ForwardInputs again = good[r].forward_inputs();
+    again.workspace = small;
+    after[r] = run_into(layer, again, good[r].T);
+  });
+  for (int r = 0; r < W; ++r) {
+    ASSERT_TRUE(errs[r].thrown) << "rank " << r << " accepted a call with another workspace";
+    EXPECT_EQ(int(errs[r].code), int(ErrorCode::kInvalidArgument)) << errs[r].what;
+    EXPECT_TRUE(contains(errs[r].what, "workspace 0") && contains(errs[r].what, "workspace 1"))
+        << errs[r].what;
+    EXPECT_LT(ms[r], kTimeout / 2) << "rank " << r << " waited for the timeout";
+    EXPECT_EQ(count_nan(during[r]), during[r].size()) << "rank " << r << " wrote its output";
+    EXPECT_EQ(bitwise_diff(after[r], before[r], kH), "") << "rank " << r;
+  }
+}
+
 // W = 2, rank 1 never makes the call: rank 0 times out with an error naming peer rank 1 and the
 // stage it waited at.
 TEST(Faults, ASkippedCallTimesOutNamingThePeerAndStage) {
