@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main():
-    ours = json.load(open(sys.argv[1]))
+    # Several JSON files of ours may be joined with commas (e.g. one per recipe at EP > 1).
+    ours = [r for p in sys.argv[1].split(",") for r in json.load(open(p))]
     torch_path = sys.argv[2] if len(sys.argv) > 3 else None
     out = sys.argv[-1]
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -31,10 +32,10 @@ def main():
         base = sorted((r for r in json.load(open(torch_path)) if r["routing"] == "uniform"),
                       key=lambda r: r["tokens_per_rank"])
         ax.plot([r["tokens_per_rank"] for r in base], [r["median_us"] for r in base], "s:",
-                color="gray", label="PyTorch bf16 (_grouped_mm)")
+                color="gray", label=base[0].get("label", "PyTorch bf16 (_grouped_mm)"))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("tokens per rank (EP = 1)")
+    ax.set_xlabel(f"tokens per rank (EP = {ours[0].get('ep', 1)})")
     ax.set_ylabel("median forward time (us)")
     ax.set_title(f"{ours[0]['shape']} MoE layer (H {ours[0]['H']}, I {ours[0]['I']}, "
                  f"E {ours[0]['E']}, K {ours[0]['K']}) on {ours[0]['device']}, uniform routing")

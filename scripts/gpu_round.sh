@@ -120,6 +120,9 @@ if has benchall; then
         --json "$B/layer-dsv3-ep2-$r.json" >"$B/layer-dsv3-ep2-$r.log" 2>&1 || status=1
       tail -9 "$B/layer-dsv3-ep2-$r.log"
     done
+    j=$(ls "$B"/layer-dsv3-ep2-*.json | paste -sd, -)
+    python3 bench/plot_results.py "$j" bench/results/h200x2-devicemd-torch-ep2.json \
+      "$B/layer-dsv3-ep2.png" >>"$B/plot.log" 2>&1 || true
     # The single-GPU time of the same per-rank work (E = 128, the same T): the EP = 2 target.
     "$BUILD/bench/bench_layer" --shape dsv3 --experts 128 --recipes nvfp4 --routing uniform \
       --tokens 1,128,4096 --json "$B/layer-dsv3-ep1-e128.json" >"$B/layer-dsv3-ep1-e128.log" 2>&1 ||
