@@ -1,0 +1,93 @@
+// Host-side arithmetic of the CUDA backend's kernel parameters (src/kernels/moe/moe_params.h):
+// the tile width choice, the bound the grids and the workspace tile list are sized by, and the
+// kernel-resident weight sizes. Plain C++, so it runs here although the kernels cannot.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/moe/moe_params.h"
+
+namespace moe_ep::kern {
+namespace {
+
+// The tile width is 8 up to 4 mean rows per expert, 16 up to 24, else 128 (the wgmma tile).
+TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
+  // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32.
+  EXPECT_EQ(choose_tile_n(1, 8, 256), 8);
+  EXPECT_EQ(choose_tile_n(128, 8, 256), 8);    // 4 rows
+  EXPECT_EQ(choose_tile_n(129, 8, 256), 16);   // just above 4
+  EXPECT_EQ(choose_tile_n(512, 8, 256), 16);   // 16 rows
+  EXPECT_EQ(choose_tile_n(768, 8, 256), 16);   // 24 rows
+  EXPECT_EQ(choose_tile_n(769, 8, 256), 128);  // just above 24
+  EXPECT_EQ(choose_tile_n(4096, 8, 256), 128);
+  // EP = 2 owner side: W * T virtual tokens over 128 local experts.
+  EXPECT_EQ(choose_tile_n(2 * 128, 8, 128), 16);
+  EXPECT_EQ(choose_tile_n(2 * 4096, 8, 128), 128);
+  // No local experts (a degenerate split) does not divide by zero.
+  EXPECT_EQ(choose_tile_n(0, 8, 0), 8);
+}
+
+// Routing makes ceil(count_e / tile_n) tiles per touched expert; max_tiles must bound their sum
+// for every distribution of `pairs` over the experts (the grids and the tile list rely on it).
+TEST(KernelParams, MaxTilesBoundsEveryRouting) {
+  std::mt19937 rng(7);
+  for (const int tn : {8, 16, 128}) {
+    for (const int El : {1, 3, 32, 128, 256}) {
+      for (const int pairs : {0, 1, 7, 8, 9, 100, 1024, 32768}) {
+        auto tiles_of = [&](const std::vector<int>& c) {
+          int n = 0;
+          for (int v : c) n += (v + tn - 1) / tn;
+          return n;
+        };
+        // Worst cases: every expert one row more than a multiple of tn, and all on one expert.
+        std::vector<int> c(El, 0);
+        for (int p = 0; p < pairs; ++p) c[p % El] += 1;
+        EXPECT_LE(tiles_of(c), max_tiles(pairs, El, tn)) << tn << " " << El << " " << pairs;
+        std::fill(c.begin(), c.end(), 0);
+        if (El) c[0] = pairs;
+        EXPECT_LE(tiles_of(c), max_tiles(pairs, El, tn));
+        for (int trial = 0; trial < 20; ++trial) {
+          std::fill(c.begin(), c.end(), 0);
+          std::uniform_int_distribution<int> pick(0, El - 1);
+          for (int p = 0; p < pairs; ++p) c[pick(rng)] += 1;
+          EXPECT_LE(tiles_of(c), max_tiles(pairs, El, tn)) << tn << " " << El << " " << pairs;
+        }
+      }
+    }
+  }
+  // The workspace's tile list is sized for the smallest tile width, which bounds the others.
+  for (const int tn : {16, 128})
+    EXPECT_LE(max_tiles(32768, 256, tn), max_tiles(32768, 256, kMinTileN));
+}
+
+// Resident weights hold exactly the checkpoint's 4-bit / bf16 bytes; fc2's rows are padded to
+// whole 128-row M-tiles (gpt-oss H = 2880 -> 2944 rows).
+TEST(KernelParams, ResidentSizesMatchTheCheckpoint) {
+  struct Shape {
+    int H, I;
+  };
+  for (const Shape s : {Shape{7168, 2048}, Shape{2048, 768}, Shape{2880, 2880}}) {
+    for (const Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kBf16}) {
+      const ResidentShape rs = resident_shape(r, s.H, s.I);
+      const size_t per_elem_x2 = r == Recipe::kBf16 ? 4 : 1;  // bytes per 2 elements
+      EXPECT_EQ(rs.fc1_bytes, size_t(2) * s.I * s.H * per_elem_x2 / 2) << s.H;
+      const size_t fc2_rows = size_t(rs.fc2_mtiles) * kTileRows;
+      EXPECT_GE(fc2_rows, size_t(s.H));
+      EXPECT_LT(fc2_rows, size_t(s.H) + kTileRows);
+      EXPECT_EQ(rs.fc2_bytes, fc2_rows * s.I * per_elem_x2 / 2) << s.H;
+      const int block = r == Recipe::kNvfp4 ? 16 : 32;
+      if (r != Recipe::kBf16) {
+        EXPECT_EQ(rs.fc1_scale_bytes, size_t(2) * s.I * (s.H / block));
+        EXPECT_EQ(rs.fc2_scale_bytes, fc2_rows * (s.I / block));
+      } else {
+        EXPECT_EQ(rs.fc1_scale_bytes, 0u);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe_ep::kern
