@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
-#   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench] [benchall]
-#   (default: all but benchall). benchall = every BENCH.md case: bench_quantize, bench_layer for
-#   dsv3 / qwen3 / gpt-oss at EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of
-#   each shape and the plots, packed into $OUT/bench.tar.gz (the device returns few files).
+#   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
+#                        [benchall] [profile]      (default: all but benchall and profile)
+#   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
+#   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
+#   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
+#   decode GEMM at 1 token and the wgmma GEMM at 4096 tokens (not yet run on the H200).
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
@@ -89,6 +91,24 @@ if has bench; then
     name=$(basename "$b")
     "$b" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1 || status=1
     tail -25 "$OUT/$name.log"
+  done
+fi
+
+if has profile; then
+  # Nsight Compute on the two kernels the targets hinge on: the decode GEMM at 1 token and the
+  # wgmma GEMM at 4096 tokens (DSV3 nvfp4; two launches each; clocks left alone).
+  echo "== ncu profiles -> $OUT/ncu_*.txt"
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  sections="--section SpeedOfLight --section SchedulerStats --section WarpStateStats \
+    --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy"
+  for c in "decode 1" "wgmma 4096"; do
+    set -- $c
+    # shellcheck disable=SC2086
+    timeout 240 "$NCU" --clock-control none -k "regex:sm90_moe_$1" -c 2 $sections \
+      "$BUILD/bench/bench_layer" --shape dsv3 --recipes nvfp4 --routing uniform --tokens "$2" \
+      --iters 20 >"$OUT/ncu_$1.txt" 2>&1 || status=1
+    grep -E "Duration|DRAM Throughput|Issue Slots Busy|Eligible Warps|No Eligible|Achieved Occupancy" \
+      "$OUT/ncu_$1.txt" | head -12
   done
 fi
 
