@@ -444,16 +444,8 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   if (ev) cudaEventRecord(ev[3], s);
   if (a.out) {
     // Programmatic dependent launch: finalize's CTAs are resident when fc2 ends.
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(a.tokens, (a.H / 8 + kFinThreads - 1) / kFinThreads);
-    cfg.blockDim = dim3(kFinThreads);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&cfg, finalize_kernel, a);
+    err = launch_pdl(finalize_kernel, dim3(a.tokens, (a.H / 8 + kFinThreads - 1) / kFinThreads),
+                     dim3(kFinThreads), 0, s, a);
   }
   if (ev) cudaEventRecord(ev[4], s);
   return err;

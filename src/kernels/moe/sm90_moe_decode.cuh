@@ -100,6 +100,25 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// Host side: launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
+// serialization, so its CTAs may become resident while the previous kernel of the stream ends
+// (the kernel calls pdl_wait before reading what that kernel wrote).
+template <class... KernelArgs, class... Args>
+cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 template <Recipe R, int kN, int kFW>
@@ -159,26 +178,14 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
   if (tile_idx >= *a.num_tiles) return;
   const TileInfo tile = a.tiles[tile_idx];
   const int mtile = blockIdx.y;
-  const int K_dim = kFc1 ? a.H : a.I;
-  const int chunks = K_dim / kKChunk;
-  const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
-  const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
-  const uint8_t* wbase =
-      (kFc1 ? a.w1 : a.w2) + size_t(tile.expert) * w_expert + size_t(mtile) * chunks * C::kWBytes;
-  const uint8_t* sbase = nullptr;
-  if constexpr (RT::kFourBit)
-    sbase =
-        (kFc1 ? a.s1 : a.s2) + size_t(tile.expert) * s_expert + size_t(mtile) * chunks * C::kSBytes;
+  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
+  const int chunks = ms.chunks;
+  const uint8_t *wbase = ms.w, *sbase = ms.s;
 
   for (int n = tid; n < kN; n += C::kThreads) {
-    int pair = -1;
-    float tw = 0.0f;
-    if (n < tile.rows) {
-      pair = a.sorted_pairs[tile.start + n];
-      if constexpr (kFc1) tw = a.topk_weights[pair];
-    }
-    pair_of[n] = pair;
-    tw_of[n] = tw;
+    const TileColumn c = tile_column<kFc1>(a, tile, n);
+    pair_of[n] = c.pair;
+    tw_of[n] = c.tw;
   }
   // Ring slot s: weights at s * kStageBytes, then scales, then the B rows.
   const uint32_t ring = smem_addr(smem);
@@ -455,17 +462,8 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   if (tiles == 0) return cudaSuccess;
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   const int stages = decode_stages<R, kN, kFW>(a, mtiles);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(tiles, mtiles);
-  cfg.blockDim = dim3(C::kThreads);
-  cfg.dynamicSmemBytes = C::smem_bytes(stages);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, sm90_moe_decode_kernel<R, kN, kFW, kFc1>, a, stages);
+  return launch_pdl(sm90_moe_decode_kernel<R, kN, kFW, kFc1>, dim3(tiles, mtiles),
+                    dim3(C::kThreads), C::smem_bytes(stages), s, a, stages);
 }
 
 // MOE_EP_DECODE_OLD=1 (benchmark knob): tile_n 16 through sm90_moe_gemm_kernel instead.
@@ -481,17 +479,13 @@ inline bool decode_use_old_kernel() {
 // 1, 8 and 128 tokens (docs/gpu_kernels.md §6).
 constexpr int kDecodeFW = 2;
 
-template <Recipe R, int kN>
-cudaError_t launch_decode_pair(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  cudaError_t err = launch_decode<R, kN, kDecodeFW, true>(a, s);
-  if (err != cudaSuccess) return err;
-  if (ev) cudaEventRecord(ev[0], s);
-  return launch_decode<R, kN, kDecodeFW, false>(a, s);
-}
-
+// fc1 then fc2 on tiles of 8 tokens (tile_n 16 runs on sm90_moe_gemm_kernel, §6).
 template <Recipe R>
 cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  return launch_decode_pair<R, 8>(a, s, ev);  // tile_n 16 runs on sm90_moe_gemm_kernel
+  cudaError_t err = launch_decode<R, 8, kDecodeFW, true>(a, s);
+  if (err != cudaSuccess) return err;
+  if (ev) cudaEventRecord(ev[0], s);
+  return launch_decode<R, 8, kDecodeFW, false>(a, s);
 }
 
 template <Recipe R, int kN, bool kFc1>

@@ -109,6 +109,60 @@ __device__ __forceinline__ uint32_t scale_multiplier(int b) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Per-CTA setup shared by the three grouped GEMMs (mma.sync below, sm90_moe_decode.cuh,
+// sm90_moe_wgmma.cuh).
+
+// M-tile `mtile` of an expert's resident fc1/fc2 matrix (moe_params.h): its weights and scales
+// are two contiguous streams of `chunks` K-chunks of kTileFrags fragments each.
+struct MTileStream {
+  const uint8_t* w;  // chunk c at w + c * kTileFrags * kFragBytes
+  const uint8_t* s;  // chunk c at s + c * kTileFrags * kScaleBytes; null for bf16 weights
+  int chunks;
+};
+
+template <Recipe R, bool kFc1>
+__device__ __forceinline__ MTileStream mtile_stream(const ForwardArgs& a, int expert, int mtile) {
+  using RT = RecipeKernelTraits<R>;
+  MTileStream m;
+  m.chunks = (kFc1 ? a.H : a.I) / kKChunk;
+  const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
+  m.w = (kFc1 ? a.w1 : a.w2) + size_t(expert) * w_expert +
+        size_t(mtile) * m.chunks * (kTileFrags * RT::kFragBytes);
+  m.s = nullptr;
+  if constexpr (RT::kFourBit) {
+    const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
+    m.s = (kFc1 ? a.s1 : a.s2) + size_t(expert) * s_expert +
+          size_t(mtile) * m.chunks * (kTileFrags * RT::kScaleBytes);
+  }
+  return m;
+}
+
+// Column n of a routing tile: its pair t*K+k (-1 past the tile's rows), the element offset of
+// its B row (fc1: token t's row of xq; fc2: the tile's own row of h, sorted order) and its top-k
+// weight (fc1; 0 otherwise).
+struct TileColumn {
+  int pair;
+  int64_t brow;
+  float tw;
+};
+
+template <bool kFc1>
+__device__ __forceinline__ TileColumn tile_column(const ForwardArgs& a, const TileInfo& tile,
+                                                  int n) {
+  TileColumn c{-1, 0, 0.0f};
+  if (n < tile.rows) {
+    c.pair = a.sorted_pairs[tile.start + n];
+    if constexpr (kFc1) {
+      c.brow = int64_t(c.pair / a.K) * a.H;
+      c.tw = a.topk_weights[c.pair];
+    } else {
+      c.brow = int64_t(tile.start + n) * a.I;
+    }
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The grouped GEMM. kFc1: B rows are xq rows gathered by token; epilogue = scale, SwiGLU,
 // top-k weight, the recipe's requantization of h (written in sorted order). Otherwise (fc2):
 // B rows are consecutive h rows; epilogue = alpha, bf16, y rows scattered to t*K+k.
@@ -291,38 +345,18 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2;
 
-  const int K_dim = kFc1 ? a.H : a.I;
-  const int chunks = K_dim / kKChunk;
-  const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
-  const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
-  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
-  const uint8_t* wbase =
-      (kFc1 ? a.w1 : a.w2) + size_t(tile.expert) * w_expert + size_t(mtile) * chunks * C::kWBytes;
-  const uint8_t* sbase = nullptr;
-  if constexpr (RT::kFourBit)
-    sbase =
-        (kFc1 ? a.s1 : a.s2) + size_t(tile.expert) * s_expert + size_t(mtile) * chunks * C::kSBytes;
-  (void)mtiles;
+  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
+  const int chunks = ms.chunks;
+  const uint8_t *wbase = ms.w, *sbase = ms.s;
 
   if constexpr (RT::kFourBit) {
     for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
   }
   for (int n = tid; n < kN; n += kThreads) {
-    int pair = -1;
-    int64_t off = 0;
-    float tw = 0.0f;
-    if (n < tile.rows) {
-      pair = a.sorted_pairs[tile.start + n];
-      if constexpr (kFc1) {
-        off = int64_t(pair / a.K) * a.H;
-        tw = a.topk_weights[pair];
-      } else {
-        off = int64_t(tile.start + n) * a.I;
-      }
-    }
-    brow_off[n] = off;
-    pair_of[n] = pair;
-    tw_of[n] = tw;
+    const TileColumn c = tile_column<kFc1>(a, tile, n);
+    brow_off[n] = c.brow;
+    pair_of[n] = c.pair;
+    tw_of[n] = c.tw;
   }
   __syncthreads();
 

@@ -173,37 +173,19 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
   const int g = lane >> 2;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
 
-  const int K_dim = kFc1 ? a.H : a.I;
-  const int chunks = K_dim / kKChunk;
-  const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
-  const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
-  const uint8_t* wbase =
-      (kFc1 ? a.w1 : a.w2) + size_t(tile.expert) * w_expert + size_t(mtile) * chunks * C::kWBytes;
-  const uint8_t* sbase = nullptr;
-  if constexpr (RT::kFourBit)
-    sbase =
-        (kFc1 ? a.s1 : a.s2) + size_t(tile.expert) * s_expert + size_t(mtile) * chunks * C::kSBytes;
+  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
+  const int chunks = ms.chunks;
+  const uint8_t *wbase = ms.w, *sbase = ms.s;
 
   if constexpr (RT::kFourBit) {
     for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
   }
   const uint16_t* bsrc = kFc1 ? a.xq : a.h;
   for (int n = tid; n < kWgN; n += kThreads) {
-    int pair = -1;
-    int64_t off = 0;
-    float tw = 0.0f;
-    if (n < tile.rows) {
-      pair = a.sorted_pairs[tile.start + n];
-      if constexpr (kFc1) {
-        off = int64_t(pair / a.K) * a.H;
-        tw = a.topk_weights[pair];
-      } else {
-        off = int64_t(tile.start + n) * a.I;
-      }
-    }
-    brow_ptr[n] = bsrc + off;
-    pair_of[n] = pair;
-    tw_of[n] = tw;
+    const TileColumn c = tile_column<kFc1>(a, tile, n);
+    brow_ptr[n] = bsrc + c.brow;
+    pair_of[n] = c.pair;
+    tw_of[n] = c.tw;
   }
   __syncthreads();
 
