@@ -31,6 +31,7 @@
 
 #include "cuda/comm/nccl_comm.h"
 #include "cuda/stage_timing.h"
+#include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_params.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
@@ -193,6 +194,41 @@ double median(std::vector<float> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// BENCH.md's timing: one forward per input set captured into a CUDA graph, 6 warm-up replays,
+// then `iters` replays alternating the sets, each between two events. Returns their µs.
+template <class MakeInputs>
+std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs,
+                                      const InputSet (&sets)[2], const TensorView& out,
+                                      cudaStream_t st, int iters) {
+  cudaGraphExec_t exec[2];
+  for (int k = 0; k < 2; ++k) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    layer.forward(inputs(sets[k]), out);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&exec[k], g, 0));
+    CK(cudaGraphDestroy(g));
+  }
+  for (int it = 0; it < 6; ++it) CK(cudaGraphLaunch(exec[it & 1], st));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int it = 0; it < iters; ++it) {
+    CK(cudaEventRecord(ev[2 * it], st));
+    CK(cudaGraphLaunch(exec[it & 1], st));
+    CK(cudaEventRecord(ev[2 * it + 1], st));
+  }
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> us(iters);
+  for (int it = 0; it < iters; ++it) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
+    us[it] = ms * 1000;
+  }
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  for (auto& x : exec) CK(cudaGraphExecDestroy(x));
+  return us;
+}
+
 // --- EP over several GPUs: one process per rank -----------------------------------------------
 constexpr int kMaxCases = 64, kMaxEp = 8;
 struct EpCase {
@@ -275,30 +311,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
       const TensorView ov = TensorView::contiguous(out, DType::kBF16, {T, s.H}, gpu);
       for (int it = 0; it < 4; ++it) layer->forward(inputs(sets[it & 1]), ov);
       CK(cudaStreamSynchronize(st));
-      cudaGraphExec_t exec[2];
-      for (int k = 0; k < 2; ++k) {
-        cudaGraph_t g;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        layer->forward(inputs(sets[k]), ov);
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&exec[k], g, 0));
-        CK(cudaGraphDestroy(g));
-      }
-      for (int it = 0; it < 6; ++it) CK(cudaGraphLaunch(exec[it & 1], st));
-      std::vector<cudaEvent_t> ev(2 * iters);
-      for (auto& e : ev) CK(cudaEventCreate(&e));
-      for (int it = 0; it < iters; ++it) {
-        CK(cudaEventRecord(ev[2 * it], st));
-        CK(cudaGraphLaunch(exec[it & 1], st));
-        CK(cudaEventRecord(ev[2 * it + 1], st));
-      }
-      CK(cudaStreamSynchronize(st));
-      std::vector<float> us(iters);
-      for (int it = 0; it < iters; ++it) {
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
-        us[it] = ms * 1000;
-      }
+      const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters);
       // Weight bytes this rank streams: its experts that any rank's tokens touch. Every rank
       // regenerates the peers' ids (same seeds) to count them.
       std::vector<char> touched(s.E, 0);
@@ -354,8 +367,6 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
       if (me.ncases > 0 && me.cases[me.ncases - 1].tokens == T)
         for (int j = 0; j + 1 < debug::kEpStageEvents; ++j)
           me.cases[me.ncases - 1].stage_us[j] = median(stage[j]);
-      for (auto& e : ev) cudaEventDestroy(e);
-      for (auto& x : exec) cudaGraphExecDestroy(x);
       cudaFree(out);
       for (auto& in : sets) {
         cudaFree(in.x);
@@ -603,30 +614,7 @@ int main(int argc, char** argv) {
         }
         debug::set_stage_events(nullptr);
         // Whole forward: graph replays.
-        cudaGraphExec_t exec[2];
-        for (int k = 0; k < 2; ++k) {
-          cudaGraph_t g;
-          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-          layer->forward(inputs(sets[k]), ov);
-          CK(cudaStreamEndCapture(st, &g));
-          CK(cudaGraphInstantiate(&exec[k], g, 0));
-          CK(cudaGraphDestroy(g));
-        }
-        for (int it = 0; it < 6; ++it) CK(cudaGraphLaunch(exec[it & 1], st));
-        std::vector<cudaEvent_t> ev(2 * iters);
-        for (auto& e : ev) CK(cudaEventCreate(&e));
-        for (int it = 0; it < iters; ++it) {
-          CK(cudaEventRecord(ev[2 * it], st));
-          CK(cudaGraphLaunch(exec[it & 1], st));
-          CK(cudaEventRecord(ev[2 * it + 1], st));
-        }
-        CK(cudaStreamSynchronize(st));
-        std::vector<float> us(iters);
-        for (int it = 0; it < iters; ++it) {
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
-          us[it] = ms * 1000;
-        }
+        const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters);
         const double med = median(us);
         const double mn = *std::min_element(us.begin(), us.end());
         const double mx = *std::max_element(us.begin(), us.end());
@@ -642,11 +630,7 @@ int main(int argc, char** argv) {
         const double bytes = double(n_touched) * expert_bytes;
         const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
         const double tflops = 2.0 * 3.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
-        int tile_n = kern::choose_tile_n(T, s.K, s.E);
-        if (const char* tn = std::getenv("MOE_EP_TILE_N"))
-          if (const int f = std::atoi(tn); f == 8 || f == 16 || f == 128)
-            tile_n = f;  // the benchmark knob of launch_forward
-        if (*recipe == Recipe::kBf16 && tile_n < 16) tile_n = 16;  // launch_forward's rule
+        const int tile_n = kern::forward_tile_n(*recipe, kern::choose_tile_n(T, s.K, s.E));
         std::printf(
             "%-8s %-12s %6d %-7s %10.1f %10.1f %10.1f %8.3f %8.3f %8.3f  %.1f/%.1f/%.1f/%.1f\n",
             s.name.c_str(), rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes / 1e9,
@@ -673,9 +657,7 @@ int main(int argc, char** argv) {
               tile_n <= 16 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
           first_record = false;
         }
-        for (auto& e : ev) cudaEventDestroy(e);
         for (auto& e : sev) cudaEventDestroy(e);
-        for (auto& x : exec) cudaGraphExecDestroy(x);
         cudaFree(out);
         for (auto& in : sets) {
           cudaFree(in.x);

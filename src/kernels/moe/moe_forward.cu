@@ -392,7 +392,7 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
 // on sm90_moe_gemm_kernel). Benchmark knobs: MOE_EP_TILE_N=8|16|128 overrides the choice (8:
 // sm90_moe_decode_kernel, 16: sm90_moe_gemm_kernel, 128: the wgmma kernel);
 // MOE_EP_DECODE_OLD=1 turns 8 into 16.
-static int forward_tile_n(Recipe r, int chosen) {
+int forward_tile_n(Recipe r, int chosen) {
   static const int forced = [] {
     const char* v = std::getenv("MOE_EP_TILE_N");
     const int n = v ? std::atoi(v) : 0;
