@@ -354,6 +354,7 @@ class CudaBackend final : public LayerBackend {
     a.I = rc.intermediate_size;
     a.K = rc.top_k;
     a.local_experts = El_;
+    a.num_sms = num_sms_;
     a.num_experts = cfg_.fleet.num_experts;
     a.input_norm_const = rc.input_norm_const;
     a.swiglu_limit = rc.swiglu_limit ? *rc.swiglu_limit : -1.0f;

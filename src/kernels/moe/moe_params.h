@@ -124,6 +124,7 @@ struct ForwardArgs {
   int32_t* indices_out = nullptr;
   DeviceError* error = nullptr;  // device alias of host-mapped memory
   int tile_n = 16;
+  int num_sms = 132;  // multiprocessors of the device (the backend sets it; sizes the decode ring)
   // EP owner side: xq (and ids / topk_weights) were filled from the received rows
   // (launch_ep_unpack), so prepare only routes.
   bool xq_ready = false;

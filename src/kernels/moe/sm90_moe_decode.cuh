@@ -430,16 +430,6 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
 // ---------------------------------------------------------------------------------------------
 // Launch: programmatic stream serialization, so each CTA's setup overlaps the previous kernel.
 
-inline int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess)
-      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 132;
-  }();
-  return n;
-}
-
 // Ring depth: as deep as the shared memory of the CTAs expected per SM allows (the routing
 // tiles are counted on the device; min(pairs, experts) is the host's estimate at decode sizes).
 template <Recipe R, int kN, int kFW>
@@ -449,7 +439,7 @@ int decode_stages(const ForwardArgs& a, int mtiles) {
   const int tiles = std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
   // At most 4 CTAs per SM share its shared memory (beyond that they run in later waves anyway,
   // and a deeper ring per CTA keeps more bytes in flight than more shallow CTAs).
-  const int per_sm = std::min(4, std::max(1, (tiles * mtiles + sm_count() - 1) / sm_count()));
+  const int per_sm = std::min(4, std::max(1, (tiles * mtiles + a.num_sms - 1) / a.num_sms));
   constexpr int kSmemPerSm = 228 * 1024, kStatic = 8 * 1024;  // static smem + reserve, rounded
   const int stages = (kSmemPerSm / per_sm - kStatic) / C::kStageBytes;
   return std::max(C::kMinStages, std::min(C::kMaxStages, stages));
