@@ -15,6 +15,7 @@
 // forward has finished on the device.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -44,6 +45,17 @@ void set_ep_stage_events(cudaEvent_t* events) { g_ep_stage_events = events; }
 namespace {
 
 constexpr int kMaxLocalExperts = 1024;
+static_assert(kern::kEpUnpackMaxRanks == kEpMaxRanks, "unpack addresses every transport rank");
+
+// MOE_EP_FUSED_COMBINE=1: fc2 stores its rows straight into the sources' combine areas and a
+// signal-only combine kernel publishes them (docs/protocol.md §8); 0 or unset: fc2 writes the
+// local y buffer, which ep_combine_kernel copies. Read per workspace at creation (the fused
+// workspace has no y buffer). Ranks may differ: both paths store the same rows and publish the
+// same epoch, so a fused rank and an unfused rank interoperate.
+bool fused_combine_from_env() {
+  const char* v = std::getenv("MOE_EP_FUSED_COMBINE");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
 
 [[noreturn]] void cuda_fail(cudaError_t err, const std::string& what) {
   throw Error(ErrorCode::kBackend, "moe_ep cuda: " + what + " failed: " + cudaGetErrorName(err) +
@@ -83,6 +95,8 @@ struct Workspace {
   // W > 1
   int ep_index = -1;  // EpComm workspace
   size_t act_off = 0, vids_off = 0, vweights_off = 0, y_off = 0;
+  bool fused_combine = false;  // y_dst_off: [W*cap*K] row pointers instead of y [W*cap*K][H]
+  size_t y_dst_off = 0;
 };
 
 class CudaBackend final : public LayerBackend {
@@ -184,8 +198,14 @@ class CudaBackend final : public LayerBackend {
       off = al(off + rows * 4);
       ws->vweights_off = off;
       off = al(off + rows * 4);
-      ws->y_off = off;
-      off = al(off + rows * H * 2);
+      ws->fused_combine = fused_combine_from_env();
+      if (ws->fused_combine) {
+        ws->y_dst_off = off;
+        off = al(off + rows * sizeof(uint16_t*));
+      } else {
+        ws->y_off = off;
+        off = al(off + rows * H * 2);
+      }
     }
     ws->xq_off = off;
     off = al(off + vtok * H * 2);
@@ -450,6 +470,11 @@ class CudaBackend final : public LayerBackend {
     ua.xq = reinterpret_cast<uint16_t*>(scratch + ws.xq_off);
     ua.ids = reinterpret_cast<int32_t*>(scratch + ws.vids_off);
     ua.weights = reinterpret_cast<float*>(scratch + ws.vweights_off);
+    if (ws.fused_combine) {
+      ua.y_dst = reinterpret_cast<uint16_t**>(scratch + ws.y_dst_off);
+      for (int r = 0; r < W_; ++r)
+        ua.peer_combine[r] = reinterpret_cast<uint16_t*>(tp.peer_base[r] + L.combine_off);
+    }
     check(kern::launch_ep_unpack(ua, s), "launching the EP unpack");
     mark(3);
     a.expert_base = rank_ * El_;
@@ -463,22 +488,33 @@ class CudaBackend final : public LayerBackend {
     a.tiles = reinterpret_cast<kern::TileInfo*>(scratch + ws.tiles_off);
     a.num_tiles = reinterpret_cast<int32_t*>(scratch + ws.num_tiles_off);
     a.counts = reinterpret_cast<int32_t*>(scratch + ws.counts_off);
-    a.y_rows = reinterpret_cast<uint16_t*>(scratch + ws.y_off);
+    if (ws.fused_combine) {
+      a.y_dst = ua.y_dst;  // fc2 stores into the sources' combine areas (NVLink)
+    } else {
+      a.y_rows = reinterpret_cast<uint16_t*>(scratch + ws.y_off);
+    }
     // Tile width from what this rank likely receives (every rank's T is about ours).
     a.tile_n = kern::choose_tile_n(in.tokens * W_, K, El_);
     check(kern::launch_forward(a, s, nullptr), "launching the expert compute");
     mark(4);
 
-    // 4. Combine (y rows dense in receive order) and wait for every owner.
+    // 4. Combine (y rows dense in receive order) and wait for every owner. Fused: fc2 already
+    //    stored the rows at the sources; one block fences, signals 2n and waits for every owner.
     EpCombineParams cp;
     cp.tp = tp;
-    cp.y = a.y_rows;
-    cp.y_stride = H;
     cp.num_local_experts = El_;
-    // Rows received ~ W * T (peers' T about ours); at small T each (row, slot, 4 KB piece) is a
-    // warp's work, 16 warps a block.
-    // Two blocks per SM from ~8K received pairs on (measured 3% faster than one at 4096 tokens).
-    cp.num_blocks = ep_blocks_for(2 * num_sms_, int64_t(W_) * in.tokens * K * 4, 16);
+    if (ws.fused_combine) {
+      cp.signal_only = true;
+      cp.num_blocks = 1;
+      cp.num_threads = 64;  // one waiting thread per peer (W <= kEpMaxRanks = 64)
+    } else {
+      cp.y = a.y_rows;
+      cp.y_stride = H;
+      // Rows received ~ W * T (peers' T about ours); at small T each (row, slot, 4 KB piece) is
+      // a warp's work, 16 warps a block. Two blocks per SM from ~8K received pairs on (measured
+      // 3% faster than one at 4096 tokens).
+      cp.num_blocks = ep_blocks_for(2 * num_sms_, int64_t(W_) * in.tokens * K * 4, 16);
+    }
     cp.fused_wait = true;
     check(launch_ep_combine(cp, s), "launching EP combine");
     mark(5);

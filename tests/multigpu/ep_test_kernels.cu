@@ -4,7 +4,7 @@ namespace moe_ep::test {
 namespace {
 
 __global__ void fake_experts_kernel(EpTransport tp, int num_local, uint16_t* y, int32_t* y_index,
-                                    bool use_index) {
+                                    bool use_index, bool remote) {
   const WorkspaceLayout& L = tp.layout;
   const int W = tp.world_size, K = L.top_k, H = L.hidden, cap = L.capacity;
   const uint8_t* mine = tp.peer_base[tp.rank];
@@ -19,6 +19,13 @@ __global__ void fake_experts_kernel(EpTransport tp, int num_local, uint16_t* y, 
     for (int k = 0; k < K; ++k) {
       const int id = meta.ids()[k];
       if (id < 0 || id / num_local != tp.rank) continue;
+      if (remote) {
+        // Fused combine: straight into the source's combine row (peer memory).
+        if (tok < 0 || tok >= cap) continue;
+        uint16_t* dst = reinterpret_cast<uint16_t*>(tp.peer_base[s] + L.combine_row(tok, k));
+        for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = y_bits(tp.rank, s, tok, k, h);
+        continue;
+      }
       const size_t dense = (size_t(s) * cap + i) * K + k;
       const size_t row = use_index ? dense_rows - 1 - dense : dense;
       if (use_index && threadIdx.x == 0) y_index[dense] = int32_t(row);
@@ -31,8 +38,10 @@ __global__ void fake_experts_kernel(EpTransport tp, int num_local, uint16_t* y, 
 }  // namespace
 
 cudaError_t launch_fake_experts(const EpTransport& tp, int num_local_experts, uint16_t* y,
-                                int32_t* y_index, bool use_index, cudaStream_t stream) {
-  fake_experts_kernel<<<264, 256, 0, stream>>>(tp, num_local_experts, y, y_index, use_index);
+                                int32_t* y_index, bool use_index, cudaStream_t stream,
+                                bool remote) {
+  fake_experts_kernel<<<264, 256, 0, stream>>>(tp, num_local_experts, y, y_index, use_index,
+                                               remote);
   return cudaGetLastError();
 }
 

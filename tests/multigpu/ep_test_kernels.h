@@ -37,7 +37,10 @@ MOE_EP_HD uint16_t y_bits(int owner, int src, int token, int slot, int h) {
 // For every received row of this rank and every slot whose expert is local, writes the y row
 // y_bits(rank, src, token, slot, .) at row y_index[dense] (or dense when use_index is false;
 // then y_index is also filled with the reversed permutation so combine can be tested with it).
+// remote: the rows go straight into the source's combine area at token*K + slot instead (what
+// the CUDA backend's fused fc2 does; combine then runs with signal_only).
 cudaError_t launch_fake_experts(const EpTransport& tp, int num_local_experts, uint16_t* y,
-                                int32_t* y_index, bool use_index, cudaStream_t stream);
+                                int32_t* y_index, bool use_index, cudaStream_t stream,
+                                bool remote = false);
 
 }  // namespace moe_ep::test

@@ -4,13 +4,16 @@
 // growing T, all slots -1, all tokens to the other rank, a second workspace picked by
 // select_workspace_collective, unfinalized outputs, CUDA graph replay with a device-side token
 // count, an EPLB expert swap across ranks (bytes moved with ncclSend / ncclRecv), and a rank
-// that skips a call. Outputs are poisoned (NaN) before every call. Skips without 2 GPUs.
+// that skips a call. Outputs are poisoned (NaN) before every call. EpLayerFused / EpLayerMixed
+// repeat the main cases with fc2 storing into the sources' combine areas (MOE_EP_FUSED_COMBINE=1)
+// on both ranks / on rank 0 only. Skips without 2 GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -261,48 +264,62 @@ double check_call(MegaLayer& ep, MegaLayer& one, MegaLayer& cpu, Inputs& h, int 
 
 // ---------------------------------------------------------------------------------------------
 
+// The combine path of the CUDA backend is read from MOE_EP_FUSED_COMBINE when a workspace is
+// created (docs/protocol.md §8). The EpLayer tests keep the environment as it is (so the suite
+// can run in either mode); the EpLayerFused / EpLayerMixed tests set it in each forked rank.
+enum class CombineMode { kEnv, kFused, kRank0Fused };
+
+RankBody in_mode(CombineMode m, RankBody body) {
+  return [m, body](int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
+    const bool fused = m == CombineMode::kFused || (m == CombineMode::kRank0Fused && rank == 0);
+    if (m != CombineMode::kEnv) setenv("MOE_EP_FUSED_COMBINE", fused ? "1" : "0", 1);
+    body(rank, world, id, rep);
+  };
+}
+
+void every_recipe_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
+  ncclComm_t comm = make_nccl(id, rank, world);
+  for (Recipe r : kRecipes) {
+    const Options o = recipe_options(r);
+    const PackedExperts p = make_pack(r, o, 11);
+    const LayerConfig c = make_config(r, 64, o);
+    MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
+                 p.epilogue_view(rank * kEl, kEl));
+    MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+    MegaLayer cpu(single_boot(0, Backend::kCPU), c, p.view(), p.epilogue_view());
+    ep.warmup();
+    Inputs h = make_inputs(rank == 0 ? 64 : 37, rank, 100 + rank, Route::kUniform);
+    rep.add(check_call(ep, one, cpu, h, rank, std::string(recipe_name(r)) + " T=64/37"));
+    ep.destroy();
+  }
+  // Unfinalized outputs (nvfp4): rows / weights / indices equal to the single-GPU layer's.
+  Options o = recipe_options(Recipe::kNvfp4);
+  o.finalize = false;
+  const PackedExperts p = make_pack(Recipe::kNvfp4, o, 11);
+  const LayerConfig c = make_config(Recipe::kNvfp4, 64, o);
+  MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
+               p.epilogue_view(rank * kEl, kEl));
+  MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+  Inputs h = make_inputs(rank == 0 ? 20 : 45, rank, 300 + rank, Route::kUniform);
+  DevInputs d(h, rank);
+  UnfinalizedOutput a = ep.forward_unfinalized(d.view());
+  UnfinalizedOutput b = one.forward_unfinalized(d.view());
+  CK(cudaDeviceSynchronize());
+  for (auto [x, y] : {std::pair{&a.rows, &b.rows}, std::pair{&a.weights, &b.weights},
+                      std::pair{&a.indices, &b.indices}}) {
+    const size_t n = x->view().nbytes();
+    std::vector<uint8_t> hx(n), hy(n);
+    CK(cudaMemcpy(hx.data(), x->view().data, n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hy.data(), y->view().data, n, cudaMemcpyDeviceToHost));
+    REQUIRE(hx == hy, "unfinalized output differs from the single-GPU layer");
+  }
+  ep.destroy();
+  ncclCommDestroy(comm);
+}
+
 TEST(EpLayer, EveryRecipeAgainstCpuAndSingleGpu) {
   SKIP_UNLESS_2_GPUS();
-  auto res =
-      run_ranks(kWorld, 600, [](int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
-        ncclComm_t comm = make_nccl(id, rank, world);
-        for (Recipe r : kRecipes) {
-          const Options o = recipe_options(r);
-          const PackedExperts p = make_pack(r, o, 11);
-          const LayerConfig c = make_config(r, 64, o);
-          MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
-                       p.epilogue_view(rank * kEl, kEl));
-          MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
-          MegaLayer cpu(single_boot(0, Backend::kCPU), c, p.view(), p.epilogue_view());
-          ep.warmup();
-          Inputs h = make_inputs(rank == 0 ? 64 : 37, rank, 100 + rank, Route::kUniform);
-          rep.add(check_call(ep, one, cpu, h, rank, std::string(recipe_name(r)) + " T=64/37"));
-          ep.destroy();
-        }
-        // Unfinalized outputs (nvfp4): rows / weights / indices equal to the single-GPU layer's.
-        Options o = recipe_options(Recipe::kNvfp4);
-        o.finalize = false;
-        const PackedExperts p = make_pack(Recipe::kNvfp4, o, 11);
-        const LayerConfig c = make_config(Recipe::kNvfp4, 64, o);
-        MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
-                     p.epilogue_view(rank * kEl, kEl));
-        MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
-        Inputs h = make_inputs(rank == 0 ? 20 : 45, rank, 300 + rank, Route::kUniform);
-        DevInputs d(h, rank);
-        UnfinalizedOutput a = ep.forward_unfinalized(d.view());
-        UnfinalizedOutput b = one.forward_unfinalized(d.view());
-        CK(cudaDeviceSynchronize());
-        for (auto [x, y] : {std::pair{&a.rows, &b.rows}, std::pair{&a.weights, &b.weights},
-                            std::pair{&a.indices, &b.indices}}) {
-          const size_t n = x->view().nbytes();
-          std::vector<uint8_t> hx(n), hy(n);
-          CK(cudaMemcpy(hx.data(), x->view().data, n, cudaMemcpyDeviceToHost));
-          CK(cudaMemcpy(hy.data(), y->view().data, n, cudaMemcpyDeviceToHost));
-          REQUIRE(hx == hy, "unfinalized output differs from the single-GPU layer");
-        }
-        ep.destroy();
-        ncclCommDestroy(comm);
-      });
+  auto res = run_ranks(kWorld, 600, every_recipe_body);
   expect_ranks_passed(res);
   for (int r = 0; r < kWorld; ++r) {
     std::printf("rank %d rel L2 vs CPU per recipe:", r);
@@ -314,117 +331,161 @@ TEST(EpLayer, EveryRecipeAgainstCpuAndSingleGpu) {
 // Token counts over one layer (unique-id bootstrap): T = 0 on one rank and on both, unequal,
 // shrinking then growing, all slots -1, all tokens to the other rank; then a second workspace
 // chosen by select_workspace_collective.
+void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
+  const Recipe r = Recipe::kNvfp4;
+  const Options o = recipe_options(r);
+  const PackedExperts p = make_pack(r, o, 23);
+  const LayerConfig c = make_config(r, 128, o);
+  MegaLayer ep(ep_boot(rank, nullptr, &id), c, p.view(rank * kEl, kEl),
+               p.epilogue_view(rank * kEl, kEl));
+  MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+  MegaLayer cpu(single_boot(0, Backend::kCPU), c, p.view(), p.epilogue_view());
+  struct Step {
+    int t0, t1;
+    Route route;
+    const char* what;
+  };
+  const Step steps[] = {
+      {0, 9, Route::kUniform, "T=0 on rank 0"},  {9, 0, Route::kUniform, "T=0 on rank 1"},
+      {0, 0, Route::kUniform, "T=0 on both"},    {128, 5, Route::kUniform, "unequal"},
+      {128, 128, Route::kUniform, "full"},       {17, 2, Route::kUniform, "shrinking"},
+      {1, 1, Route::kUniform, "one token each"}, {100, 128, Route::kUniform, "growing"},
+      {64, 100, Route::kNone, "all slots -1"},   {50, 70, Route::kOther, "all to the other rank"},
+      {3, 128, Route::kOther, "other, unequal"}};
+  int i = 0;
+  for (const Step& s : steps) {
+    Inputs h = make_inputs(rank == 0 ? s.t0 : s.t1, rank, 500 + 10 * i++ + rank, s.route);
+    rep.add(check_call(ep, one, cpu, h, rank, s.what));
+    if (s.route == Route::kNone) {
+      DevInputs d(h, rank);
+      const std::vector<uint16_t> y = run(ep, d.view(), h.T, rank);
+      for (uint16_t v : y) REQUIRE(v == 0, "all slots -1 must give zeros");
+    }
+  }
+  const WorkspaceId small = ep.create_workspace(8);
+  const int T = rank == 0 ? 3 : 8;
+  const WorkspaceId sel = ep.select_workspace_collective(T);
+  REQUIRE(sel == small, "select_workspace_collective picked workspace " +
+                            std::to_string(sel.index) + ", expected " +
+                            std::to_string(small.index));
+  Inputs h = make_inputs(T, rank, 900 + rank, Route::kUniform);
+  rep.add(check_call(ep, one, cpu, h, rank, "second workspace", sel));
+  // The default workspace still works after the small one was used.
+  Inputs h2 = make_inputs(rank == 0 ? 77 : 12, rank, 950 + rank, Route::kUniform);
+  rep.add(check_call(ep, one, cpu, h2, rank, "back to the default workspace"));
+  // A workspace created with the other combine path (the mode is per workspace) holds the y
+  // buffer [W*cap*K][H] bf16 exactly when it is unfused; the fused one holds a row pointer per
+  // pair instead. Both serve calls on the same layer, bit for bit.
+  const char* env = std::getenv("MOE_EP_FUSED_COMBINE");
+  const bool fused = env != nullptr && std::string(env) == "1";
+  setenv("MOE_EP_FUSED_COMBINE", fused ? "0" : "1", 1);
+  const WorkspaceId other = ep.create_workspace(8);
+  setenv("MOE_EP_FUSED_COMBINE", fused ? "1" : "0", 1);
+  auto al = [](size_t v) { return (v + 255) / 256 * 256; };
+  const size_t pairs = size_t(kWorld) * 8 * kK;
+  const size_t y_bytes = al(pairs * kH * 2), ptr_bytes = al(pairs * sizeof(void*));
+  const size_t b_small = ep.workspace_bytes(small), b_other = ep.workspace_bytes(other);
+  const size_t b_fused = fused ? b_small : b_other, b_unfused = fused ? b_other : b_small;
+  REQUIRE(b_unfused - b_fused == y_bytes - ptr_bytes,
+          "unfused workspace " + std::to_string(b_unfused) + " bytes, fused " +
+              std::to_string(b_fused) + ": expected the y buffer (" + std::to_string(y_bytes) +
+              ") minus the row pointers (" + std::to_string(ptr_bytes) + ") between them");
+  Inputs h3 = make_inputs(rank == 0 ? 8 : 5, rank, 970 + rank, Route::kUniform);
+  rep.add(check_call(ep, one, cpu, h3, rank, "workspace of the other combine path", other));
+  ep.destroy();
+}
+
 TEST(EpLayer, TokenCountsRoutingAndWorkspaces) {
   SKIP_UNLESS_2_GPUS();
-  auto res =
-      run_ranks(kWorld, 600, [](int rank, int, const NcclUniqueIdBytes& id, RankReport& rep) {
-        const Recipe r = Recipe::kNvfp4;
-        const Options o = recipe_options(r);
-        const PackedExperts p = make_pack(r, o, 23);
-        const LayerConfig c = make_config(r, 128, o);
-        MegaLayer ep(ep_boot(rank, nullptr, &id), c, p.view(rank * kEl, kEl),
-                     p.epilogue_view(rank * kEl, kEl));
-        MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
-        MegaLayer cpu(single_boot(0, Backend::kCPU), c, p.view(), p.epilogue_view());
-        struct Step {
-          int t0, t1;
-          Route route;
-          const char* what;
-        };
-        const Step steps[] = {{0, 9, Route::kUniform, "T=0 on rank 0"},
-                              {9, 0, Route::kUniform, "T=0 on rank 1"},
-                              {0, 0, Route::kUniform, "T=0 on both"},
-                              {128, 5, Route::kUniform, "unequal"},
-                              {128, 128, Route::kUniform, "full"},
-                              {17, 2, Route::kUniform, "shrinking"},
-                              {1, 1, Route::kUniform, "one token each"},
-                              {100, 128, Route::kUniform, "growing"},
-                              {64, 100, Route::kNone, "all slots -1"},
-                              {50, 70, Route::kOther, "all to the other rank"},
-                              {3, 128, Route::kOther, "other, unequal"}};
-        int i = 0;
-        for (const Step& s : steps) {
-          Inputs h = make_inputs(rank == 0 ? s.t0 : s.t1, rank, 500 + 10 * i++ + rank, s.route);
-          rep.add(check_call(ep, one, cpu, h, rank, s.what));
-          if (s.route == Route::kNone) {
-            DevInputs d(h, rank);
-            const std::vector<uint16_t> y = run(ep, d.view(), h.T, rank);
-            for (uint16_t v : y) REQUIRE(v == 0, "all slots -1 must give zeros");
-          }
-        }
-        const WorkspaceId small = ep.create_workspace(8);
-        const int T = rank == 0 ? 3 : 8;
-        const WorkspaceId sel = ep.select_workspace_collective(T);
-        REQUIRE(sel == small, "select_workspace_collective picked workspace " +
-                                  std::to_string(sel.index) + ", expected " +
-                                  std::to_string(small.index));
-        Inputs h = make_inputs(T, rank, 900 + rank, Route::kUniform);
-        rep.add(check_call(ep, one, cpu, h, rank, "second workspace", sel));
-        // The default workspace still works after the small one was used.
-        Inputs h2 = make_inputs(rank == 0 ? 77 : 12, rank, 950 + rank, Route::kUniform);
-        rep.add(check_call(ep, one, cpu, h2, rank, "back to the default workspace"));
-        ep.destroy();
-      });
+  auto res = run_ranks(kWorld, 600, token_counts_body);
   expect_ranks_passed(res);
 }
 
 // A CUDA graph captured at T = 64 replays with device-side token counts (different per rank).
+void graph_replay_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
+  ncclComm_t comm = make_nccl(id, rank, world);
+  const Recipe r = Recipe::kMxfp4Mxfp8;
+  const Options o = recipe_options(r);
+  const PackedExperts p = make_pack(r, o, 31);
+  const LayerConfig c = make_config(r, 64, o);
+  MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
+               p.epilogue_view(rank * kEl, kEl));
+  MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+  ep.warmup();
+  Inputs h = make_inputs(64, rank, 40 + rank, Route::kUniform);
+  DevInputs d(h, rank);
+  const std::vector<uint16_t> full = run(one, d.view(), 64, rank);
+  DevBuf count(4), out(size_t(64) * kH * 2);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ForwardInputs f = d.view();
+  f.stream = s;
+  f.num_tokens = static_cast<const int32_t*>(count.p);
+  const TensorView ov =
+      TensorView::contiguous(out.p, DType::kBF16, {64, kH}, Device{DeviceKind::kCUDA, rank});
+  ep.forward(f, ov);  // eager once (loads modules), then capture
+  CK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  ep.forward(f, ov);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  const int counts[] = {64, 10, 0, 33, 1, 64};
+  for (int i = 0; i < 6; ++i) {
+    const int n = counts[(i + rank) % 6];
+    CK(cudaMemcpy(count.p, &n, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(out.p, 0xff, out.bytes));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaStreamSynchronize(s));
+    std::vector<uint16_t> y(size_t(64) * kH);
+    CK(cudaMemcpy(y.data(), out.p, y.size() * 2, cudaMemcpyDeviceToHost));
+    for (size_t e = 0; e < y.size(); ++e) {
+      const bool valid = int(e / kH) < n;
+      REQUIRE(y[e] == (valid ? full[e] : 0),
+              "replay " + std::to_string(i) + " with n = " + std::to_string(n) + ": element " +
+                  std::to_string(e) + " is " + std::to_string(y[e]) + ", expected " +
+                  std::to_string(valid ? full[e] : 0));
+    }
+  }
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  ep.destroy();
+  CK(cudaStreamDestroy(s));
+  ncclCommDestroy(comm);
+}
+
 TEST(EpLayer, GraphReplayWithVaryingTokenCounts) {
   SKIP_UNLESS_2_GPUS();
-  auto res =
-      run_ranks(kWorld, 600, [](int rank, int world, const NcclUniqueIdBytes& id, RankReport&) {
-        ncclComm_t comm = make_nccl(id, rank, world);
-        const Recipe r = Recipe::kMxfp4Mxfp8;
-        const Options o = recipe_options(r);
-        const PackedExperts p = make_pack(r, o, 31);
-        const LayerConfig c = make_config(r, 64, o);
-        MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
-                     p.epilogue_view(rank * kEl, kEl));
-        MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
-        ep.warmup();
-        Inputs h = make_inputs(64, rank, 40 + rank, Route::kUniform);
-        DevInputs d(h, rank);
-        const std::vector<uint16_t> full = run(one, d.view(), 64, rank);
-        DevBuf count(4), out(size_t(64) * kH * 2);
-        cudaStream_t s;
-        CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        ForwardInputs f = d.view();
-        f.stream = s;
-        f.num_tokens = static_cast<const int32_t*>(count.p);
-        const TensorView ov =
-            TensorView::contiguous(out.p, DType::kBF16, {64, kH}, Device{DeviceKind::kCUDA, rank});
-        ep.forward(f, ov);  // eager once (loads modules), then capture
-        CK(cudaStreamSynchronize(s));
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        ep.forward(f, ov);
-        CK(cudaStreamEndCapture(s, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        const int counts[] = {64, 10, 0, 33, 1, 64};
-        for (int i = 0; i < 6; ++i) {
-          const int n = counts[(i + rank) % 6];
-          CK(cudaMemcpy(count.p, &n, 4, cudaMemcpyHostToDevice));
-          CK(cudaMemset(out.p, 0xff, out.bytes));
-          CK(cudaGraphLaunch(ge, s));
-          CK(cudaStreamSynchronize(s));
-          std::vector<uint16_t> y(size_t(64) * kH);
-          CK(cudaMemcpy(y.data(), out.p, y.size() * 2, cudaMemcpyDeviceToHost));
-          for (size_t e = 0; e < y.size(); ++e) {
-            const bool valid = int(e / kH) < n;
-            REQUIRE(y[e] == (valid ? full[e] : 0),
-                    "replay " + std::to_string(i) + " with n = " + std::to_string(n) +
-                        ": element " + std::to_string(e) + " is " + std::to_string(y[e]) +
-                        ", expected " + std::to_string(valid ? full[e] : 0));
-          }
-        }
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
-        ep.destroy();
-        CK(cudaStreamDestroy(s));
-        ncclCommDestroy(comm);
-      });
+  auto res = run_ranks(kWorld, 600, graph_replay_body);
   expect_ranks_passed(res);
+}
+
+// The same checks with fc2 storing straight into the sources' combine areas
+// (MOE_EP_FUSED_COMBINE=1): every recipe and the unfinalized output (wgmma tile 128), every
+// token-count case (decode tile 8, mma.sync tile 16, wgmma; T = 0 on one and both ranks) and a
+// graph replay with device-side counts.
+TEST(EpLayerFused, EveryRecipeAgainstCpuAndSingleGpu) {
+  SKIP_UNLESS_2_GPUS();
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kFused, every_recipe_body)));
+}
+
+TEST(EpLayerFused, TokenCountsRoutingAndWorkspaces) {
+  SKIP_UNLESS_2_GPUS();
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kFused, token_counts_body)));
+}
+
+TEST(EpLayerFused, GraphReplayWithVaryingTokenCounts) {
+  SKIP_UNLESS_2_GPUS();
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kFused, graph_replay_body)));
+}
+
+// Rank 0 fused, rank 1 unfused: both paths store the same rows into the same combine rows and
+// publish the same epoch, so the ranks interoperate (and each path's rows are checked against
+// the other's signal).
+TEST(EpLayerMixed, TokenCountsRoutingAndWorkspaces) {
+  SKIP_UNLESS_2_GPUS();
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kRank0Fused, token_counts_body)));
 }
 
 // EPLB across ranks: local expert 1 of rank 0 (global 1) and local expert 2 of rank 1 (global

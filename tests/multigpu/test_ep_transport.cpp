@@ -147,8 +147,9 @@ struct RankCtx {
   uint16_t* out = nullptr;
   int32_t* ntok = nullptr;
   int blocks = 0, threads = 512;
-  bool fused = false;    // waits fused into the last block of dispatch / combine
-  int check_stride = 1;  // result rows checked: every check_stride-th token (large cases)
+  bool fused = false;        // waits fused into the last block of dispatch / combine
+  bool signal_only = false;  // experts store into the sources' combine areas; combine signals
+  int check_stride = 1;      // result rows checked: every check_stride-th token (large cases)
 
   void alloc() {
     const size_t cap = size_t(g.capacity);
@@ -202,15 +203,16 @@ struct RankCtx {
       if (!fused) CK(launch_ep_wait(wp, stream));
     }
     if (do_combine) {
-      CK(test::launch_fake_experts(tp, g.El(), y, y_index, use_index, stream));
+      CK(test::launch_fake_experts(tp, g.El(), y, y_index, use_index, stream, signal_only));
       EpCombineParams cp;
       cp.tp = tp;
-      cp.y = y;
+      cp.y = signal_only ? nullptr : y;
       cp.y_stride = g.H;
       cp.y_index = use_index ? y_index : nullptr;
       cp.num_local_experts = g.El();
       cp.num_blocks = blocks;
       cp.num_threads = threads;
+      cp.signal_only = signal_only;
       cp.fused_wait = fused;
       CK(launch_ep_combine(cp, stream));
       EpWaitParams wp{tp, EpStage::kCombine};
@@ -452,6 +454,20 @@ TEST(MultiGpu, DataMovementBitwise) {
     c.threads = 512;
     forward_and_verify(c, {1, 3}, Routing::kUniform, 80, false, "fused waits, 1 block, T 1/3");
     forward_and_verify(c, {256, 255}, Routing::kSkewed, 81, true, "fused waits, 1 block, full");
+    // Fused combine: the experts kernel stores into the sources' combine areas, a signal-only
+    // combine (1 block, as the CUDA backend launches it) publishes them; with the fused wait and
+    // with the wait kernel; empty ranks and every routing.
+    c.signal_only = true;
+    c.blocks = 1;
+    c.threads = 64;
+    forward_and_verify(c, {256, 180}, Routing::kUniform, 84, false, "signal-only, fused wait");
+    forward_and_verify(c, {0, 0}, Routing::kUniform, 85, false, "signal-only, T=0 on both");
+    forward_and_verify(c, {0, 77}, Routing::kSkewed, 86, false, "signal-only, T=0 on rank 0");
+    forward_and_verify(c, {128, 128}, Routing::kOther, 87, false, "signal-only, all to the other");
+    c.fused = false;
+    forward_and_verify(c, {256, 256}, Routing::kUniform, 88, false, "signal-only, wait kernel");
+    forward_and_verify(c, {50, 70}, Routing::kNone, 89, false, "signal-only, all slots -1");
+    c.signal_only = false;
     // Rows longer than the 4 KB prefetched head (9008 bytes) and 8 KB result rows (combine
     // pieces), with tiles of 2 warps and with the default grid.
     RankCtx wide;

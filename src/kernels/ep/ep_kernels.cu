@@ -303,53 +303,58 @@ __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams 
   const int W = tp.world_size, K = L.top_k, cap = L.capacity;
   const OwnerOf own(p.num_local_experts, W);
   const uint8_t* mine = tp.peer_base[tp.rank];
-  if (threadIdx.x == 0) {
-    // recv_count was published before the dispatch signal this rank acquired (wait kernel).
-    int acc = 0;
-    for (int s = 0; s < W; ++s) {
-      s_off[s] = acc;
-      const int c = *reinterpret_cast<const int32_t*>(mine + L.recv_count(s));
-      acc += max(0, min(c, cap));
+  // Fused combine: the rows were stored by fc2, a completed kernel earlier in this stream (kernel
+  // completion makes its stores, peer stores included, visible system-wide); the arrival's
+  // fence.sc.sys below then orders them before the signal, as for this kernel's own copies.
+  if (!p.signal_only) {
+    if (threadIdx.x == 0) {
+      // recv_count was published before the dispatch signal this rank acquired (wait kernel).
+      int acc = 0;
+      for (int s = 0; s < W; ++s) {
+        s_off[s] = acc;
+        const int c = *reinterpret_cast<const int32_t*>(mine + L.recv_count(s));
+        acc += max(0, min(c, cap));
+      }
+      s_off[W] = acc;
     }
-    s_off[W] = acc;
-  }
-  __syncthreads();
-  const int lane = threadIdx.x & 31;
-  const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int nwarps = (gridDim.x * blockDim.x) >> 5;
-  const int total = s_off[W];
-  const int n16 = L.hidden * 2 / 16;
-  const int pieces = (n16 + kPiece16 - 1) / kPiece16;
-  const uint64_t mine_bit = 1ull << tp.rank;
-  auto copy = [&](int s, int i, int tok, int k, int c0, int n) {
-    const size_t dense = (size_t(s) * cap + i) * K + k;
-    const size_t yrow = p.y_index != nullptr ? size_t(__ldg(p.y_index + dense)) : dense;
-    warp_copy16(reinterpret_cast<int4*>(tp.peer_base[s] + L.combine_row(tok, k)) + c0,
-                reinterpret_cast<const int4*>(p.y + yrow * p.y_stride) + c0, n, lane);
-  };
-  if (int64_t(total) * 4 >= nwarps) {
-    for (int j = gwarp; j < total; j += nwarps) {
-      int s = 0;
-      while (s_off[s + 1] <= j) ++s;
-      const int i = j - s_off[s];
-      RecvMetaRow meta{const_cast<uint8_t*>(mine) + L.recv_meta(s, i), K};
-      const int tok = *meta.token();
-      if (tok < 0 || tok >= cap) continue;
-      for (int k = 0; k < K; ++k)
-        if (own.bit(meta.ids()[k]) == mine_bit) copy(s, i, tok, k, 0, n16);
-    }
-  } else {
-    const int64_t items = int64_t(total) * K * pieces;
-    for (int64_t it = gwarp; it < items; it += nwarps) {
-      const int j = int(it / (K * pieces)), rem = int(it % (K * pieces));
-      const int k = rem / pieces, pc = rem % pieces;
-      int s = 0;
-      while (s_off[s + 1] <= j) ++s;
-      const int i = j - s_off[s];
-      RecvMetaRow meta{const_cast<uint8_t*>(mine) + L.recv_meta(s, i), K};
-      const int tok = *meta.token();
-      if (tok < 0 || tok >= cap || own.bit(meta.ids()[k]) != mine_bit) continue;
-      copy(s, i, tok, k, pc * kPiece16, min(kPiece16, n16 - pc * kPiece16));
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int nwarps = (gridDim.x * blockDim.x) >> 5;
+    const int total = s_off[W];
+    const int n16 = L.hidden * 2 / 16;
+    const int pieces = (n16 + kPiece16 - 1) / kPiece16;
+    const uint64_t mine_bit = 1ull << tp.rank;
+    auto copy = [&](int s, int i, int tok, int k, int c0, int n) {
+      const size_t dense = (size_t(s) * cap + i) * K + k;
+      const size_t yrow = p.y_index != nullptr ? size_t(__ldg(p.y_index + dense)) : dense;
+      warp_copy16(reinterpret_cast<int4*>(tp.peer_base[s] + L.combine_row(tok, k)) + c0,
+                  reinterpret_cast<const int4*>(p.y + yrow * p.y_stride) + c0, n, lane);
+    };
+    if (int64_t(total) * 4 >= nwarps) {
+      for (int j = gwarp; j < total; j += nwarps) {
+        int s = 0;
+        while (s_off[s + 1] <= j) ++s;
+        const int i = j - s_off[s];
+        RecvMetaRow meta{const_cast<uint8_t*>(mine) + L.recv_meta(s, i), K};
+        const int tok = *meta.token();
+        if (tok < 0 || tok >= cap) continue;
+        for (int k = 0; k < K; ++k)
+          if (own.bit(meta.ids()[k]) == mine_bit) copy(s, i, tok, k, 0, n16);
+      }
+    } else {
+      const int64_t items = int64_t(total) * K * pieces;
+      for (int64_t it = gwarp; it < items; it += nwarps) {
+        const int j = int(it / (K * pieces)), rem = int(it % (K * pieces));
+        const int k = rem / pieces, pc = rem % pieces;
+        int s = 0;
+        while (s_off[s + 1] <= j) ++s;
+        const int i = j - s_off[s];
+        RecvMetaRow meta{const_cast<uint8_t*>(mine) + L.recv_meta(s, i), K};
+        const int tok = *meta.token();
+        if (tok < 0 || tok >= cap || own.bit(meta.ids()[k]) != mine_bit) continue;
+        copy(s, i, tok, k, pc * kPiece16, min(kPiece16, n16 - pc * kPiece16));
+      }
     }
   }
   // The last block publishes epoch 2n to every source (release after all result rows), and
@@ -456,7 +461,9 @@ cudaError_t launch_ep_wait(const EpWaitParams& p, cudaStream_t stream) {
 cudaError_t launch_ep_combine(const EpCombineParams& p, cudaStream_t stream) {
   if (cudaError_t e = check_transport(p.tp); e != cudaSuccess) return e;
   if (p.num_threads < 32 || p.num_threads > 1024 || p.num_threads % 32 != 0 ||
-      p.y_stride < p.tp.layout.hidden || p.y_stride % 8 != 0 || p.num_local_experts < 1)
+      p.num_local_experts < 1)
+    return cudaErrorInvalidValue;
+  if (!p.signal_only && (p.y == nullptr || p.y_stride < p.tp.layout.hidden || p.y_stride % 8 != 0))
     return cudaErrorInvalidValue;
   const int blocks = p.num_blocks > 0 ? p.num_blocks : ep_default_blocks(sm_count());
   ep::ep_combine_kernel<<<blocks, p.num_threads, 0, stream>>>(p);

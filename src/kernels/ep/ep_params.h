@@ -114,6 +114,11 @@ struct EpCombineParams {
   int num_blocks = 0;
   int num_threads = 512;
   bool fused_wait = false;  // the last block also waits for every owner's combine signal
+  // Fused combine (docs/protocol.md §8): the expert GEMM (fc2) of this call already stored every
+  // result row into the sources' combine areas, in an earlier kernel of this stream. The kernel
+  // moves nothing (y is unused, may be null): it fences, publishes epoch 2n to every source and,
+  // with fused_wait, waits for every owner, exactly as after its own copies. One block suffices.
+  bool signal_only = false;
 };
 
 // wait: this rank waits for every peer's signal of the current call and stage.

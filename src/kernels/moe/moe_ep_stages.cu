@@ -98,18 +98,29 @@ __global__ void __launch_bounds__(kThreads256) ep_unpack_kernel(const EpUnpackAr
   const size_t r = size_t(src) * a.capacity + i;
   if (i >= n) {
     if (part == 0)
-      for (int k = tid; k < K; k += kThreads256) a.ids[r * K + k] = -1;
+      for (int k = tid; k < K; k += kThreads256) {
+        a.ids[r * K + k] = -1;
+        if (a.y_dst != nullptr) a.y_dst[r * K + k] = nullptr;
+      }
     return;
   }
   if (part == 0) {
     const uint8_t* meta = a.window + a.recv_meta_off + r * a.meta_row_bytes;
     const int32_t* mids = reinterpret_cast<const int32_t*>(meta + 4);
     const float* mw = reinterpret_cast<const float*>(meta + 4 + 4 * K);
+    const int tok = *reinterpret_cast<const int32_t*>(meta);
+    // Fused combine: fc2 writes this row's local slots at the source's combine row tok*K+k. A
+    // token index outside the source's combine area gets no slot (never computed, never stored;
+    // the unfused combine skips such a row, too).
+    const bool tok_ok = a.y_dst == nullptr || (tok >= 0 && tok < a.capacity);
     for (int k = tid; k < K; k += kThreads256) {
       const int id = mids[k];
-      const bool local = id >= a.expert_base && id < a.expert_base + a.local_experts;
+      const bool local = tok_ok && id >= a.expert_base && id < a.expert_base + a.local_experts;
       a.ids[r * K + k] = local ? id : -1;
       a.weights[r * K + k] = mw[k];
+      if (a.y_dst != nullptr)
+        a.y_dst[r * K + k] =
+            local ? a.peer_combine[src] + (size_t(tok) * K + k) * size_t(H) : nullptr;
     }
   }
   const int i0 = part * kEpElems + 4 * tid;

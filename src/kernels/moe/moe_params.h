@@ -119,7 +119,12 @@ struct ForwardArgs {
   int32_t* counts = nullptr;        // [local_experts] scratch
   // Outputs.
   uint16_t* y_rows = nullptr;  // bf16 [T*K, H]: y[t,k] at row t*K+k
-  uint16_t* out = nullptr;     // bf16 [T, H] finalized, or null (unfinalized)
+  // EP fused combine (W > 1, docs/protocol.md §8): when set, fc2 stores the row of pair
+  // p = v*K+k at y_dst[p] instead of y_rows + p*H: the row t*K+k of the source's combine area
+  // (peer memory through an LSA pointer), written by launch_ep_unpack. Pairs of rows that carry
+  // no local slot are never routed, so their entries are never read.
+  uint16_t* const* y_dst = nullptr;  // [T*K]
+  uint16_t* out = nullptr;           // bf16 [T, H] finalized, or null (unfinalized)
   float* weights_out = nullptr;
   int32_t* indices_out = nullptr;
   DeviceError* error = nullptr;  // device alias of host-mapped memory
@@ -146,6 +151,10 @@ struct EpSourceArgs {
   DeviceError* error = nullptr;
 };
 
+// Ranks EpUnpackArgs can address (equals kEpMaxRanks of kernels/ep/ep_params.h; the backend
+// static_asserts it).
+constexpr int kEpUnpackMaxRanks = 64;
+
 // EP owner side: the rows received in this rank's window become virtual tokens
 // v = src * capacity + row: xq[v] (dequantized, as prepare writes it), ids[v][k] (the local
 // slots; every other slot -1) and weights[v][k]. Rows past a source's count get ids -1.
@@ -159,6 +168,12 @@ struct EpUnpackArgs {
   uint16_t* xq = nullptr;    // [W*capacity][H]
   int32_t* ids = nullptr;    // [W*capacity][K]
   float* weights = nullptr;  // [W*capacity][K]
+  // Optional (fused combine): y_dst[v*K+k] = peer_combine[src] + (token*K + k)*H, the row of
+  // the source's combine area that fc2 writes (ForwardArgs::y_dst); null for slots that are not
+  // local. A received row whose token index is outside [0, capacity) gets no local slot (the
+  // unfused combine skips such rows too).
+  uint16_t** y_dst = nullptr;                      // [W*capacity][K]
+  uint16_t* peer_combine[kEpUnpackMaxRanks] = {};  // each rank's combine area (LSA pointers)
 };
 
 }  // namespace moe_ep::kern

@@ -252,7 +252,9 @@ __device__ __forceinline__ void store_h_tile(const ForwardArgs& a, const float* 
 }
 
 // The fc2 epilogue's last step: y tile ys [kN][128 (+8)] bf16, 16-byte row stores to
-// y_rows[t*K+k] (pair_of[col]).
+// y_rows[t*K+k] (pair_of[col]), or with a.y_dst (EP fused combine) straight into the source
+// rank's combine area over NVLink. Those remote stores are made visible by the end of this
+// kernel; the signal kernel after it (ep_combine_kernel, signal_only) fences and publishes them.
 template <int kN>
 __device__ __forceinline__ void store_y_tile(const ForwardArgs& a, const uint16_t* ys,
                                              const TileInfo& tile, const int* pair_of, int mtile,
@@ -262,7 +264,9 @@ __device__ __forceinline__ void store_y_tile(const ForwardArgs& a, const uint16_
   for (int it = tid; it < kN * 16; it += nthreads) {
     const int col = it >> 4, p = it & 15;
     if (col >= tile.rows || row0 + p * 8 >= a.H) continue;
-    *reinterpret_cast<uint4*>(a.y_rows + size_t(pair_of[col]) * a.H + row0 + p * 8) =
+    const int pair = pair_of[col];
+    uint16_t* dst = a.y_dst != nullptr ? a.y_dst[pair] : a.y_rows + size_t(pair) * a.H;
+    *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
         *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
   }
 }
