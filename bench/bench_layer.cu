@@ -418,6 +418,11 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
       return 1;
     }
   const char* commit = std::getenv("MOE_EP_COMMIT");
+  // The CUDA backend's combine path (MOE_EP_FUSED_COMBINE, read by every rank at workspace
+  // creation), recorded so A/B runs are told apart.
+  const char* fc_env = std::getenv("MOE_EP_FUSED_COMBINE");
+  const char* combine = fc_env && std::string(fc_env) == "1" ? "fused" : "copy";
+  std::printf("combine: %s (MOE_EP_FUSED_COMBINE=%s)\n", combine, fc_env ? fc_env : "unset");
   FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (js) std::fprintf(js, "[\n");
   std::printf("%-8s %-12s %4s %6s %12s %12s %12s %14s %s\n", "shape", "recipe", "ep", "tokens",
@@ -460,12 +465,12 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
                    "\"mma_type\": \"bf16\", \"iterations\": %d, "
                    "\"stages_us_rank0_graph\": {\"quantize\": %.2f, \"dispatch_wait\": %.2f, "
                    "\"unpack\": %.2f, \"route_fc1_fc2\": %.2f, \"combine_wait\": %.2f, "
-                   "\"finalize\": %.2f}, "
+                   "\"finalize\": %.2f}, \"combine\": \"%s\", "
                    "\"timing\": \"cuda graph replay, slowest rank's median\"}",
                    c ? ",\n" : "", commit ? commit : "unknown", world, sh->device, world, world,
                    s.name.c_str(), s.H, s.I, s.E, s.K, rn[0].c_str(), T, med, mn, mx, per.c_str(),
                    bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters, sg[0], sg[1], sg[2],
-                   sg[3], sg[4], sg[5]);
+                   sg[3], sg[4], sg[5], combine);
   }
   if (js) {
     std::fprintf(js, "\n]\n");

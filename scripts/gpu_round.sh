@@ -2,11 +2,14 @@
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
 #   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
-#                        [benchall] [profile]      (default: all but benchall and profile)
+#                        [benchall] [profile] [epab]  (default: all but benchall, profile, epab)
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
 #   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
 #   decode GEMM at 1 token and the wgmma GEMM at 4096 tokens (not yet run on the H200).
+#   epab = the EP combine A/B on 2 GPUs (docs/protocol.md §8): the multi-GPU suite with
+#   MOE_EP_FUSED_COMBINE=0, the layer tests again with =1, bench_layer --ep 2 (dsv3 nvfp4,
+#   1/128/4096 tokens) both ways and the EP = 1 reference of the same per-rank work.
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
@@ -64,6 +67,29 @@ if has multigpu; then
     --gtest_output=json:"$OUT/multigpu_tests.json" >"$OUT/multigpu_tests.log" 2>&1 || status=1
   grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure|rank [0-9]|DSV3|blocks|^ +[0-9]+ |decode" \
     "$OUT/multigpu_tests.log" | head -80
+fi
+
+if has epab; then
+  echo "== EP combine A/B: copy kernel (0) vs fc2 storing at the sources (1)"
+  MT="$BUILD/tests/multigpu/moe_ep_multigpu_tests"
+  MOE_EP_FUSED_COMBINE=0 "$MT" --gtest_filter="${EPAB_FILTER:-*}" \
+    >"$OUT/epab_tests_fc0.log" 2>&1 || status=1
+  MOE_EP_FUSED_COMBINE=1 "$MT" --gtest_filter='EpLayer.*:EpLayerFused.*:EpLayerMixed.*' \
+    >"$OUT/epab_tests_fc1.log" 2>&1 || status=1
+  for m in 0 1; do
+    grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure" "$OUT/epab_tests_fc$m.log" | head -40
+  done
+  for m in 0 1; do
+    MOE_EP_FUSED_COMBINE=$m "$BUILD/bench/bench_layer" --ep 2 --shape dsv3 --recipes nvfp4 \
+      --tokens 1,128,4096 --json "$OUT/epab_bench_fc$m.json" >"$OUT/epab_bench_fc$m.log" 2>&1 ||
+      status=1
+    tail -8 "$OUT/epab_bench_fc$m.log"
+  done
+  "$BUILD/bench/bench_layer" --shape dsv3 --experts 128 --recipes nvfp4 --routing uniform \
+    --tokens 1,128,4096 >"$OUT/epab_bench_ep1_e128.log" 2>&1 || status=1
+  tail -4 "$OUT/epab_bench_ep1_e128.log"
+  # The device returns few files: one archive.
+  (cd "$OUT" && tar -czf epab.tar.gz epab_* && rm -f epab_*)
 fi
 
 if has cli; then
