@@ -405,6 +405,10 @@ TEST(EpHost, LaunchersRejectBadParameters) {
   dp.tp.peer_base[1] = fake_window;
   dp.act_stride = 40;
   EXPECT_EQ(launch_ep_dispatch(dp, nullptr), cudaErrorInvalidValue);
+  // A combine that copies needs its y rows (only a signal-only combine may leave y null).
+  cp.tp = dp.tp;
+  cp.y_stride = 64;
+  EXPECT_EQ(launch_ep_combine(cp, nullptr), cudaErrorInvalidValue);
 }
 
 // ---------------------------------------------------------------------------------------------
