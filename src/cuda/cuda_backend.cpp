@@ -50,13 +50,15 @@ constexpr int kMaxLocalExperts = 1024;
 static_assert(kern::kEpUnpackMaxRanks == kEpMaxRanks, "unpack addresses every transport rank");
 
 // MOE_EP_FUSED_COMBINE=1: fc2 stores its rows straight into the sources' combine areas and a
-// signal-only combine kernel publishes them (docs/protocol.md §8); 0 or unset: fc2 writes the
+// signal-only combine kernel publishes them (docs/protocol.md §8); 2: the same, each storing fc2
+// thread also fencing system-wide after its rows (the §5 fallback); 0 or unset: fc2 writes the
 // local y buffer, which ep_combine_kernel copies. Read per workspace at creation (the fused
 // workspace has no y buffer). Ranks may differ: both paths store the same rows and publish the
 // same epoch, so a fused rank and an unfused rank interoperate.
-bool fused_combine_from_env() {
+int fused_combine_from_env() {
   const char* v = std::getenv("MOE_EP_FUSED_COMBINE");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  if (v == nullptr || v[0] == '\0' || v[1] != '\0') return 0;
+  return v[0] == '1' ? 1 : v[0] == '2' ? 2 : 0;
 }
 
 [[noreturn]] void cuda_fail(cudaError_t err, const std::string& what) {
@@ -97,7 +99,7 @@ struct Workspace {
   // W > 1
   int ep_index = -1;  // EpComm workspace
   size_t act_off = 0, vids_off = 0, vweights_off = 0, y_off = 0;
-  bool fused_combine = false;  // y_dst_off: [W*cap*K] row pointers instead of y [W*cap*K][H]
+  int fused_combine = 0;  // 1, 2: y_dst_off: [W*cap*K] row pointers instead of y [W*cap*K][H]
   size_t y_dst_off = 0;
 };
 
@@ -492,6 +494,7 @@ class CudaBackend final : public LayerBackend {
     a.counts = reinterpret_cast<int32_t*>(scratch + ws.counts_off);
     if (ws.fused_combine) {
       a.y_dst = ua.y_dst;  // fc2 stores into the sources' combine areas (NVLink)
+      a.y_dst_fence = ws.fused_combine == 2;
     } else {
       a.y_rows = reinterpret_cast<uint16_t*>(scratch + ws.y_off);
     }

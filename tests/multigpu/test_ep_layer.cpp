@@ -377,7 +377,7 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
   // buffer [W*cap*K][H] bf16 exactly when it is unfused; the fused one holds a row pointer per
   // pair instead. Both serve calls on the same layer, bit for bit.
   const char* env = std::getenv("MOE_EP_FUSED_COMBINE");
-  const bool fused = env != nullptr && std::string(env) == "1";
+  const bool fused = env != nullptr && (std::string(env) == "1" || std::string(env) == "2");
   setenv("MOE_EP_FUSED_COMBINE", fused ? "0" : "1", 1);
   const WorkspaceId other = ep.create_workspace(8);
   setenv("MOE_EP_FUSED_COMBINE", fused ? "1" : "0", 1);

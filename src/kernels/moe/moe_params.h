@@ -124,7 +124,11 @@ struct ForwardArgs {
   // (peer memory through an LSA pointer), written by launch_ep_unpack. Pairs of rows that carry
   // no local slot are never routed, so their entries are never read.
   uint16_t* const* y_dst = nullptr;  // [T*K]
-  uint16_t* out = nullptr;           // bf16 [T, H] finalized, or null (unfinalized)
+  // With y_dst: every storing thread also fences (fence.sc.sys) after its rows, so they are
+  // performed system-wide before its CTA retires (the fallback of docs/protocol.md §5 "kernel
+  // boundary"; MOE_EP_FUSED_COMBINE=2).
+  bool y_dst_fence = false;
+  uint16_t* out = nullptr;  // bf16 [T, H] finalized, or null (unfinalized)
   float* weights_out = nullptr;
   int32_t* indices_out = nullptr;
   DeviceError* error = nullptr;  // device alias of host-mapped memory

@@ -269,6 +269,7 @@ __device__ __forceinline__ void store_y_tile(const ForwardArgs& a, const uint16_
     *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
         *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
   }
+  if (a.y_dst_fence) __threadfence_system();
 }
 
 // The epilogue of both grouped GEMMs (mma.sync below, wgmma in sm90_moe_wgmma.cuh): acc[f][nf][i]
