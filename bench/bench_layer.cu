@@ -421,7 +421,8 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   // The CUDA backend's combine path (MOE_EP_FUSED_COMBINE, read by every rank at workspace
   // creation), recorded so A/B runs are told apart.
   const char* fc_env = std::getenv("MOE_EP_FUSED_COMBINE");
-  const char* combine = fc_env && std::string(fc_env) == "1" ? "fused" : "copy";
+  const std::string fc = fc_env ? fc_env : "";
+  const char* combine = fc == "1" ? "fused" : fc == "2" ? "fused+fence" : "copy";
   std::printf("combine: %s (MOE_EP_FUSED_COMBINE=%s)\n", combine, fc_env ? fc_env : "unset");
   FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (js) std::fprintf(js, "[\n");

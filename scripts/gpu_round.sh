@@ -9,7 +9,8 @@
 #   decode GEMM at 1 token and the wgmma GEMM at 4096 tokens (not yet run on the H200).
 #   epab = the EP combine A/B on 2 GPUs (docs/protocol.md §8): the multi-GPU suite with
 #   MOE_EP_FUSED_COMBINE=0, the layer tests again with =1, bench_layer --ep 2 (dsv3 nvfp4,
-#   1/128/4096 tokens) both ways and the EP = 1 reference of the same per-rank work.
+#   1/128/4096 tokens) with =0, =1 and =2 (fused + fence) and the EP = 1 reference of the same
+#   per-rank work.
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
@@ -79,7 +80,7 @@ if has epab; then
   for m in 0 1; do
     grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure" "$OUT/epab_tests_fc$m.log" | head -40
   done
-  for m in 0 1; do
+  for m in 0 1 2; do
     MOE_EP_FUSED_COMBINE=$m "$BUILD/bench/bench_layer" --ep 2 --shape dsv3 --recipes nvfp4 \
       --tokens 1,128,4096 --json "$OUT/epab_bench_fc$m.json" >"$OUT/epab_bench_fc$m.log" 2>&1 ||
       status=1
