@@ -422,7 +422,7 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   // creation), recorded so A/B runs are told apart.
   const char* fc_env = std::getenv("MOE_EP_FUSED_COMBINE");
   const std::string fc = fc_env ? fc_env : "";
-  const char* combine = fc == "1" ? "fused" : fc == "2" ? "fused+fence" : "copy";
+  const char* combine = fc == "0" ? "copy" : fc == "2" ? "fused+fence" : "fused";
   std::printf("combine: %s (MOE_EP_FUSED_COMBINE=%s)\n", combine, fc_env ? fc_env : "unset");
   FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (js) std::fprintf(js, "[\n");

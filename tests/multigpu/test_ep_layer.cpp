@@ -4,9 +4,10 @@
 // growing T, all slots -1, all tokens to the other rank, a second workspace picked by
 // select_workspace_collective, unfinalized outputs, CUDA graph replay with a device-side token
 // count, an EPLB expert swap across ranks (bytes moved with ncclSend / ncclRecv), and a rank
-// that skips a call. Outputs are poisoned (NaN) before every call. EpLayerFused / EpLayerMixed
-// repeat the main cases with fc2 storing into the sources' combine areas (MOE_EP_FUSED_COMBINE=1)
-// on both ranks / on rank 0 only. Skips without 2 GPUs.
+// that skips a call. Outputs are poisoned (NaN) before every call. The EpLayer tests run the
+// combine path the environment selects (default: fc2 stores into the sources' combine areas);
+// EpLayerFused / EpLayerCopy / EpLayerMixed repeat the main cases with MOE_EP_FUSED_COMBINE=1 /
+// =0 on both ranks / 1 on rank 0 and 0 on rank 1. Skips without 2 GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
@@ -265,14 +266,16 @@ double check_call(MegaLayer& ep, MegaLayer& one, MegaLayer& cpu, Inputs& h, int 
 // ---------------------------------------------------------------------------------------------
 
 // The combine path of the CUDA backend is read from MOE_EP_FUSED_COMBINE when a workspace is
-// created (docs/protocol.md §8). The EpLayer tests keep the environment as it is (so the suite
-// can run in either mode); the EpLayerFused / EpLayerMixed tests set it in each forked rank.
-enum class CombineMode { kEnv, kFused, kRank0Fused };
+// created (docs/protocol.md §8; unset = fused). The EpLayer tests keep the environment as it is
+// (so the suite can run in either mode); the EpLayerFused / EpLayerCopy / EpLayerMixed tests set
+// it in each forked rank.
+enum class CombineMode { kEnv, kFused, kCopy, kRank0Fused };
 
 RankBody in_mode(CombineMode m, RankBody body) {
   return [m, body](int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
     const bool fused = m == CombineMode::kFused || (m == CombineMode::kRank0Fused && rank == 0);
     if (m != CombineMode::kEnv) setenv("MOE_EP_FUSED_COMBINE", fused ? "1" : "0", 1);
+    // kCopy: fused stays false, so the rank runs the copying combine kernel.
     body(rank, world, id, rep);
   };
 }
@@ -377,7 +380,7 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
   // buffer [W*cap*K][H] bf16 exactly when it is unfused; the fused one holds a row pointer per
   // pair instead. Both serve calls on the same layer, bit for bit.
   const char* env = std::getenv("MOE_EP_FUSED_COMBINE");
-  const bool fused = env != nullptr && (std::string(env) == "1" || std::string(env) == "2");
+  const bool fused = env == nullptr || std::string(env) != "0";  // the default is fused
   setenv("MOE_EP_FUSED_COMBINE", fused ? "0" : "1", 1);
   const WorkspaceId other = ep.create_workspace(8);
   setenv("MOE_EP_FUSED_COMBINE", fused ? "1" : "0", 1);
@@ -478,6 +481,24 @@ TEST(EpLayerFused, TokenCountsRoutingAndWorkspaces) {
 TEST(EpLayerFused, GraphReplayWithVaryingTokenCounts) {
   SKIP_UNLESS_2_GPUS();
   expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kFused, graph_replay_body)));
+}
+
+// The same checks on the copying combine kernel (MOE_EP_FUSED_COMBINE=0; fc2 writes the local
+// y buffer and ep_combine_kernel moves the rows), the path before the fused one became the
+// default.
+TEST(EpLayerCopy, EveryRecipeAgainstCpuAndSingleGpu) {
+  SKIP_UNLESS_2_GPUS();
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kCopy, every_recipe_body)));
+}
+
+TEST(EpLayerCopy, TokenCountsRoutingAndWorkspaces) {
+  SKIP_UNLESS_2_GPUS();
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kCopy, token_counts_body)));
+}
+
+TEST(EpLayerCopy, GraphReplayWithVaryingTokenCounts) {
+  SKIP_UNLESS_2_GPUS();
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kCopy, graph_replay_body)));
 }
 
 // Rank 0 fused, rank 1 unfused: both paths store the same rows into the same combine rows and
