@@ -6,7 +6,7 @@
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
 #   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
-#   decode GEMM at 1 token and the wgmma GEMM at 4096 tokens (not yet run on the H200).
+#   decode GEMM at 1 and 128 tokens and the wgmma GEMM at 4096 tokens.
 #   epab = the EP combine A/B on 2 GPUs (docs/protocol.md §8): the multi-GPU suite with
 #   MOE_EP_FUSED_COMBINE=0, the layer tests again with =1, bench_layer --ep 2 (dsv3 nvfp4,
 #   1/128/4096 tokens) with =0, =1 and =2 (fused + fence) and the EP = 1 reference of the same
@@ -122,20 +122,21 @@ if has bench; then
 fi
 
 if has profile; then
-  # Nsight Compute on the two kernels the targets hinge on: the decode GEMM at 1 token and the
-  # wgmma GEMM at 4096 tokens (DSV3 nvfp4; two launches each; clocks left alone).
+  # Nsight Compute on the kernels the targets hinge on: the decode GEMM at 1 and 128 tokens and
+  # the wgmma GEMM at 4096 tokens (DSV3 nvfp4; two launches each = fc1 and fc2; clocks left
+  # alone). PROFILE_CASES="kernel tokens" pairs narrow it.
   echo "== ncu profiles -> $OUT/ncu_*.txt"
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   sections="--section SpeedOfLight --section SchedulerStats --section WarpStateStats \
     --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy"
-  for c in "decode 1" "wgmma 4096"; do
+  for c in ${PROFILE_CASES:-"decode 1" "decode 128" "wgmma 4096"}; do
     set -- $c
     # shellcheck disable=SC2086
     timeout 240 "$NCU" --clock-control none -k "regex:sm90_moe_$1" -c 2 $sections \
       "$BUILD/bench/bench_layer" --shape dsv3 --recipes nvfp4 --routing uniform --tokens "$2" \
-      --iters 20 >"$OUT/ncu_$1.txt" 2>&1 || status=1
+      --iters 20 >"$OUT/ncu_$1_$2.txt" 2>&1 || status=1
     grep -E "Duration|DRAM Throughput|Issue Slots Busy|Eligible Warps|No Eligible|Achieved Occupancy" \
-      "$OUT/ncu_$1.txt" | head -12
+      "$OUT/ncu_$1_$2.txt" | head -12
   done
 fi
 
