@@ -178,6 +178,11 @@ struct EpUnpackArgs {
   // unfused combine skips such rows too).
   uint16_t** y_dst = nullptr;                      // [W*capacity][K]
   uint16_t* peer_combine[kEpUnpackMaxRanks] = {};  // each rank's combine area (LSA pointers)
+  // Optional: the workspace's transport error flag (EpState::error). Once set (a wait of this
+  // call failed), every virtual token gets ids -1, so nothing is routed, computed or stored.
+  const uint32_t* ep_error = nullptr;
+  // Launched with programmatic dependent launch after the dispatch kernel (waits for it first).
+  bool pdl = false;
 };
 
 }  // namespace moe_ep::kern
