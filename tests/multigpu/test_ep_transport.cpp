@@ -367,6 +367,29 @@ TEST(EpHost, ErrorMessageNamesPeerStageAndCall) {
   r.peer = r.rank = 2;
   const std::string own = ep_error_message(r);
   EXPECT_NE(own.find("rank 2 abandoned a call"), std::string::npos) << own;
+  // A peer that runs the same forward call in another workspace (announce window).
+  r.stage = int32_t(EpStage::kDispatch);
+  r.peer = 0;
+  r.rank = 1;
+  r.call = 5;
+  r.cause = uint32_t(EpErrorCause::kWorkspaceMismatch);
+  r.workspace = 1;
+  r.peer_workspace = 0;
+  r.observed = ep_announce(5, 0);
+  const std::string ws = ep_error_message(r);
+  EXPECT_NE(ws.find("rank 1: peer rank 0 ran forward call 5 with workspace 0 and this rank with "
+                    "workspace 1 (seen at stage 'dispatch' after 12 us)"),
+            std::string::npos)
+      << ws;
+}
+
+// The announce word keeps the call above the workspace bits, so an atomic max keeps the newest
+// call, and both fields come back.
+TEST(EpHost, AnnounceWordCarriesCallAndWorkspace) {
+  EXPECT_EQ(ep_announce_call(ep_announce(123456789, 3)), 123456789u);
+  EXPECT_EQ(ep_announce_workspace(ep_announce(123456789, 3)), 3);
+  EXPECT_GT(ep_announce(8, 0), ep_announce(7, 65535));
+  EXPECT_NE(ep_announce_workspace(ep_announce(9, 2)), ep_announce_workspace(ep_announce(9, 1)));
 }
 
 // The marker sorts above every epoch (atomic-max slots keep it) and carries the last epoch.

@@ -87,6 +87,14 @@ NcclUniqueIdBytes SharedUniqueId::exchange(int rank, int64_t timeout_ms) {
 
 std::string ep_error_message(const EpErrorRecord& r) {
   const auto stage = static_cast<EpStage>(r.stage);
+  if (r.cause == uint32_t(EpErrorCause::kWorkspaceMismatch))
+    return "rank " + std::to_string(r.rank) + ": peer rank " + std::to_string(r.peer) +
+           " ran forward call " + std::to_string(r.call) + " with workspace " +
+           std::to_string(r.peer_workspace) + " and this rank with workspace " +
+           std::to_string(r.workspace) + " (seen at stage '" + ep_stage_name(stage) + "' after " +
+           std::to_string(r.waited_ns / 1000) +
+           " us); every rank must run a call with the same workspace; the transport is unusable "
+           "until destroyed";
   if (stage == EpStage::kAbandon)
     return "rank " + std::to_string(r.rank) +
            " abandoned a call (it rejected the call's arguments and told its peers); the "
@@ -119,6 +127,12 @@ struct EpComm::Impl {
   int* scratch = nullptr;               // allreduce_max
   std::vector<EpWorkspace> workspaces;
   bool destroyed = false;
+  // Workspace announce (ep_params.h): one small symmetric window per communicator, [W] uint64
+  // per rank, and the forward counter the dispatch kernels keep in device memory.
+  uint8_t* announce_base = nullptr;
+  ncclWindow_t announce_win = nullptr;
+  std::vector<uint8_t*> announce_peer;
+  uint64_t* calls = nullptr;
 
   void init() {
     int n = 0, r = 0;
@@ -151,6 +165,24 @@ struct EpComm::Impl {
               "NVLink (LSA) domain (LSA size " +
               std::to_string(info.lsa_size) +
               "); inter-node EP over NCCL GIN is designed (docs/protocol.md) but not built");
+    cuda_check(cudaMalloc(&calls, sizeof(uint64_t)), "cudaMalloc(forward counter)");
+    cuda_check(cudaMemsetAsync(calls, 0, sizeof(uint64_t), stream), "cudaMemset(counter)");
+    const size_t abytes = WorkspaceLayout::align_up(size_t(world) * 8, NCCL_WIN_REQUIRED_ALIGNMENT);
+    void* a = nullptr;
+    nccl_check(ncclMemAlloc(&a, abytes), comm, "ncclMemAlloc(announce window)");
+    announce_base = static_cast<uint8_t*>(a);
+    nccl_check(ncclCommWindowRegister(comm, a, abytes, &announce_win, NCCL_WIN_COLL_SYMMETRIC),
+               comm, "ncclCommWindowRegister(announce window)");
+    // Zero before any peer announces: peers write here only from a dispatch, which follows the
+    // barrier of create_workspace (enqueued on `stream` after this memset).
+    cuda_check(cudaMemsetAsync(a, 0, abytes, stream), "cudaMemset(announce window)");
+    announce_peer.assign(size_t(world), nullptr);
+    cuda_check(ep_query_lsa_bases(dev_comm, announce_win, world, announce_peer.data(), stream),
+               "LSA base pointers of the announce window");
+    for (int r = 0; r < world; ++r)
+      if (announce_peer[size_t(r)] == nullptr)
+        throw Error(ErrorCode::kBackend,
+                    "no LSA pointer for rank " + std::to_string(r) + "'s announce window");
   }
 
   EpTransport make_transport(const EpWorkspace* ws, bool warmup) const {
@@ -159,6 +191,10 @@ struct EpComm::Impl {
       tp.layout = ws->layout;
       for (int r = 0; r < world; ++r) tp.peer_base[r] = ws->peer_base[r];
       tp.state = ws->state;
+      tp.workspace = int(ws - workspaces.data());
+      tp.calls = calls;
+      for (int r = 0; r < world && r < int(announce_peer.size()); ++r)
+        tp.announce[r] = reinterpret_cast<uint64_t*>(announce_peer[size_t(r)]);
     } else {
       tp.state = comm_state;
     }
@@ -189,6 +225,10 @@ struct EpComm::Impl {
     out.expected = r->expected;
     out.observed = r->observed;
     out.waited_ns = r->waited_ns;
+    out.cause = r->cause;
+    out.workspace = r->workspace;
+    out.peer_workspace = r->peer_workspace;
+    out.pad = 0;
     return out;
   }
 
@@ -208,6 +248,14 @@ struct EpComm::Impl {
       if (ws.state != nullptr) note_cuda(cudaFree(ws.state), "cudaFree(state)");
     }
     workspaces.clear();
+    if (announce_win != nullptr)
+      note_nccl(ncclCommWindowDeregister(comm, announce_win), "deregister(announce)");
+    announce_win = nullptr;
+    if (announce_base != nullptr) note_nccl(ncclMemFree(announce_base), "ncclMemFree(announce)");
+    announce_base = nullptr;
+    announce_peer.clear();
+    if (calls != nullptr) note_cuda(cudaFree(calls), "cudaFree(counter)");
+    calls = nullptr;
     if (dev_comm != nullptr) note_nccl(ep_dev_comm_destroy(comm, dev_comm), "ncclDevCommDestroy");
     dev_comm = nullptr;
     if (comm_state != nullptr) note_cuda(cudaFree(comm_state), "cudaFree(state)");
@@ -348,6 +396,16 @@ void EpComm::check() const {
     std::string msg = ep_error_message(*r);
     if (r->stage == int32_t(EpStage::kAbandon) && !impl_->abandoned_why.empty())
       msg += " (the rejected call: " + impl_->abandoned_why + ")";
+    if (r->cause == uint32_t(EpErrorCause::kWorkspaceMismatch)) {
+      // Workspaces are made collectively in the same order, so index i has one capacity.
+      std::string caps;
+      for (int w : {r->workspace, r->peer_workspace})
+        caps += std::string(caps.empty() ? "" : ", ") + "workspace " + std::to_string(w) + " = " +
+                (w >= 0 && w < num_workspaces()
+                     ? std::to_string(impl_->workspaces[size_t(w)].layout.capacity) + " tokens"
+                     : std::string("unknown"));
+      msg += " (capacities: " + caps + ")";
+    }
     throw Error(ErrorCode::kPeer, msg);
   }
 }
@@ -375,6 +433,9 @@ void EpComm::abandon(const std::string& why, cudaStream_t stream) {
   r->expected = 0;
   r->observed = kEpAbandonBit;
   r->waited_ns = 0;
+  r->cause = uint32_t(EpErrorCause::kWait);
+  r->workspace = -1;
+  r->peer_workspace = -1;
   std::atomic_thread_fence(std::memory_order_seq_cst);
   r->flag = 1u;
 }

@@ -41,7 +41,9 @@ __device__ __forceinline__ uint64_t* signal_slot(uint8_t* base, const WorkspaceL
 // written before `flag`, separated by a system fence, so the host never sees a half record.
 __device__ __forceinline__ void record_error(const EpTransport& tp, EpStage stage, int peer,
                                              uint64_t call, uint64_t expected, uint64_t observed,
-                                             uint64_t waited_ns) {
+                                             uint64_t waited_ns,
+                                             EpErrorCause cause = EpErrorCause::kWait,
+                                             int peer_workspace = -1) {
   if (atomicCAS(&tp.state->error, 0u, 1u) != 0u) return;
   volatile EpErrorRecord* r = tp.error;
   if (r == nullptr || r->flag != 0u) return;  // another state of this comm recorded first
@@ -52,6 +54,9 @@ __device__ __forceinline__ void record_error(const EpTransport& tp, EpStage stag
   r->expected = expected;
   r->observed = observed;
   r->waited_ns = waited_ns;
+  r->cause = uint32_t(cause);
+  r->workspace = tp.workspace;
+  r->peer_workspace = peer_workspace;
   // Orders the record fields above before the flag below, as seen by the host.
   __threadfence_system();
   r->flag = 1u;
@@ -66,6 +71,11 @@ __device__ __forceinline__ bool has_error(const EpTransport& tp) {
 __device__ __forceinline__ bool wait_signal(const EpTransport& tp, EpStage stage, int peer,
                                             uint64_t call, uint64_t target) {
   const uint64_t* slot = signal_slot(tp.peer_base[tp.rank], tp.layout, peer);
+  // Dispatch waits also watch the peer's announce (ep_params.h): a peer that runs this forward
+  // call in another workspace never signals here. Read only on the slow path (every 64 spins).
+  const uint64_t* announce =
+      stage == EpStage::kDispatch && tp.calls != nullptr ? tp.announce[tp.rank] : nullptr;
+  const uint64_t my_call = announce != nullptr ? *tp.calls : 0;
   const uint64_t start = globaltimer_ns();
   uint64_t v = ld_acquire_sys(slot);
   for (uint32_t spin = 0; v < target; ++spin) {
@@ -76,6 +86,15 @@ __device__ __forceinline__ bool wait_signal(const EpTransport& tp, EpStage stage
     }
     if ((spin & 63u) == 63u) {
       if (has_error(tp)) return false;  // another peer already failed this call
+      if (announce != nullptr) {
+        const uint64_t a = ld_acquire_sys(announce + peer);
+        if (ep_announce_call(a) == my_call &&
+            ep_announce_workspace(a) != ep_announce_workspace(ep_announce(0, tp.workspace))) {
+          record_error(tp, stage, peer, my_call, target, a, waited,
+                       EpErrorCause::kWorkspaceMismatch, ep_announce_workspace(a));
+          return false;
+        }
+      }
       __nanosleep(64);
     }
     v = ld_acquire_sys(slot);
@@ -87,6 +106,26 @@ __device__ __forceinline__ bool wait_signal(const EpTransport& tp, EpStage stage
     return false;
   }
   return true;
+}
+
+// One thread of the dispatch's last block, before its signals: count this forward call on the
+// communicator and announce (call, workspace) to every rank (ep_params.h), so a peer that waits
+// in another workspace learns of the mismatch instead of timing out.
+__device__ __forceinline__ void announce_call(const EpTransport& tp) {
+  if (tp.calls == nullptr) return;
+  const uint64_t c = *tp.calls + 1;
+  *tp.calls = c;
+  for (int r = 0; r < tp.world_size; ++r)
+    if (tp.announce[r] != nullptr)
+      signal_release_sys(tp.announce[r] + tp.rank, ep_announce(c, tp.workspace));
+}
+
+// Programmatic dependent launch: a kernel launched with it may start while the previous kernel
+// of the stream runs; pdl_wait returns once that kernel completed and its memory operations are
+// performed and visible (a no-op for a plain launch). pdl_trigger lets the next kernel launch.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // Every thread t < W of the calling block waits for peer t's signal `target` (fused waits).

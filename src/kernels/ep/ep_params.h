@@ -38,6 +38,12 @@ inline const char* ep_stage_name(EpStage s) {
   }
 }
 
+// Why a wait failed (EpErrorRecord::cause).
+enum class EpErrorCause : uint32_t {
+  kWait = 0,               // the peer never arrived (timeout) or abandoned the call
+  kWorkspaceMismatch = 1,  // the peer runs this call with another workspace (announce slots)
+};
+
 // The sticky error, in host-mapped pinned memory: the device writes it once (the first wait
 // that times out), the host reads it at the next call without a sync. `flag` is written last.
 struct EpErrorRecord {
@@ -45,10 +51,15 @@ struct EpErrorRecord {
   int32_t stage;      // EpStage
   int32_t peer;       // the rank that never arrived
   int32_t rank;       // the rank that waited
-  uint64_t call;      // the workspace's call number (epoch) of the wait
+  uint64_t call;      // the workspace's call number (epoch) of the wait; for a workspace
+                      // mismatch the communicator's forward call number
   uint64_t expected;  // signal value waited for
-  uint64_t observed;  // last value seen
+  uint64_t observed;  // last value seen (mismatch: the peer's announce word)
   uint64_t waited_ns;
+  uint32_t cause;          // EpErrorCause
+  int32_t workspace;       // this rank's workspace of the failed wait (-1: none, a barrier)
+  int32_t peer_workspace;  // mismatch: the workspace the peer announced for the same call
+  int32_t pad;
 };
 
 // Per-workspace device state (plain device memory of this rank, not symmetric). Zeroed at
@@ -72,6 +83,19 @@ MOE_EP_HD uint64_t ep_combine_signal(uint64_t call) { return 2 * call; }
 // above e learns at once that the peer abandoned the call (instead of timing out).
 constexpr uint64_t kEpAbandonBit = 1ull << 63;
 
+// Workspace announce (docs/protocol.md §3): with its dispatch signal of the communicator's
+// forward call c (counted over every workspace), a rank writes (c << 16) | workspace into its
+// slot of every rank's announce window (one small symmetric window per communicator, not per
+// workspace, so it is seen whichever workspace the reader runs). A dispatch wait that finds the
+// peer's announce of its own call c naming another workspace knows the peer will never signal in
+// this workspace: it records kWorkspaceMismatch at once instead of timing out.
+constexpr int kEpAnnounceWsBits = 16;
+MOE_EP_HD uint64_t ep_announce(uint64_t call, int workspace) {
+  return call << kEpAnnounceWsBits | (uint64_t(uint32_t(workspace)) & 0xffffu);
+}
+MOE_EP_HD uint64_t ep_announce_call(uint64_t a) { return a >> kEpAnnounceWsBits; }
+MOE_EP_HD int ep_announce_workspace(uint64_t a) { return int(a & 0xffffu); }
+
 // What every transport kernel needs: the workspace of this rank and its peers.
 struct EpTransport {
   WorkspaceLayout layout;
@@ -81,6 +105,12 @@ struct EpTransport {
   EpState* state = nullptr;              // this workspace's state (device memory)
   EpErrorRecord* error = nullptr;        // host-mapped sticky error (device pointer)
   uint64_t timeout_ns = 0;               // bound of every wait (%globaltimer)
+  // Workspace check (null / -1: off, e.g. the barrier's transport). `workspace` is this
+  // workspace's index in its EpComm; announce[r] is rank r's announce window ([W] uint64, LSA
+  // pointer); `calls` the communicator's forward counter (device memory, set by dispatch).
+  int workspace = -1;
+  uint64_t* calls = nullptr;
+  uint64_t* announce[kEpMaxRanks] = {};
 };
 
 // dispatch: every source token row goes once to each owner rank that holds one of its experts.
@@ -99,6 +129,10 @@ struct EpDispatchParams {
   // The last block to finish also waits for every source's dispatch signal (what
   // launch_ep_wait(kDispatch) does), saving a launch.
   bool fused_wait = false;
+  // Programmatic dependent launch: the CTAs may become resident while the previous kernel of
+  // the stream (the source quantize) runs; they wait for it before reading anything, and let
+  // the next kernel (the unpack, launched the same way) launch early.
+  bool pdl = false;
 };
 
 // combine: every (source, received row, local slot) result row goes back to the source's
@@ -119,6 +153,9 @@ struct EpCombineParams {
   // moves nothing (y is unused, may be null): it fences, publishes epoch 2n to every source and,
   // with fused_wait, waits for every owner, exactly as after its own copies. One block suffices.
   bool signal_only = false;
+  // Programmatic dependent launch after fc2: the kernel waits (griddepcontrol.wait: fc2
+  // completed, its stores performed and visible) before its fence and signal.
+  bool pdl = false;
 };
 
 // wait: this rank waits for every peer's signal of the current call and stage.
