@@ -484,6 +484,7 @@ class CudaBackend final : public LayerBackend {
     ua.xq = reinterpret_cast<uint16_t*>(scratch + ws.xq_off);
     ua.ids = reinterpret_cast<int32_t*>(scratch + ws.vids_off);
     ua.weights = reinterpret_cast<float*>(scratch + ws.vweights_off);
+    ua.ep_error = &tp.state->error;  // a failed wait of this call: route nothing
     if (ws.fused_combine) {
       ua.y_dst = reinterpret_cast<uint16_t**>(scratch + ws.y_dst_off);
       for (int r = 0; r < W_; ++r)

@@ -691,5 +691,101 @@ TEST(EpLayer, RejectedCallReleasesPeersAtOnce) {
     EXPECT_LT(res.rep[0].val[1], 2.0) << "rank 0 waited " << res.rep[0].val[1] << " s";
 }
 
+// SPEC §4: every rank runs a call with the same workspace. Rank 1 runs a call with its small
+// workspace while rank 0 uses the default one: each rank's dispatch wait sees the peer's
+// announce of that call naming the other workspace (docs/protocol.md §3), records the sticky
+// error at once instead of waiting for the 20 s timeout, and the next host call of both ranks
+// throws kPeer naming the peer, both workspaces and the stage. As after any peer error (§6) the
+// transport stays unusable (the next correct call throws the same), destroy() still meets the
+// peer and reports it, and a call after destroy() throws kDestroyed. Before the fault, calls on
+// the small workspace must equal the single-GPU layer bit for bit.
+TEST(EpLayer, RanksWithDifferentWorkspacesAllFailNamingBoth) {
+  SKIP_UNLESS_2_GPUS();
+  constexpr int64_t kTimeoutMs = 20000;
+  auto res =
+      run_ranks(kWorld, 180, [](int rank, int, const NcclUniqueIdBytes& id, RankReport& rep) {
+        const Recipe r = Recipe::kNvfp4;
+        const Options o = recipe_options(r);
+        const PackedExperts p = make_pack(r, o, 7);
+        const LayerConfig c = make_config(r, 32, o);
+        Bootstrap b = ep_boot(rank, nullptr, &id);
+        b.timeout_ms = kTimeoutMs;
+        b.warmup_timeout_ms = 30000;
+        MegaLayer ep(b, c, p.view(rank * kEl, kEl), p.epilogue_view(rank * kEl, kEl));
+        MegaLayer one(single_boot(rank, Backend::kCUDA), c, p.view(), p.epilogue_view());
+        const WorkspaceId small = ep.create_workspace(8);  // workspace 1
+        ep.warmup(small);
+        for (int T : {1, 3, 8, 0, 5}) {
+          Inputs h = make_inputs(rank == 0 ? T : 8 - T, rank, 40 + 2 * T + rank, Route::kUniform);
+          DevInputs d(h, rank);
+          ForwardInputs f = d.view();
+          f.workspace = small;
+          const std::vector<uint16_t> y = run(ep, f, h.T, rank);
+          const std::vector<uint16_t> y1 = run(one, d.view(), h.T, rank);
+          REQUIRE(!has_nan(y), "small workspace, T " + std::to_string(h.T) + ": NaN");
+          REQUIRE(y == y1, "small workspace, T " + std::to_string(h.T) +
+                               ": differs from the single-GPU layer");
+        }
+        Inputs h = make_inputs(6, rank, 60 + rank, Route::kUniform);
+        DevInputs d(h, rank);
+        run(ep, d.view(), h.T, rank);  // one good call on the default workspace, both ranks
+        auto call = [&](const ForwardInputs& f, std::string* msg) {
+          try {
+            run(ep, f, h.T, rank);
+          } catch (const Error& e) {
+            *msg = e.what();
+            return e.code();
+          }
+          *msg = "(no error)";
+          return ErrorCode::kBackend;
+        };
+        ForwardInputs mismatched = d.view();
+        if (rank == 1) mismatched.workspace = small;  // rank 0 keeps workspace 0
+        std::string msg;
+        const auto t0 = std::chrono::steady_clock::now();
+        const ErrorCode first = call(mismatched, &msg);  // no host sync: returns, then the error
+        const double first_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        REQUIRE(first == ErrorCode::kBackend || first == ErrorCode::kPeer,
+                "the mismatched call itself: " + msg);
+        ErrorCode code = first;
+        if (first != ErrorCode::kPeer) code = call(d.view(), &msg);  // the next correct call
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rep.add(first_s);
+        rep.add(waited);
+        const std::string peer = "peer rank " + std::to_string(1 - rank);
+        REQUIRE(code == ErrorCode::kPeer, "expected a kPeer error, got '" + msg + "'");
+        REQUIRE(
+            msg.find(peer) != std::string::npos &&
+                msg.find("workspace " + std::to_string(1 - rank)) != std::string::npos &&
+                msg.find("this rank with workspace " + std::to_string(rank)) != std::string::npos &&
+                msg.find("'dispatch'") != std::string::npos &&
+                msg.find("capacities: workspace " + std::to_string(rank)) != std::string::npos,
+            "the error must name the peer, both workspaces and the stage: " + msg);
+        REQUIRE(waited < 2.0, "the mismatch was reported after " + std::to_string(waited) +
+                                  " s; the forward timeout is " +
+                                  std::to_string(kTimeoutMs / 1000) + " s");
+        std::printf("rank %d: mismatched round done after %.4f s, error after %.4f s: %s\n", rank,
+                    first_s, waited, msg.c_str());
+        // Sticky: the next correct call (same workspace on both ranks) reports it again.
+        std::string again;
+        REQUIRE(call(d.view(), &again) == ErrorCode::kPeer, "the error must stay: " + again);
+        ErrorCode at_destroy = ErrorCode::kBackend;
+        try {
+          ep.destroy();  // collective: meets the peer's destroy, frees the windows
+          at_destroy = ErrorCode::kState;
+        } catch (const Error& e) {
+          at_destroy = e.code();
+        }
+        REQUIRE(at_destroy == ErrorCode::kPeer, "destroy() must report the peer error");
+        REQUIRE(call(d.view(), &again) == ErrorCode::kDestroyed,
+                "a call after destroy(): " + again);
+      });
+  expect_ranks_passed(res);
+  for (int r = 0; r < kWorld && !res.hung; ++r)
+    if (res.rep[r].nval >= 2) EXPECT_LT(res.rep[r].val[1], 2.0) << "rank " << r;
+}
+
 }  // namespace
 }  // namespace moe_ep::mgtest

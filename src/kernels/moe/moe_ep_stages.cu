@@ -95,6 +95,10 @@ __global__ void __launch_bounds__(kThreads256) ep_unpack_kernel(const EpUnpackAr
   const int src = v / a.capacity, i = v % a.capacity, K = a.K, H = a.H;
   int n = *reinterpret_cast<const int32_t*>(a.window + a.recv_count_off + size_t(src) * 4);
   n = n < 0 ? 0 : (n > a.capacity ? a.capacity : n);
+  // A failed wait of this call (or an earlier sticky error): the counts and rows may be stale or
+  // half written, so route nothing (every id -1): nothing is computed, and with the fused
+  // combine nothing is stored into a peer's memory.
+  if (a.ep_error != nullptr && *reinterpret_cast<const volatile uint32_t*>(a.ep_error) != 0u) n = 0;
   const size_t r = size_t(src) * a.capacity + i;
   if (i >= n) {
     if (part == 0)

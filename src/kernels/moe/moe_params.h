@@ -181,8 +181,6 @@ struct EpUnpackArgs {
   // Optional: the workspace's transport error flag (EpState::error). Once set (a wait of this
   // call failed), every virtual token gets ids -1, so nothing is routed, computed or stored.
   const uint32_t* ep_error = nullptr;
-  // Launched with programmatic dependent launch after the dispatch kernel (waits for it first).
-  bool pdl = false;
 };
 
 }  // namespace moe_ep::kern
