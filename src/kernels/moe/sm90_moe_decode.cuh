@@ -1,6 +1,6 @@
 // The decode GEMM (routing tiles of 8 or 16 tokens): the same swap-AB mma.sync math as
 // sm90_moe_gemm_kernel (same fragments, same decode, same k order per column, so the same bits),
-// with a cheaper weight stream for the few-token case where integer issue, not HBM, is the limit:
+// with a cheaper weight stream and consumer loop for the few-token case:
 //  - one producer warp feeds a ring of stages with 1-D bulk copies (cp.async.bulk, TMA): per
 //    stage one copy of the M-tile's contiguous 4 KB of weights, one of its scales and one per
 //    live token row, all completing on the stage's "full" mbarrier; consumers release a stage on
@@ -13,6 +13,11 @@
 //    ~2 CTAs per SM, and the bytes in flight per SM, not issue, set the rate.
 //  - programmatic dependent launch: the CTA sets up (barriers, table) while the previous kernel
 //    finishes.
+//  - the default consumer is pipelined (PipeConsumer): chunk c + 1's operands are loaded while
+//    chunk c computes, and its slot goes back to the producer as soon as they are in registers.
+//    With it (and 16 % fewer instructions per KB) the consumers at 128 tokens wait for data
+//    (ncu: issue 0.69 -> 0.59 per scheduler at the same time): the weight stream, ~2.9 TB/s,
+//    is now the limit there, not the decode (docs/gpu_kernels.md §6).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -715,13 +720,15 @@ int decode_stages(int per_sm) {
 }
 
 // MOE_EP_DECODE_PIPE (benchmark knob, read once per process): 0 the plain consumer loop (load,
-// decode, MMAs, then release the slot), 1 the pipelined one, 2 (default) pipelined with the
-// multiply-high decode of register 3, 3 = 2 waiting for the next chunk after half of the
-// current one. All give the same bits.
+// decode, MMAs, then release the slot; the session-2 kernel), 1 the pipelined one, 2 pipelined
+// with the multiply-high decode of register 3, 3 (default) = 2 waiting for the next chunk after
+// half of the current one. All give the same bits. Measured on the H200 (docs/gpu_kernels.md
+// §6): 3 is the fastest or level with 0 for both recipes at 1-128 tokens; 1 and 2 lose 7 % to
+// 0 with mxfp4 at 8-128 tokens (their consumers wait for the next chunk's data too early).
 inline int decode_pipe_mode() {
   static const int mode = [] {
     const char* v = std::getenv("MOE_EP_DECODE_PIPE");
-    return v && v[0] >= '0' && v[0] <= '3' && !v[1] ? v[0] - '0' : 2;
+    return v && v[0] >= '0' && v[0] <= '3' && !v[1] ? v[0] - '0' : 3;
   }();
   return mode;
 }
@@ -733,9 +740,9 @@ cudaError_t launch_decode_pipe(const ForwardArgs& a, cudaStream_t s, dim3 grid, 
                     C::smem_bytes(stages), s, a, stages);
 }
 
-// The pipelined consumer gets one fragment per warp (8 consumer warps) when at most 2 CTAs
-// share an SM (1 token: the SM's consumer warps, not its bytes in flight, are then too few to
-// hide the decode's latencies), else two.
+// The pipelined consumer holds two fragments per warp (4 consumer warps). One (8 warps, for
+// more warps per SM at 1 token) measured slower: DSV3 nvfp4 1 token 93.4 vs 89.8 us
+// (MOE_EP_DECODE_FW=1 keeps it for A/B).
 template <Recipe R, int kN, bool kFc1>
 cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kN);
@@ -750,7 +757,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
     return launch_pdl(sm90_moe_decode_kernel<R, kN, 2, kFc1>, grid, dim3(C::kThreads),
                       C::smem_bytes(stages), s, a, stages);
   }
-  const int fw = decode_forced_fw() ? decode_forced_fw() : per_sm <= 2 ? 1 : 2;
+  const int fw = decode_forced_fw() ? decode_forced_fw() : 2;
   if (fw == 1)
     return mode == 1   ? launch_decode_pipe<R, kN, 1, kFc1, 1>(a, s, grid, stages)
            : mode == 2 ? launch_decode_pipe<R, kN, 1, kFc1, 2>(a, s, grid, stages)
