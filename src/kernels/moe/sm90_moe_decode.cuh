@@ -1,6 +1,6 @@
 // The decode GEMM (routing tiles of 8 or 16 tokens): the same swap-AB mma.sync math as
 // sm90_moe_gemm_kernel (same fragments, same decode, same k order per column, so the same bits),
-// with a cheaper weight stream for the few-token case where integer issue, not HBM, is the limit:
+// with a cheaper weight stream and consumer loop for the few-token case:
 //  - one producer warp feeds a ring of stages with 1-D bulk copies (cp.async.bulk, TMA): per
 //    stage one copy of the M-tile's contiguous 4 KB of weights, one of its scales and one per
 //    live token row, all completing on the stage's "full" mbarrier; consumers release a stage on
@@ -13,6 +13,11 @@
 //    ~2 CTAs per SM, and the bytes in flight per SM, not issue, set the rate.
 //  - programmatic dependent launch: the CTA sets up (barriers, table) while the previous kernel
 //    finishes.
+//  - the default consumer is pipelined (PipeConsumer): chunk c + 1's operands are loaded while
+//    chunk c computes, and its slot goes back to the producer as soon as they are in registers.
+//    With it (and 16 % fewer instructions per KB) the consumers at 128 tokens wait for data
+//    (ncu: issue 0.69 -> 0.59 per scheduler at the same time): the weight stream, ~2.9 TB/s,
+//    is now the limit there, not the decode (docs/gpu_kernels.md §6).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,6 +47,17 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrive at `addr` + `zero_dep`, where zero_dep is 0 at run time but computed from registers
+// loaded out of the slot: the arrive cannot issue before those loads have returned their data,
+// so the producer's next bulk copy into the slot cannot overtake a read of it.
+__device__ __forceinline__ void mbar_arrive_after(uint32_t addr, uint32_t zero_dep) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr + zero_dep) : "memory");
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_addr(bar);
@@ -134,7 +150,7 @@ struct DecodeConfig {
   static constexpr int kStageBytes = kWBytes + kSBytes + kBBytes;
   // Static shared memory (tables, barriers) stays under 8 KB; 227 KB per CTA at most.
   static constexpr int kMaxStages =
-      (227 * 1024 - 8 * 1024) / kStageBytes < 16 ? (227 * 1024 - 8 * 1024) / kStageBytes : 16;
+      (227 * 1024 - 8 * 1024) / kStageBytes < 24 ? (227 * 1024 - 8 * 1024) / kStageBytes : 24;
   static constexpr int kMinStages = RT::kFourBit ? 4 : 3;
   static constexpr int kGuStride = 17;  // fp32 per (frag, column) row of the fc1 g/u tile
   static constexpr int kHS = kFc1TileH + 4;
@@ -146,14 +162,199 @@ struct DecodeConfig {
   static_assert(kStageBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "bulk sizes");
 };
 
-template <Recipe R, int kN, int kFW, bool kFc1>
-__global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
-    sm90_moe_decode_kernel(const ForwardArgs a, const int stages) {
+// ---------------------------------------------------------------------------------------------
+// The pipelined consumer (kPipe): the operands of chunk c+1 (B fragments, weight words, scale
+// multipliers) are loaded into a second register set while chunk c is decoded and multiplied,
+// and chunk c+1's slot is released as soon as those loads have returned their data (a register
+// dependence ahead of the arrive), not after its MMAs. Same decode, same MMAs in the same order
+// on every accumulator, so the same bits as the plain loop.
+
+// decode_e2m1x8 (sm90_moe_device.cuh) with register 3 from a multiply-high: the bits of the
+// weight word's codes that go to bf16 bits 6..8 (and 22..24) move right by 7 or 3, i.e. left by
+// 25 or 29 into the high word of m * (2^25 + 2^29), where the two shifted copies of
+// m = w & 0x68006800 do not overlap (so no carries); the sign bits move left by 5 as before.
+// 5 instructions for register 3 instead of 6, 3 of them off the integer ALU pipe. Checked equal
+// to decode_e2m1x8 on all 2^32 words.
+__device__ __forceinline__ void decode_e2m1x8_mulhi(uint32_t w, uint32_t (&r)[4]) {
+  r[0] = w & kBf16E2m1Mask;
+  r[1] = (w << 6) & kBf16E2m1Mask;
+  r[2] = (w << 3) & kBf16E2m1Mask;
+  r[3] = (__umulhi(w & 0x68006800u, 0x22000000u) & 0x01C001C0u) | ((w & 0x04000400u) << 5);
+}
+
+// One chunk's operands of one consumer lane (kFW fragments).
+template <Recipe R, int kN, int kFW>
+struct PipeOps {
+  using RT = RecipeKernelTraits<R>;
+  static constexpr int kSW = RT::kNvScale ? 4 : 2;  // multipliers per row: per k16 step or per 32
+  uint32_t b[4][kN / 8][2];
+  uint4 w[kFW];
+  uint32_t lo[kFW][kSW], hi[kFW][kSW];  // rows g and g + 8 of each fragment
+};
+
+template <Recipe R, int kN, int kFW, bool kMulHi, bool kLateWait>
+struct PipeConsumer {
+  using C = DecodeConfig<R, kN, kFW>;
+  using RT = typename C::RT;
+  using Ops = PipeOps<R, kN, kFW>;
+  static constexpr int kNF = C::kNF, kSW = Ops::kSW;
+  static_assert(RT::kFourBit, "the pipelined consumer decodes 4-bit weights");
+  uint32_t ring, ring_end, full0, empty0;  // shared addresses: slot 0, past the last slot, bars
+  uint32_t lut;  // shared address of the scale multiplier table (1 KB aligned: | adds the index)
+  uint32_t b_off, w_off, s_off, t_off, tbl0, tbl_step, g_off;
+  bool s_lane;    // this lane converts scale bytes (all but mxfp4 with one fragment: lanes < 16)
+  uint32_t zero;  // 0, not known to the compiler
+  uint32_t st;    // the slot of the next chunk to load
+  uint32_t bar;   // its barrier offset (8 * slot)
+  uint32_t phase;
+  uint32_t pending;  // empty barrier of the last chunk loaded
+
+  __device__ __forceinline__ void load(Ops& o, int chunk) {
+    const uint32_t fb = full0 + bar;
+    uint32_t done;
+    do {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(fb), "r"(phase)
+          : "memory");
+    } while (!done);
+    // Scale bytes first: their table round trip is the longest chain of the chunk.
+    const uint32_t tbl = tbl0 + (chunk & 1) * tbl_step;
+    // Each lane converts 4 (nvfp4, 2 fragments) or 2 scale bytes; with one mxfp4 fragment (16
+    // rows of 2 bytes) only lanes 0..15 have any.
+    if constexpr (RT::kNvScale && kFW == 2) {
+      const uint32_t v = lds32(st + s_off);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tbl + t_off),
+                   "r"(lds32(lut | ((v << 2) & 0x3fc))), "r"(lds32(lut | ((v >> 6) & 0x3fc))),
+                   "r"(lds32(lut | ((v >> 14) & 0x3fc))), "r"(lds32(lut | ((v >> 22) & 0x3fc))));
+    } else if (RT::kNvScale || kFW == 2 || s_lane) {
+      const uint32_t v = lds16(st + s_off);
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(tbl + t_off),
+                   "r"(lds32(lut | ((v << 2) & 0x3fc))), "r"(lds32(lut | ((v >> 6) & 0x3fc))));
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if constexpr (kNF >= 2) {
+#pragma unroll
+        for (int nf = 0; nf < kNF; nf += 2) {
+          uint32_t r[4];
+          ldsm_x4(r, st + b_off + (nf * 8 * C::kBRow + s * 16) * 2);
+          o.b[s][nf][0] = r[0];
+          o.b[s][nf][1] = r[1];
+          o.b[s][nf + 1][0] = r[2];
+          o.b[s][nf + 1][1] = r[3];
+        }
+      } else {
+        ldsm_x2(o.b[s][0][0], o.b[s][0][1], st + b_off + s * 32);
+      }
+    }
+#pragma unroll
+    for (int f = 0; f < kFW; ++f) o.w[f] = lds128(st + w_off + f * RT::kFragBytes);
+    __syncwarp();
+#pragma unroll
+    for (int f = 0; f < kFW; ++f) {
+      if constexpr (RT::kNvScale) {
+        const uint4 l = lds128(tbl + f * 256 + g_off), h = lds128(tbl + f * 256 + g_off + 128);
+        o.lo[f][0] = l.x, o.lo[f][1] = l.y, o.lo[f][2] = l.z, o.lo[f][3] = l.w;
+        o.hi[f][0] = h.x, o.hi[f][1] = h.y, o.hi[f][2] = h.z, o.hi[f][3] = h.w;
+      } else {
+        const uint2 l = lds64(tbl + f * 128 + g_off), h = lds64(tbl + f * 128 + g_off + 64);
+        o.lo[f][0] = l.x, o.lo[f][1] = l.y;
+        o.hi[f][0] = h.x, o.hi[f][1] = h.y;
+      }
+    }
+    pending = empty0 + bar;
+    bar += 8;
+    st += C::kStageBytes;
+    if (st == ring_end) {
+      st = ring;
+      bar = 0;
+      phase ^= 1;
+    }
+  }
+
+  // Releases the slot of the last chunk loaded into `o`, once every load from it has returned.
+  __device__ __forceinline__ void release(const Ops& o) {
+    uint32_t dep = o.w[0].x ^ o.w[kFW - 1].x;
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int nf = 0; nf < kNF; nf += 2) dep ^= o.b[s][nf][0];
+    mbar_arrive_after(pending, dep & zero);
+  }
+
+  // k16 steps s0 .. s1 - 1 of the chunk in `o`.
+  template <int s0, int s1>
+  __device__ __forceinline__ void compute(const Ops& o, float (&acc)[kFW][kNF][4]) const {
+#pragma unroll
+    for (int s = s0; s < s1; ++s) {
+#pragma unroll
+      for (int f = 0; f < kFW; ++f) {
+        const uint4& w = o.w[f];
+        const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
+        const uint32_t lo = o.lo[f][RT::kNvScale ? s : s >> 1];
+        const uint32_t hi = o.hi[f][RT::kNvScale ? s : s >> 1];
+        uint32_t bits[4], af[4];
+        if constexpr (kMulHi)
+          decode_e2m1x8_mulhi(word, bits);
+        else
+          decode_e2m1x8(word, bits);
+        af[0] = mul_bf16x2(bits[0], lo);
+        af[1] = mul_bf16x2(bits[1], hi);
+        af[2] = mul_bf16x2(bits[2], lo);
+        af[3] = mul_bf16x2(bits[3], hi);
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, o.b[s][nf][0], o.b[s][nf][1]);
+      }
+    }
+  }
+
+  // Chunk c from `x` while chunk c + 1 is loaded into `y` and its slot released. kLateWait:
+  // wait for chunk c + 1 only after half of chunk c (more slack when its data comes late,
+  // less overlap of its loads with chunk c's math).
+  __device__ __forceinline__ void step(const Ops& x, Ops& y, int next, float (&acc)[kFW][kNF][4]) {
+    if constexpr (kLateWait) {
+      compute<0, 2>(x, acc);
+      load(y, next);
+      compute<2, 4>(x, acc);
+      release(y);
+    } else {
+      load(y, next);
+      compute<0, 2>(x, acc);
+      release(y);
+      compute<2, 4>(x, acc);
+    }
+  }
+
+  __device__ __forceinline__ void run(int chunks, float (&acc)[kFW][kNF][4]) {
+    Ops a, b;
+    load(a, 0);
+    release(a);
+    int c = 0;
+    for (; c + 2 < chunks; c += 2) {
+      step(a, b, c + 1, acc);
+      step(b, a, c + 2, acc);
+    }
+    if (c + 1 < chunks) {
+      step(a, b, c + 1, acc);
+      compute<0, 4>(b, acc);
+    } else {
+      compute<0, 4>(a, acc);
+    }
+  }
+};
+
+// kPipe: 0 plain loop, 1 pipelined, 2 pipelined with decode_e2m1x8_mulhi, 3 = 2 with the wait
+// for the next chunk after half of the current one.
+template <Recipe R, int kN, int kFW, bool kFc1, int kPipe>
+__device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stages) {
   using C = DecodeConfig<R, kN, kFW>;
   using RT = typename C::RT;
   constexpr int kNF = C::kNF, kCW = C::kCWarps;
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ uint32_t scale_lut[RT::kFourBit ? 256 : 1];
+  __shared__ __align__(1024) uint32_t scale_lut[RT::kFourBit ? 256 : 1];
   __shared__ uint4 scale_tbl[2][kCW][RT::kFourBit ? kFW * 16 : 1];  // per warp, double-buffered
   __shared__ __align__(8) uint64_t full_bar[C::kMaxStages];
   __shared__ __align__(8) uint64_t empty_bar[C::kMaxStages];
@@ -243,6 +444,35 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
         phase ^= 1;
       }
     }
+  } else if constexpr (kPipe) {
+    PipeConsumer<R, kN, kFW, kPipe >= 2, kPipe == 3> pc;
+    const int lm_row = (lane & 7) + (kNF >= 2 ? ((lane >> 4) << 3) : 0);
+    const int lm_col = ((lane >> 3) & 1) * 8;
+    pc.ring = ring;
+    pc.ring_end = ring + stages * C::kStageBytes;
+    pc.full0 = smem_addr(&full_bar[0]);
+    pc.empty0 = smem_addr(&empty_bar[0]);
+    pc.b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
+    pc.w_off = (warp * kFW) * RT::kFragBytes + lane * 16;
+    // This lane's share of the warp's scale bytes and where its multipliers go in the table
+    // ([frag * 16 + row], 4 (nv) or 2 (mx) multipliers per row): nvfp4 with two fragments 4
+    // bytes = one row (frag lane / 16); nvfp4 with one, 2 bytes = half a row; mxfp4 2 bytes = one
+    // row.
+    constexpr bool kWide = RT::kNvScale && kFW == 2;
+    pc.s_off = kSOff + warp * kFW * RT::kScaleBytes + lane * (kWide ? 4 : 2);
+    pc.t_off = lane * (kWide ? 16 : 8);
+    pc.s_lane = RT::kNvScale || kFW == 2 || lane < 16;
+    pc.tbl0 = smem_addr(&scale_tbl[0][warp][0]);
+    pc.tbl_step = uint32_t(sizeof(scale_tbl[0]));
+    pc.lut = smem_addr(scale_lut);
+    if (pc.lut & 1023) __trap();  // the lookups OR the index into the address
+    pc.g_off = g * (RT::kNvScale ? 16 : 8);
+    pc.zero = uint32_t(stages) >> 8;
+    pc.st = ring;
+    pc.bar = 0;
+    pc.phase = 0;
+    pc.pending = 0;
+    pc.run(chunks, acc);
   } else {
     // Per-lane shared addresses within a slot: this warp's weight words, its scale bytes, the
     // ldmatrix rows (x4: matrices (nf, k 0-7), (nf, k 8-15), (nf+1, k 0-7), (nf+1, k 8-15); x2:
@@ -427,33 +657,114 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
   }
 }
 
+// The plain consumer loop (MOE_EP_DECODE_PIPE=0).
+template <Recipe R, int kN, int kFW, bool kFc1>
+__global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
+    sm90_moe_decode_kernel(const ForwardArgs a, const int stages) {
+  decode_gemm<R, kN, kFW, kFc1, 0>(a, stages);
+}
+
+// The pipelined consumer (default). Up to 96 registers: the two operand sets fit without
+// ptxas recomputing per-lane offsets in the loop, and 4 CTAs of 160 threads (2 of 288) still
+// fit an SM.
+template <Recipe R, int kN, int kFW, bool kFc1, int kPipe>
+__global__ void __maxnreg__(96) sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages) {
+  decode_gemm<R, kN, kFW, kFc1, kPipe>(a, stages);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Launch: programmatic stream serialization, so each CTA's setup overlaps the previous kernel.
 
-// Ring depth: as deep as the shared memory of the CTAs expected per SM allows (the routing
-// tiles are counted on the device; min(pairs, experts) is the host's estimate at decode sizes).
-template <Recipe R, int kN, int kFW>
-int decode_stages(const ForwardArgs& a, int mtiles) {
-  using C = DecodeConfig<R, kN, kFW>;
-  const int pairs = a.tokens * a.K;
-  const int tiles = std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
-  // At most 4 CTAs per SM share its shared memory (beyond that they run in later waves anyway,
-  // and a deeper ring per CTA keeps more bytes in flight than more shallow CTAs).
-  const int per_sm = std::min(4, std::max(1, (tiles * mtiles + a.num_sms - 1) / a.num_sms));
-  constexpr int kSmemPerSm = 228 * 1024, kStatic = 8 * 1024;  // static smem + reserve, rounded
-  const int stages = (kSmemPerSm / per_sm - kStatic) / C::kStageBytes;
-  return std::max(C::kMinStages, std::min(C::kMaxStages, stages));
+// Benchmark knobs, read once per process: MOE_EP_DECODE_PER_SM=1..4 sizes the ring for that
+// many CTAs per SM instead of the estimate from the routing; MOE_EP_DECODE_MAX_STAGES=4..24
+// caps the ring depth; MOE_EP_DECODE_FW=1|2 forces the fragments per consumer warp of the
+// pipelined consumer.
+inline int decode_env_int(const char* name, int lo, int hi) {
+  const char* v = std::getenv(name);
+  const int k = v ? std::atoi(v) : 0;
+  return k >= lo && k <= hi ? k : 0;
+}
+inline int decode_forced_per_sm() {
+  static const int n = decode_env_int("MOE_EP_DECODE_PER_SM", 1, 4);
+  return n;
+}
+inline int decode_max_stages() {
+  static const int n = decode_env_int("MOE_EP_DECODE_MAX_STAGES", 4, 24);
+  return n ? n : 24;
+}
+inline int decode_forced_fw() {
+  static const int n = decode_env_int("MOE_EP_DECODE_FW", 1, 2);
+  return n;
 }
 
-template <Recipe R, int kN, int kFW, bool kFc1>
-cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
+// CTAs per SM the ring is sized for: the expected grid (the routing tiles are counted on the
+// device; min(pairs, experts) is the host's estimate at decode sizes) over the SMs, at most 4
+// (beyond that they run in later waves anyway, and a deeper ring per CTA keeps more bytes in
+// flight than more shallow CTAs).
+template <int kN>
+int decode_ctas_per_sm(const ForwardArgs& a, int mtiles) {
+  const int forced = decode_forced_per_sm();
+  if (forced) return forced;
+  const int pairs = a.tokens * a.K;
+  const int tiles = std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
+  return std::min(4, std::max(1, (tiles * mtiles + a.num_sms - 1) / a.num_sms));
+}
+
+// Ring depth: as deep as the shared memory of per_sm CTAs allows.
+template <Recipe R, int kN, int kFW>
+int decode_stages(int per_sm) {
   using C = DecodeConfig<R, kN, kFW>;
+  constexpr int kSmemPerSm = 228 * 1024, kStatic = 8 * 1024;  // static smem + reserve, rounded
+  const int stages = (kSmemPerSm / per_sm - kStatic) / C::kStageBytes;
+  return std::max(C::kMinStages, std::min({C::kMaxStages, decode_max_stages(), stages}));
+}
+
+// MOE_EP_DECODE_PIPE (benchmark knob, read once per process): 0 the plain consumer loop (load,
+// decode, MMAs, then release the slot; the session-2 kernel), 1 the pipelined one, 2 pipelined
+// with the multiply-high decode of register 3, 3 (default) = 2 waiting for the next chunk after
+// half of the current one. All give the same bits. Measured on the H200 (docs/gpu_kernels.md
+// §6): 3 is the fastest or level with 0 for both recipes at 1-128 tokens; 1 and 2 lose 7 % to
+// 0 with mxfp4 at 8-128 tokens (their consumers wait for the next chunk's data too early).
+inline int decode_pipe_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("MOE_EP_DECODE_PIPE");
+    return v && v[0] >= '0' && v[0] <= '3' && !v[1] ? v[0] - '0' : 3;
+  }();
+  return mode;
+}
+
+template <Recipe R, int kN, int kFW, bool kFc1, int kPipe>
+cudaError_t launch_decode_pipe(const ForwardArgs& a, cudaStream_t s, dim3 grid, int stages) {
+  using C = DecodeConfig<R, kN, kFW>;
+  return launch_pdl(sm90_moe_decode_pipe_kernel<R, kN, kFW, kFc1, kPipe>, grid, dim3(C::kThreads),
+                    C::smem_bytes(stages), s, a, stages);
+}
+
+// The pipelined consumer holds two fragments per warp (4 consumer warps). One (8 warps, for
+// more warps per SM at 1 token) measured slower: DSV3 nvfp4 1 token 93.4 vs 89.8 us
+// (MOE_EP_DECODE_FW=1 keeps it for A/B).
+template <Recipe R, int kN, bool kFc1>
+cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kN);
   if (tiles == 0) return cudaSuccess;
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
-  const int stages = decode_stages<R, kN, kFW>(a, mtiles);
-  return launch_pdl(sm90_moe_decode_kernel<R, kN, kFW, kFc1>, dim3(tiles, mtiles),
-                    dim3(C::kThreads), C::smem_bytes(stages), s, a, stages);
+  const int per_sm = decode_ctas_per_sm<kN>(a, mtiles);
+  const int stages = decode_stages<R, kN, 2>(per_sm);
+  const dim3 grid(tiles, mtiles);
+  const int mode = decode_pipe_mode();
+  if (mode == 0) {
+    using C = DecodeConfig<R, kN, 2>;
+    return launch_pdl(sm90_moe_decode_kernel<R, kN, 2, kFc1>, grid, dim3(C::kThreads),
+                      C::smem_bytes(stages), s, a, stages);
+  }
+  const int fw = decode_forced_fw() ? decode_forced_fw() : 2;
+  if (fw == 1)
+    return mode == 1   ? launch_decode_pipe<R, kN, 1, kFc1, 1>(a, s, grid, stages)
+           : mode == 2 ? launch_decode_pipe<R, kN, 1, kFc1, 2>(a, s, grid, stages)
+                       : launch_decode_pipe<R, kN, 1, kFc1, 3>(a, s, grid, stages);
+  return mode == 1   ? launch_decode_pipe<R, kN, 2, kFc1, 1>(a, s, grid, stages)
+         : mode == 2 ? launch_decode_pipe<R, kN, 2, kFc1, 2>(a, s, grid, stages)
+                     : launch_decode_pipe<R, kN, 2, kFc1, 3>(a, s, grid, stages);
 }
 
 // MOE_EP_DECODE_OLD=1 (benchmark knob): tile_n 16 through sm90_moe_gemm_kernel instead.
@@ -465,25 +776,34 @@ inline bool decode_use_old_kernel() {
   return old;
 }
 
-// Two fragments per consumer warp (4 consumer warps): measured faster than one (8 warps) at
-// 1, 8 and 128 tokens (docs/gpu_kernels.md §6).
-constexpr int kDecodeFW = 2;
-
 // fc1 then fc2 on tiles of 8 tokens (tile_n 16 runs on sm90_moe_gemm_kernel, §6).
 template <Recipe R>
 cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  cudaError_t err = launch_decode<R, 8, kDecodeFW, true>(a, s);
+  cudaError_t err = launch_decode<R, 8, true>(a, s);
   if (err != cudaSuccess) return err;
   if (ev) cudaEventRecord(ev[0], s);
-  return launch_decode<R, 8, kDecodeFW, false>(a, s);
+  return launch_decode<R, 8, false>(a, s);
+}
+
+template <class Kernel>
+cudaError_t set_decode_smem(Kernel k, int bytes) {
+  return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 template <Recipe R, int kN, bool kFc1>
 cudaError_t set_decode_attr() {
-  using C = DecodeConfig<R, kN, kDecodeFW>;
-  return cudaFuncSetAttribute(sm90_moe_decode_kernel<R, kN, kDecodeFW, kFc1>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              C::smem_bytes(C::kMaxStages));
+  const int bytes = DecodeConfig<R, kN, 2>::smem_bytes(DecodeConfig<R, kN, 2>::kMaxStages);
+  const cudaError_t errs[] = {
+      set_decode_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes),
+      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 1, kFc1, 1>, bytes),
+      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 1, kFc1, 2>, bytes),
+      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 1, kFc1, 3>, bytes),
+      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 1>, bytes),
+      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 2>, bytes),
+      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 3>, bytes)};
+  for (cudaError_t e : errs)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 template <Recipe R>
