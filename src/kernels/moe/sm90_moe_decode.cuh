@@ -192,7 +192,7 @@ struct PipeOps {
   uint32_t lo[kFW][kSW], hi[kFW][kSW];  // rows g and g + 8 of each fragment
 };
 
-template <Recipe R, int kN, int kFW, bool kMulHi, bool kLateWait>
+template <Recipe R, int kN, int kFW>
 struct PipeConsumer {
   using C = DecodeConfig<R, kN, kFW>;
   using RT = typename C::RT;
@@ -297,10 +297,7 @@ struct PipeConsumer {
         const uint32_t lo = o.lo[f][RT::kNvScale ? s : s >> 1];
         const uint32_t hi = o.hi[f][RT::kNvScale ? s : s >> 1];
         uint32_t bits[4], af[4];
-        if constexpr (kMulHi)
-          decode_e2m1x8_mulhi(word, bits);
-        else
-          decode_e2m1x8(word, bits);
+        decode_e2m1x8_mulhi(word, bits);
         af[0] = mul_bf16x2(bits[0], lo);
         af[1] = mul_bf16x2(bits[1], hi);
         af[2] = mul_bf16x2(bits[2], lo);
@@ -311,21 +308,15 @@ struct PipeConsumer {
     }
   }
 
-  // Chunk c from `x` while chunk c + 1 is loaded into `y` and its slot released. kLateWait:
-  // wait for chunk c + 1 only after half of chunk c (more slack when its data comes late,
-  // less overlap of its loads with chunk c's math).
+  // Chunk c from `x` while chunk c + 1 is loaded into `y` and its slot released. The wait for
+  // chunk c + 1 comes after half of chunk c: waiting before it (more overlap of its loads with
+  // chunk c's math, less slack when its data comes late) measured 7 % slower for mxfp4 at 8-128
+  // tokens (docs/gpu_kernels.md §6).
   __device__ __forceinline__ void step(const Ops& x, Ops& y, int next, float (&acc)[kFW][kNF][4]) {
-    if constexpr (kLateWait) {
-      compute<0, 2>(x, acc);
-      load(y, next);
-      compute<2, 4>(x, acc);
-      release(y);
-    } else {
-      load(y, next);
-      compute<0, 2>(x, acc);
-      release(y);
-      compute<2, 4>(x, acc);
-    }
+    compute<0, 2>(x, acc);
+    load(y, next);
+    compute<2, 4>(x, acc);
+    release(y);
   }
 
   __device__ __forceinline__ void run(int chunks, float (&acc)[kFW][kNF][4]) {
@@ -346,9 +337,8 @@ struct PipeConsumer {
   }
 };
 
-// kPipe: 0 plain loop, 1 pipelined, 2 pipelined with decode_e2m1x8_mulhi, 3 = 2 with the wait
-// for the next chunk after half of the current one.
-template <Recipe R, int kN, int kFW, bool kFc1, int kPipe>
+// kPipe: the pipelined consumer (PipeConsumer), else the plain loop below.
+template <Recipe R, int kN, int kFW, bool kFc1, bool kPipe>
 __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stages) {
   using C = DecodeConfig<R, kN, kFW>;
   using RT = typename C::RT;
@@ -445,7 +435,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       }
     }
   } else if constexpr (kPipe) {
-    PipeConsumer<R, kN, kFW, kPipe >= 2, kPipe == 3> pc;
+    PipeConsumer<R, kN, kFW> pc;
     const int lm_row = (lane & 7) + (kNF >= 2 ? ((lane >> 4) << 3) : 0);
     const int lm_col = ((lane >> 3) & 1) * 8;
     pc.ring = ring;
@@ -661,15 +651,15 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
 template <Recipe R, int kN, int kFW, bool kFc1>
 __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
     sm90_moe_decode_kernel(const ForwardArgs a, const int stages) {
-  decode_gemm<R, kN, kFW, kFc1, 0>(a, stages);
+  decode_gemm<R, kN, kFW, kFc1, false>(a, stages);
 }
 
 // The pipelined consumer (default). Up to 96 registers: the two operand sets fit without
 // ptxas recomputing per-lane offsets in the loop, and 4 CTAs of 160 threads (2 of 288) still
 // fit an SM.
-template <Recipe R, int kN, int kFW, bool kFc1, int kPipe>
+template <Recipe R, int kN, int kFW, bool kFc1>
 __global__ void __maxnreg__(96) sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages) {
-  decode_gemm<R, kN, kFW, kFc1, kPipe>(a, stages);
+  decode_gemm<R, kN, kFW, kFc1, true>(a, stages);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -677,8 +667,7 @@ __global__ void __maxnreg__(96) sm90_moe_decode_pipe_kernel(const ForwardArgs a,
 
 // Benchmark knobs, read once per process: MOE_EP_DECODE_PER_SM=1..4 sizes the ring for that
 // many CTAs per SM instead of the estimate from the routing; MOE_EP_DECODE_MAX_STAGES=4..24
-// caps the ring depth; MOE_EP_DECODE_FW=1|2 forces the fragments per consumer warp of the
-// pipelined consumer.
+// caps the ring depth.
 inline int decode_env_int(const char* name, int lo, int hi) {
   const char* v = std::getenv(name);
   const int k = v ? std::atoi(v) : 0;
@@ -691,10 +680,6 @@ inline int decode_forced_per_sm() {
 inline int decode_max_stages() {
   static const int n = decode_env_int("MOE_EP_DECODE_MAX_STAGES", 4, 24);
   return n ? n : 24;
-}
-inline int decode_forced_fw() {
-  static const int n = decode_env_int("MOE_EP_DECODE_FW", 1, 2);
-  return n;
 }
 
 // CTAs per SM the ring is sized for: the expected grid (the routing tiles are counted on the
@@ -719,30 +704,20 @@ int decode_stages(int per_sm) {
   return std::max(C::kMinStages, std::min({C::kMaxStages, decode_max_stages(), stages}));
 }
 
-// MOE_EP_DECODE_PIPE (benchmark knob, read once per process): 0 the plain consumer loop (load,
-// decode, MMAs, then release the slot; the session-2 kernel), 1 the pipelined one, 2 pipelined
-// with the multiply-high decode of register 3, 3 (default) = 2 waiting for the next chunk after
-// half of the current one. All give the same bits. Measured on the H200 (docs/gpu_kernels.md
-// §6): 3 is the fastest or level with 0 for both recipes at 1-128 tokens; 1 and 2 lose 7 % to
-// 0 with mxfp4 at 8-128 tokens (their consumers wait for the next chunk's data too early).
-inline int decode_pipe_mode() {
-  static const int mode = [] {
+// MOE_EP_DECODE_PIPE=0 (benchmark knob, read once per process): the plain consumer loop (load,
+// decode, MMAs, then release the slot; the session-2 kernel) instead of the pipelined one. Both
+// give the same bits. Measured on the H200 (docs/gpu_kernels.md §6): the pipelined consumer is
+// faster or level at 1-128 tokens for nvfp4 and mxfp4_mxfp8 (1 token nvfp4 93.9 -> 90.3 us).
+// Variants measured and dropped: the wait for the next chunk before the current one's math, the
+// old decode of register 3, one fragment per consumer warp (8 warps; 1 token 93.4 vs 89.8 us).
+inline bool decode_pipelined() {
+  static const bool on = [] {
     const char* v = std::getenv("MOE_EP_DECODE_PIPE");
-    return v && v[0] >= '0' && v[0] <= '3' && !v[1] ? v[0] - '0' : 3;
+    return !(v && v[0] == '0' && !v[1]);
   }();
-  return mode;
+  return on;
 }
 
-template <Recipe R, int kN, int kFW, bool kFc1, int kPipe>
-cudaError_t launch_decode_pipe(const ForwardArgs& a, cudaStream_t s, dim3 grid, int stages) {
-  using C = DecodeConfig<R, kN, kFW>;
-  return launch_pdl(sm90_moe_decode_pipe_kernel<R, kN, kFW, kFc1, kPipe>, grid, dim3(C::kThreads),
-                    C::smem_bytes(stages), s, a, stages);
-}
-
-// The pipelined consumer holds two fragments per warp (4 consumer warps). One (8 warps, for
-// more warps per SM at 1 token) measured slower: DSV3 nvfp4 1 token 93.4 vs 89.8 us
-// (MOE_EP_DECODE_FW=1 keeps it for A/B).
 template <Recipe R, int kN, bool kFc1>
 cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kN);
@@ -750,21 +725,11 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   const int per_sm = decode_ctas_per_sm<kN>(a, mtiles);
   const int stages = decode_stages<R, kN, 2>(per_sm);
-  const dim3 grid(tiles, mtiles);
-  const int mode = decode_pipe_mode();
-  if (mode == 0) {
-    using C = DecodeConfig<R, kN, 2>;
-    return launch_pdl(sm90_moe_decode_kernel<R, kN, 2, kFc1>, grid, dim3(C::kThreads),
-                      C::smem_bytes(stages), s, a, stages);
-  }
-  const int fw = decode_forced_fw() ? decode_forced_fw() : 2;
-  if (fw == 1)
-    return mode == 1   ? launch_decode_pipe<R, kN, 1, kFc1, 1>(a, s, grid, stages)
-           : mode == 2 ? launch_decode_pipe<R, kN, 1, kFc1, 2>(a, s, grid, stages)
-                       : launch_decode_pipe<R, kN, 1, kFc1, 3>(a, s, grid, stages);
-  return mode == 1   ? launch_decode_pipe<R, kN, 2, kFc1, 1>(a, s, grid, stages)
-         : mode == 2 ? launch_decode_pipe<R, kN, 2, kFc1, 2>(a, s, grid, stages)
-                     : launch_decode_pipe<R, kN, 2, kFc1, 3>(a, s, grid, stages);
+  using C = DecodeConfig<R, kN, 2>;
+  const auto kernel = decode_pipelined() ? sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1>
+                                         : sm90_moe_decode_kernel<R, kN, 2, kFc1>;
+  return launch_pdl(kernel, dim3(tiles, mtiles), dim3(C::kThreads), C::smem_bytes(stages), s, a,
+                    stages);
 }
 
 // MOE_EP_DECODE_OLD=1 (benchmark knob): tile_n 16 through sm90_moe_gemm_kernel instead.
@@ -793,14 +758,8 @@ cudaError_t set_decode_smem(Kernel k, int bytes) {
 template <Recipe R, int kN, bool kFc1>
 cudaError_t set_decode_attr() {
   const int bytes = DecodeConfig<R, kN, 2>::smem_bytes(DecodeConfig<R, kN, 2>::kMaxStages);
-  const cudaError_t errs[] = {
-      set_decode_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes),
-      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 1, kFc1, 1>, bytes),
-      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 1, kFc1, 2>, bytes),
-      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 1, kFc1, 3>, bytes),
-      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 1>, bytes),
-      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 2>, bytes),
-      set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 3>, bytes)};
+  const cudaError_t errs[] = {set_decode_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes),
+                              set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1>, bytes)};
   for (cudaError_t e : errs)
     if (e != cudaSuccess) return e;
   return cudaSuccess;
