@@ -120,14 +120,6 @@ __device__ __forceinline__ void announce_call(const EpTransport& tp) {
       signal_release_sys(tp.announce[r] + tp.rank, ep_announce(c, tp.workspace));
 }
 
-// Programmatic dependent launch: a kernel launched with it may start while the previous kernel
-// of the stream runs; pdl_wait returns once that kernel completed and its memory operations are
-// performed and visible (a no-op for a plain launch). pdl_trigger lets the next kernel launch.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
 // Every thread t < W of the calling block waits for peer t's signal `target` (fused waits).
 __device__ __forceinline__ void wait_all_peers(const EpTransport& tp, EpStage stage, uint64_t call,
                                                uint64_t target) {

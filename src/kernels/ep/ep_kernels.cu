@@ -141,10 +141,6 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
   const WorkspaceLayout& L = tp.layout;
-  // PDL: the unpack may launch now (it waits for this grid); the source rows are read below only
-  // after the source kernel completed.
-  pdl_trigger();
-  pdl_wait();
   // A rank with a sticky error stops moving data (its peers time out and report it, too).
   if (has_error(tp)) return;
 
@@ -304,9 +300,6 @@ __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams 
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
   const WorkspaceLayout& L = tp.layout;
-  // PDL after fc2: its result rows (local y, or stored at the sources) are complete and visible
-  // from here on, as after a kernel boundary (docs/protocol.md §5).
-  pdl_wait();
   if (has_error(tp)) return;
   const int W = tp.world_size, K = L.top_k, cap = L.capacity;
   const OwnerOf own(p.num_local_experts, W);
@@ -420,23 +413,6 @@ int ep_blocks_for(int num_sms, int64_t work_items, int items_per_block) {
 
 namespace {
 
-// kernel<<<grid, block, smem, stream>>>(args), with programmatic stream serialization when `pdl`.
-template <class Arg>
-cudaError_t launch_ep(void (*kernel)(Arg), int grid, int block, size_t smem, cudaStream_t stream,
-                      bool pdl, const Arg& arg) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(unsigned(block));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, arg);
-}
-
 cudaError_t check_transport(const EpTransport& tp) {
   const WorkspaceLayout& L = tp.layout;
   if (tp.world_size < 1 || tp.world_size > kEpMaxRanks || tp.rank < 0 || tp.rank >= tp.world_size ||
@@ -471,7 +447,8 @@ cudaError_t launch_ep_dispatch(const EpDispatchParams& p, cudaStream_t stream) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;
   }
-  return launch_ep(ep::ep_dispatch_kernel, blocks, p.num_threads, smem, stream, p.pdl, p);
+  ep::ep_dispatch_kernel<<<blocks, p.num_threads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_ep_wait(const EpWaitParams& p, cudaStream_t stream) {
@@ -490,7 +467,8 @@ cudaError_t launch_ep_combine(const EpCombineParams& p, cudaStream_t stream) {
   if (!p.signal_only && (p.y == nullptr || p.y_stride < p.tp.layout.hidden || p.y_stride % 8 != 0))
     return cudaErrorInvalidValue;
   const int blocks = p.num_blocks > 0 ? p.num_blocks : ep_default_blocks(sm_count());
-  return launch_ep(ep::ep_combine_kernel, blocks, p.num_threads, 0, stream, p.pdl, p);
+  ep::ep_combine_kernel<<<blocks, p.num_threads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_ep_abandon(const EpTransport& tp, cudaStream_t stream) {

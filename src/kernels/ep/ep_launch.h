@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "kernels/ep/ep_params.h"
-#include "kernels/moe/moe_params.h"
 
 namespace moe_ep {
 
@@ -26,15 +25,6 @@ cudaError_t launch_ep_finalize_reference(const EpFinalizeParams& p, cudaStream_t
 // fail at once with a sticky error naming it (docs/protocol.md §6). Enqueue it after this rank's
 // earlier calls (their stream), so the marker carries the last epoch it really published.
 cudaError_t launch_ep_abandon(const EpTransport& tp, cudaStream_t stream);
-
-// Small T (decode, moe_ep_stages.cu): one launch of one block does the source quantize, the
-// dispatch with its fused wait and the unpack (what launch_ep_source, launch_ep_dispatch with
-// fused_wait and kern::launch_ep_unpack do, same bytes). ep_small_fits says whether a call fits:
-// 1 <= T (host bound) <= 16, the T activation rows in 64 KB of shared memory, W * capacity <= 32.
-bool ep_small_fits(int tokens, int world, int capacity, int act_row_bytes);
-cudaError_t launch_ep_small_forward(const kern::EpSourceArgs& source,
-                                    const EpDispatchParams& dispatch,
-                                    const kern::EpUnpackArgs& unpack, cudaStream_t stream);
 
 // Default grid of dispatch / combine (num_blocks = 0): every SM, since nothing overlaps them yet.
 int ep_default_blocks(int num_sms);

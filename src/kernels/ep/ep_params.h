@@ -129,10 +129,6 @@ struct EpDispatchParams {
   // The last block to finish also waits for every source's dispatch signal (what
   // launch_ep_wait(kDispatch) does), saving a launch.
   bool fused_wait = false;
-  // Programmatic dependent launch: the CTAs may become resident while the previous kernel of
-  // the stream (the source quantize) runs; they wait for it before reading anything, and let
-  // the next kernel (the unpack, launched the same way) launch early.
-  bool pdl = false;
 };
 
 // combine: every (source, received row, local slot) result row goes back to the source's
@@ -153,9 +149,6 @@ struct EpCombineParams {
   // moves nothing (y is unused, may be null): it fences, publishes epoch 2n to every source and,
   // with fused_wait, waits for every owner, exactly as after its own copies. One block suffices.
   bool signal_only = false;
-  // Programmatic dependent launch after fc2: the kernel waits (griddepcontrol.wait: fc2
-  // completed, its stores performed and visible) before its fence and signal.
-  bool pdl = false;
 };
 
 // wait: this rank waits for every peer's signal of the current call and stage.
