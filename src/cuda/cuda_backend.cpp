@@ -5,11 +5,12 @@
 // EP = 1: prepare (quantize + route), fc1, fc2, finalize. W > 1 (docs/protocol.md §8): the
 // workspace is an EpComm symmetric window plus local scratch; source quantize -> ep dispatch
 // (with its wait fused) -> unpack the received rows into virtual tokens -> the same route / GEMM
-// kernels -> ep combine (wait fused) -> finalize from the local combine area (with
-// MOE_EP_FUSED_COMBINE=1, fc2 stores straight into the sources' combine areas and the combine
-// kernel only signals and waits). Sticky transport
-// errors (a peer that never arrived or abandoned the call) are thrown as kPeer by the next host
-// call; a call this rank rejects is abandoned towards its peers (abandon_call).
+// kernels -> ep combine (wait fused) -> finalize from the local combine area. By default fc2
+// stores straight into the sources' combine areas and the combine kernel only signals and waits
+// (MOE_EP_FUSED_COMBINE=0: fc2 writes a local y buffer that the combine kernel copies). Sticky
+// transport errors (a peer that never arrived, abandoned the call or ran it in another
+// workspace) are thrown as kPeer by the next host call; a call this rank rejects is abandoned
+// towards its peers (abandon_call).
 //
 // Bad ids cannot be found on the host without a sync: the forward skips such a slot and sets a
 // sticky error word in host-mapped memory; the next host call on the layer (forward, warmup,
