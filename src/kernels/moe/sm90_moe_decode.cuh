@@ -59,8 +59,8 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_addr(bar);
+// Spins until the mbarrier at shared address `addr` completes phase `parity`.
+__device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
   uint32_t done;
   do {
     asm volatile(
@@ -70,6 +70,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "r"(addr), "r"(parity)
         : "memory");
   } while (!done);
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  mbar_wait(smem_addr(bar), parity);
 }
 // Global -> shared bulk copy (16-byte aligned, multiple of 16 bytes) completing on `bar`.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
@@ -210,16 +213,7 @@ struct PipeConsumer {
   uint32_t pending;  // empty barrier of the last chunk loaded
 
   __device__ __forceinline__ void load(Ops& o, int chunk) {
-    const uint32_t fb = full0 + bar;
-    uint32_t done;
-    do {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(fb), "r"(phase)
-          : "memory");
-    } while (!done);
+    mbar_wait(full0 + bar, phase);
     // Scale bytes first: their table round trip is the longest chain of the chunk.
     const uint32_t tbl = tbl0 + (chunk & 1) * tbl_step;
     // Each lane converts 4 (nvfp4, 2 fragments) or 2 scale bytes; with one mxfp4 fragment (16
