@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "moe_ep/config.h"
 
@@ -76,6 +77,17 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
 inline int choose_tile_n(int tokens, int top_k, int local_experts) {
   const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
   return mean_rows <= 4.0 ? 8 : mean_rows <= 24.0 ? 16 : 128;
+}
+
+// The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): 2 (default)
+// the wgmma kernel on tiles of 128; 3 for 4-bit weights: tiles of 256 (one per expert at
+// prefill) on the m64 kernel (launch_forward turns tile_n 128 into 256). docs/gpu_kernels.md §10.
+inline int wgmma_version() {
+  static const int v = [] {
+    const char* e = std::getenv("MOE_EP_WGMMA_V");
+    return e != nullptr && std::atoi(e) == 3 ? 3 : 2;
+  }();
+  return v;
 }
 
 // Upper bound of the number of routing tiles (what the grids are sized for; workspaces hold

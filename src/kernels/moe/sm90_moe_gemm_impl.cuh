@@ -32,6 +32,17 @@ cudaError_t launch_wgmma(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+// v3 (tile_n 256, 4-bit weights): one CTA per (tile, half M-tile), half M-tile fastest.
+template <Recipe R, bool kFc1>
+cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
+  const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWg3MaxN);
+  const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
+  if (tiles == 0) return cudaSuccess;
+  sm90_moe_wgmma3_kernel<R, kFc1>
+      <<<unsigned(tiles) * unsigned(halves), kThreads, Wgmma3Config<R>::kSmemBytes, s>>>(a);
+  return cudaGetLastError();
+}
+
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
   cudaError_t err;
@@ -46,6 +57,12 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
     if (ev) cudaEventRecord(ev[0], s);
     return launch_gemm<R, 16, false>(a, s);
   }
+  if constexpr (R != Recipe::kBf16)
+    if (a.tile_n == kWg3MaxN) {  // MOE_EP_WGMMA_V=3 (launch_forward's tile_n 256)
+      if ((err = launch_wgmma3<R, true>(a, s)) != cudaSuccess) return err;
+      if (ev) cudaEventRecord(ev[0], s);
+      return launch_wgmma3<R, false>(a, s);
+    }
   if ((err = launch_wgmma<R, true>(a, s)) != cudaSuccess) return err;
   if (ev) cudaEventRecord(ev[0], s);
   return launch_wgmma<R, false>(a, s);
@@ -61,8 +78,17 @@ cudaError_t set_attr() {
 template <Recipe R>
 cudaError_t set_gemm_attributes() {
   cudaError_t err;
-  if constexpr (R != Recipe::kBf16)
+  if constexpr (R != Recipe::kBf16) {
     if ((err = set_decode_attributes<R>()) != cudaSuccess) return err;
+    if ((err = cudaFuncSetAttribute(sm90_moe_wgmma3_kernel<R, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    Wgmma3Config<R>::kSmemBytes)) != cudaSuccess)
+      return err;
+    if ((err = cudaFuncSetAttribute(sm90_moe_wgmma3_kernel<R, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    Wgmma3Config<R>::kSmemBytes)) != cudaSuccess)
+      return err;
+  }
   if ((err = set_attr<R, 16, true>()) != cudaSuccess) return err;
   if ((err = set_attr<R, 16, false>()) != cudaSuccess) return err;
   if ((err = cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, true>,

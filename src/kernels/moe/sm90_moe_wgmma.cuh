@@ -115,6 +115,141 @@ __device__ __forceinline__ void wgmma_n128(float* d, const uint32_t (&a)[4], uin
       : "memory");
 }
 
+__device__ __forceinline__ void wgmma_n80(float* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39}, "
+      "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_n144(float* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %77, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n144k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71}, "
+      "{%72, %73, %74, %75}, %76, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_n160(float* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %85, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, "
+      "{%80, %81, %82, %83}, %84, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_n192(float* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+      "{%96, %97, %98, %99}, %100, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_n256(float* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127}, "
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "memory");
+}
+
 // The two wgmmas of one k16 step (f = 0: rows 0-63, f = 1: rows 64-127) with N = kNW columns.
 template <int kNW>
 __device__ __forceinline__ void wgmma_step(float (&acc)[2][kWgN / 8][4], const uint32_t (&af)[2][4],
@@ -347,6 +482,359 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
   __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
 
   gemm_epilogue<R, kWgN, kFc1>(a, tile, mtile, acc, smem, pair_of, tw_of);
+}
+
+// ---------------------------------------------------------------------------------------------
+// v3 (MOE_EP_WGMMA_V=3, 4-bit weights; docs/gpu_kernels.md §10): one routing tile per expert at
+// prefill (tile_n 256) and one m64nNk16 wgmma per k16 step. A CTA = one warpgroup = 64 weight
+// rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's rows
+// rounded up to a class below (<= 256; acc N/2 fp32 registers per thread). Against v2 (two m64
+// wgmmas on 128 rows, tiles of 128): no second tiles of a few rows, and half the decode per
+// wgmma. Same fragments, same per-column k order (one wgmma per k16 step, K ascending), so the
+// same bits. fc1: warps 0/2 hold gate rows, 1/3 the matching up rows (fragment order of
+// moe_params.h), so the epilogue pairs them through shared memory.
+
+constexpr int kWg3MaxN = 256;  // tokens per routing tile (launch_forward's tile_n 256)
+constexpr int kWg3Rows = 64;   // weight rows per CTA
+constexpr int kWg3Frags = 4;   // fragments per CTA, one per warp
+constexpr int kWg3HCols = 32;  // h columns per fc1 CTA
+
+template <int N>
+__device__ __forceinline__ void wgmma_m64(float* d, const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (N == 32) wgmma_n32(d, a, desc);
+  if constexpr (N == 64) wgmma_n64(d, a, desc);
+  if constexpr (N == 80) wgmma_n80(d, a, desc);
+  if constexpr (N == 96) wgmma_n96(d, a, desc);
+  if constexpr (N == 128) wgmma_n128(d, a, desc);
+  if constexpr (N == 144) wgmma_n144(d, a, desc);
+  if constexpr (N == 160) wgmma_n160(d, a, desc);
+  if constexpr (N == 192) wgmma_n192(d, a, desc);
+  if constexpr (N == 256) wgmma_n256(d, a, desc);
+}
+
+__device__ __forceinline__ void keep_alive4(const uint32_t (&r)[4]) {
+  asm volatile("" ::"r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
+}
+
+template <Recipe R>
+struct Wgmma3Config {
+  using RT = RecipeKernelTraits<R>;
+  static_assert(RT::kFourBit, "v3 is for 4-bit weights (bf16 weights stay on v2)");
+  static constexpr int kWBytes = kWg3Frags * RT::kFragBytes;  // this CTA's half of a chunk
+  static constexpr int kSBytes = kWg3Frags * RT::kScaleBytes;
+  static_assert(kWBytes == 16 * kThreads, "one 16-byte weight copy per thread and chunk");
+  // A stage for N columns: B (N 128-byte swizzled rows, 1024-aligned), weights, scales.
+  __host__ __device__ static constexpr int stage_bytes(int n) {
+    return (n * 128 + kWBytes + kSBytes + 1023) / 1024 * 1024;
+  }
+  // The ring holds 3 stages of N = 256; smaller N get more stages (up to 5, v2's depth). Two
+  // CTAs per SM.
+  static constexpr int kRingBytes = 3 * stage_bytes(kWg3MaxN);
+  __host__ __device__ static constexpr int stages(int n) {
+    return kRingBytes / stage_bytes(n) < 5 ? kRingBytes / stage_bytes(n) : 5;
+  }
+  static constexpr int kXS = kWg3Rows + 4;  // fc1 exchange row (fp32 per token column)
+  static constexpr int kYS = kWg3Rows + 8;  // fc2 y row (bf16 per token column)
+  static constexpr int kEpiBytes =
+      kWg3MaxN * kXS * 4 > kWg3MaxN* kYS * 2 ? kWg3MaxN* kXS * 4 : kWg3MaxN* kYS * 2;
+  static constexpr int kSmemBytes = (kRingBytes > kEpiBytes ? kRingBytes : kEpiBytes) + 1024;
+};
+
+// store_h_tile for kWg3HCols h columns starting at h column hcol0: xs [rows][kXS] fp32 requantized
+// with the CPU's block quantizers (blocks of 16 / 32 along I lie inside the 32 columns) and
+// written as bf16 q*s rows in sorted order.
+template <Recipe R, int kXS>
+__device__ __forceinline__ void store_h_cols(const ForwardArgs& a, const float* xs,
+                                             const TileInfo& tile, int hcol0, int tid) {
+  uint16_t* hdst = a.h + size_t(tile.start) * a.I + hcol0;
+  if constexpr (R == Recipe::kNvfp4) {
+    const float nc = a.fc1_norm_const[tile.expert];
+    for (int it = tid; it < tile.rows * 2; it += kThreads) {
+      const int col = it >> 1, blk = it & 1;
+      const float* v = xs + col * kXS + blk * 16;
+      uint8_t packed[8];
+      const uint8_t sb = fmt::quantize_block_nvfp4(v, nc, packed);
+      const float s = fmt::e4m3_to_float(sb);
+      uint32_t o[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
+        const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
+        o[i] = lo | (hi << 16);
+      }
+      uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 16);
+      d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+      d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+  } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+    for (int col = tid; col < tile.rows; col += kThreads) {
+      const float* v = xs + col * kXS;
+      uint8_t q[32];
+      const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
+      const float s = fmt::ue8m0_to_float(sb);
+      uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
+          const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
+          o[i] = lo | (hi << 16);
+        }
+        d[j] = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  } else {
+    for (int it = tid; it < tile.rows * 4; it += kThreads) {
+      const int col = it >> 2, p = it & 3;
+      const float* v = xs + col * kXS + p * 8;
+      uint32_t o[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        o[i] = uint32_t(fmt::float_to_bf16(v[2 * i])) |
+               (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
+      *reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + p * 8) =
+          make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+}
+
+// Grid: one CTA per (routing tile, half M-tile), half M-tile fastest (the CTAs of one tile run
+// together and share its activation rows in L2).
+template <Recipe R, bool kFc1>
+__global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
+  using C = Wgmma3Config<R>;
+  using RT = typename C::RT;
+  constexpr int kNF = kWg3MaxN / 8;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ uint32_t scale_lut[256];
+  __shared__ const uint16_t* brow_ptr[kWg3MaxN];  // first element of each B row (xq or h)
+  __shared__ int pair_of[kWg3MaxN];               // t*K+k of each column
+  __shared__ float tw_of[kWg3MaxN];
+
+  const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
+  const int m64 = int(blockIdx.x % unsigned(halves));
+  const int tile_idx = int(blockIdx.x / unsigned(halves));
+  if (tile_idx >= *a.num_tiles) return;
+  const int mtile = m64 >> 1, half = m64 & 1;
+  // fc2 rows are padded to a multiple of 128: a half made only of padding has nothing to store.
+  if (!kFc1 && mtile * kTileRows + half * kWg3Rows >= a.H) return;
+  const TileInfo tile = a.tiles[tile_idx];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+
+  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
+  const int chunks = ms.chunks;
+  // This CTA's fragments 4*half .. 4*half+3 of each chunk (kTileFrags per chunk) are contiguous.
+  const uint8_t* wsrc_t = ms.w + half * C::kWBytes + tid * 16;
+  const uint8_t* ssrc_t = ms.s + half * C::kSBytes + tid * 16;
+
+  for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
+  const uint16_t* bsrc = kFc1 ? a.xq : a.h;
+  for (int n = tid; n < kWg3MaxN; n += kThreads) {
+    const TileColumn c = tile_column<kFc1>(a, tile, n);
+    brow_ptr[n] = bsrc + c.brow;
+    pair_of[n] = c.pair;
+    tw_of[n] = c.tw;
+  }
+  __syncthreads();
+
+  // This thread's B pieces: 16-byte column bc of rows br0 + 16 i; the swizzle XORs the column
+  // with the row's low 3 bits, which are br0's for every i.
+  const int bc = tid & 7, br0 = tid >> 3;
+  const int bdst_off = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
+  const int live_rows = tile.rows;
+  const uint32_t smem_base = smem_addr(smem);
+
+  float acc[kNF * 4];
+#pragma unroll
+  for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f;
+
+  // One copy of the K loop per N class (every wgmma on the accumulators has one shape).
+  auto k_loop = [&](auto nw) {
+    constexpr int kNW = decltype(nw)::value;
+    constexpr int kStages = C::stages(kNW);
+    constexpr int kStageBytes = C::stage_bytes(kNW);
+    constexpr int kAhead = kStages - 2;  // chunks loaded ahead (one more is in the wgmmas)
+    static_assert(kNW % 16 == 0 && kStages >= 3, "N class");
+    // This thread's B sources, held in registers (a shared-memory table costs a load and
+    // three hazard slots per copy).
+    const uint16_t* bptr[kNW / 16];
+#pragma unroll
+    for (int i = 0; i < kNW / 16; ++i) bptr[i] = brow_ptr[br0 + 16 * i] + bc * 8;
+    // One stage: the kNW rows the wgmma reads (rows past the tile's zero-filled), this CTA's 4
+    // weight fragments and their scales.
+    auto load_stage = [&](int slot, int chunk) {
+      unsigned char* st = smem + slot * kStageBytes;
+#pragma unroll
+      for (int i = 0; i < kNW / 16; ++i)
+        cp_async16(st + bdst_off + i * 2048, bptr[i] + chunk * kKChunk, br0 + 16 * i < live_rows);
+      cp_async16(st + kNW * 128 + tid * 16, wsrc_t + size_t(chunk) * (2 * C::kWBytes), true);
+      if (tid < C::kSBytes / 16)
+        cp_async16(st + kNW * 128 + C::kWBytes + tid * 16,
+                   ssrc_t + size_t(chunk) * (2 * C::kSBytes), true);
+    };
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < chunks) load_stage(s, s);
+      cp_async_commit();
+    }
+    uint32_t af[4][4];  // A fragments of k16 steps 0..3 of a chunk
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) af[s][i] = 0;
+
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      cp_async_wait<kAhead - 1>();
+      fence_proxy_async_smem();
+      // After this barrier chunk's data is visible to every warp, and the slot loaded below
+      // (chunk - 2's) is free: every warp's waits in chunk - 1 retired all of chunk - 2's steps.
+      __syncthreads();
+      {
+        const int next = chunk + kAhead;
+        if (next < chunks) load_stage(next % kStages, next);
+        cp_async_commit();
+      }
+      const int slot = chunk % kStages;
+      const unsigned char* ws = smem + slot * kStageBytes + kNW * 128;
+
+      // This warp's fragment: the 4-bit words and scale multipliers of the whole chunk.
+      const uint4 wq = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 16);
+      const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+      uint32_t sc_lo[4], sc_hi[4];
+      const unsigned char* ss = ws + C::kWBytes + warp * RT::kScaleBytes;
+      if constexpr (RT::kNvScale) {
+        const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
+        const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          sc_lo[s] = scale_lut[(lo >> (8 * s)) & 0xff];
+          sc_hi[s] = scale_lut[(hi >> (8 * s)) & 0xff];
+        }
+      } else {
+        const uint32_t lo = *reinterpret_cast<const uint16_t*>(ss + g * 2);
+        const uint32_t hi = *reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2);
+        sc_lo[0] = sc_lo[1] = scale_lut[lo & 0xff];
+        sc_lo[2] = sc_lo[3] = scale_lut[lo >> 8];
+        sc_hi[0] = sc_hi[1] = scale_lut[hi & 0xff];
+        sc_hi[2] = sc_hi[3] = scale_lut[hi >> 8];
+      }
+
+      const uint64_t desc = sw128_desc(smem_base + slot * kStageBytes);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        // af[s] was last read by this step's wgmma one chunk ago, retired by the wait below in
+        // step s - 1 (up to 3 steps stay in flight while the next ones decode).
+        uint32_t bits[4];
+        decode_e2m1x8(words[s], bits);
+        af[s][0] = mul_bf16x2(bits[0], sc_lo[s]);
+        af[s][1] = mul_bf16x2(bits[1], sc_hi[s]);
+        af[s][2] = mul_bf16x2(bits[2], sc_lo[s]);
+        af[s][3] = mul_bf16x2(bits[3], sc_hi[s]);
+        wgmma_fence();
+        wgmma_m64<kNW>(acc, af[s], desc + uint64_t(2 * s));  // +32 bytes per k16 step
+        wgmma_commit();
+        wgmma_wait<3>();
+        // The step that used af[(s + 1) % 4] is retired now; keeping those registers alive until
+        // here stops ptxas from reusing them for a decode while a wgmma may still read them.
+        keep_alive4(af[(s + 1) & 3]);
+      }
+    }
+    // Retire every step inside this N's loop, so no wgmma is in flight where the paths of the
+    // different N merge (ptxas may move accumulators there: C7515 serialization otherwise).
+    wgmma_wait<0>();
+  };
+  const int rows = tile.rows;
+  if (rows > 192)
+    k_loop(std::integral_constant<int, 256>{});
+  else if (rows > 160)
+    k_loop(std::integral_constant<int, 192>{});
+  else if (rows > 144)
+    k_loop(std::integral_constant<int, 160>{});
+  else if (rows > 128)
+    k_loop(std::integral_constant<int, 144>{});
+  else if (rows > 96)
+    k_loop(std::integral_constant<int, 128>{});
+  else if (rows > 80)
+    k_loop(std::integral_constant<int, 96>{});
+  else if (rows > 64)
+    k_loop(std::integral_constant<int, 80>{});
+  else if (rows > 32)
+    k_loop(std::integral_constant<int, 64>{});
+  else
+    k_loop(std::integral_constant<int, 32>{});
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kNF * 4; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
+
+  // acc[nf*4 + i]: row warp*16 + g + (i>>1)*8 of the CTA's 64, column nf*8 + 2*t4 + (i&1).
+  const int e = tile.expert;
+  if constexpr (kFc1) {
+    // Scaled gate/up values to xs [col][kXS]: gate of h column j (0..31) at j, up at 32 + j
+    // (warp w holds fragment 4*half + w: gate (w even) or up (w odd) of h columns
+    // (w >> 1) * 16 + 0..15), then h in place of the gate values.
+    float* xs = reinterpret_cast<float*>(smem);
+    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
+    const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+      if (nf * 8 >= rows) break;  // warp-uniform
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        float v = acc[nf * 4 + i] * RT::kAccScale;
+        if constexpr (R == Recipe::kNvfp4) {
+          v = fmt::mul_rn(alpha, v);
+        } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
+          v = fmt::round_to_bf16(v);
+        }
+        xs[col * C::kXS + slot0 + (i >> 1) * 8] = v;
+      }
+    }
+    __syncthreads();
+    // Each thread reads the gate slot it overwrites, and nobody writes the up slots: no race.
+    for (int it = tid; it < rows * kWg3HCols; it += kThreads) {
+      const int col = it / kWg3HCols, j = it % kWg3HCols;
+      float* x = xs + col * C::kXS;
+      float hv = fmt::swiglu(x[j], x[kWg3HCols + j], a.swiglu_limit);
+      if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+      x[j] = hv;
+    }
+    __syncthreads();
+    store_h_cols<R, C::kXS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid);
+  } else {
+    // y tile [col][kYS] bf16, then 16-byte row stores to y_rows[t*K+k] (or y_dst).
+    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
+    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+      if (nf * 8 >= rows) break;  // warp-uniform
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        const int row = warp * 16 + g + (i >> 1) * 8;
+        float v = acc[nf * 4 + i] * RT::kAccScale;
+        if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
+        ys[col * C::kYS + row] = fmt::float_to_bf16(v);
+      }
+    }
+    __syncthreads();
+    const int row0 = mtile * kTileRows + half * kWg3Rows;
+    for (int it = tid; it < rows * 8; it += kThreads) {
+      const int col = it >> 3, p = it & 7;
+      if (row0 + p * 8 >= a.H) continue;
+      const int pair = pair_of[col];
+      uint16_t* dst = a.y_dst != nullptr ? a.y_dst[pair] : a.y_rows + size_t(pair) * a.H;
+      *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
+          *reinterpret_cast<const uint4*>(ys + col * C::kYS + p * 8);
+    }
+    if (a.y_dst_fence) __threadfence_system();
+  }
 }
 
 }  // namespace moe_ep::kern
