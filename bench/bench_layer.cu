@@ -654,12 +654,12 @@ int main(int argc, char** argv) {
               "\"mma_fraction\": %.4f, \"mma_type\": \"bf16\", \"dispatch_bytes\": 0, "
               "\"nvlink_GBps\": null, \"iterations\": %d, \"timing\": \"cuda graph replay\", "
               "\"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, \"fc2\": %.2f, "
-              "\"finalize\": %.2f}, \"config\": {\"tile_n\": %d, \"tile_m\": 128, "
+              "\"finalize\": %.2f}, \"config\": {\"tile_n\": %d, \"tile_m\": %d, "
               "\"k_chunk\": 64, \"mma\": \"%s\"}}",
               first_record ? "" : ",\n", commit ? commit : "unknown", prop.name, s.name.c_str(),
               s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
               hbm, tflops, tflops / kBf16Tflops, iters, median(stage[0]), median(stage[1]),
-              median(stage[2]), median(stage[3]), tile_n,
+              median(stage[2]), median(stage[3]), tile_n, tile_n == 256 ? 64 : 128,
               tile_n <= 16 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
           first_record = false;
         }

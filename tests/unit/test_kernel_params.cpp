@@ -13,19 +13,23 @@
 namespace moe_ep::kern {
 namespace {
 
-// The tile width is 8 up to 4 mean rows per expert, 16 up to 24, else 128 (the wgmma tile).
+// The tile width is 8 up to 4 mean rows per expert, 16 up to 24, 128 up to 120, else 256.
 TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32.
   EXPECT_EQ(choose_tile_n(1, 8, 256), 8);
-  EXPECT_EQ(choose_tile_n(128, 8, 256), 8);    // 4 rows
-  EXPECT_EQ(choose_tile_n(129, 8, 256), 16);   // just above 4
-  EXPECT_EQ(choose_tile_n(512, 8, 256), 16);   // 16 rows
-  EXPECT_EQ(choose_tile_n(768, 8, 256), 16);   // 24 rows
-  EXPECT_EQ(choose_tile_n(769, 8, 256), 128);  // just above 24
-  EXPECT_EQ(choose_tile_n(4096, 8, 256), 128);
+  EXPECT_EQ(choose_tile_n(128, 8, 256), 8);     // 4 rows
+  EXPECT_EQ(choose_tile_n(129, 8, 256), 16);    // just above 4
+  EXPECT_EQ(choose_tile_n(512, 8, 256), 16);    // 16 rows
+  EXPECT_EQ(choose_tile_n(768, 8, 256), 16);    // 24 rows
+  EXPECT_EQ(choose_tile_n(769, 8, 256), 128);   // just above 24
+  EXPECT_EQ(choose_tile_n(2048, 8, 256), 128);  // 64 rows
+  EXPECT_EQ(choose_tile_n(3840, 8, 256), 128);  // 120 rows
+  EXPECT_EQ(choose_tile_n(3841, 8, 256), 256);  // just above 120
+  EXPECT_EQ(choose_tile_n(4096, 8, 256), 256);  // 128 rows: one tile per expert
   // EP = 2 owner side: W * T virtual tokens over 128 local experts.
   EXPECT_EQ(choose_tile_n(2 * 128, 8, 128), 16);
-  EXPECT_EQ(choose_tile_n(2 * 4096, 8, 128), 128);
+  EXPECT_EQ(choose_tile_n(2 * 960, 8, 128), 128);  // 120 rows
+  EXPECT_EQ(choose_tile_n(2 * 4096, 8, 128), 256);
   // No local experts (a degenerate split) does not divide by zero.
   EXPECT_EQ(choose_tile_n(0, 8, 0), 8);
 }
@@ -34,7 +38,7 @@ TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
 // for every distribution of `pairs` over the experts (the grids and the tile list rely on it).
 TEST(KernelParams, MaxTilesBoundsEveryRouting) {
   std::mt19937 rng(7);
-  for (const int tn : {8, 16, 128}) {
+  for (const int tn : {8, 16, 128, 256}) {
     for (const int El : {1, 3, 32, 128, 256}) {
       for (const int pairs : {0, 1, 7, 8, 9, 100, 1024, 32768}) {
         auto tiles_of = [&](const std::vector<int>& c) {
