@@ -66,13 +66,16 @@ if(MOE_EP_WITH_CUDA)
   message(STATUS "moe_ep: NCCL ${NCCL_LIBRARY}")
 
   # CUTLASS / CuTe headers from the pinned nvidia-cutlass wheel (copied to .deps/cutlass by
-  # scripts/setup.sh so they can travel to the GPU machine).
-  find_path(CUTLASS_INCLUDE_DIR cutlass/cutlass.h
+  # scripts/setup.sh so they can travel to the GPU machine): the wgmma kernels issue CuTe's SM90
+  # GMMA atoms.
+  find_path(CUTLASS_INCLUDE_DIR cute/arch/mma_sm90_gmma.hpp
             HINTS ${CUTLASS_DIR} $ENV{CUTLASS_DIR} ${CMAKE_SOURCE_DIR}/.deps/cutlass/include)
-  if(CUTLASS_INCLUDE_DIR)
-    add_library(moe_cutlass INTERFACE)
-    target_include_directories(moe_cutlass SYSTEM INTERFACE ${CUTLASS_INCLUDE_DIR})
-    message(STATUS "moe_ep: CUTLASS ${CUTLASS_INCLUDE_DIR}")
+  if(NOT CUTLASS_INCLUDE_DIR)
+    message(FATAL_ERROR "moe_ep: CUTLASS / CuTe headers not found (run scripts/setup.sh, or set "
+                        "CUTLASS_DIR to the folder holding cute/)")
   endif()
+  add_library(moe_cutlass INTERFACE)
+  target_include_directories(moe_cutlass SYSTEM INTERFACE ${CUTLASS_INCLUDE_DIR})
+  message(STATUS "moe_ep: CUTLASS ${CUTLASS_INCLUDE_DIR}")
 endif()
 message(STATUS "moe_ep: CUDA backend ${MOE_EP_WITH_CUDA}")
