@@ -738,32 +738,20 @@ inline bool decode_use_old_kernel() {
 // fc1 then fc2 on tiles of 8 tokens (tile_n 16 runs on sm90_moe_gemm_kernel, §6).
 template <Recipe R>
 cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  cudaError_t err = launch_decode<R, 8, true>(a, s);
-  if (err != cudaSuccess) return err;
-  if (ev) cudaEventRecord(ev[0], s);
-  return launch_decode<R, 8, false>(a, s);
-}
-
-template <class Kernel>
-cudaError_t set_decode_smem(Kernel k, int bytes) {
-  return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return launch_fc1_fc2([&] { return launch_decode<R, 8, true>(a, s); },
+                        [&] { return launch_decode<R, 8, false>(a, s); }, s, ev);
 }
 
 template <Recipe R, int kN, bool kFc1>
 cudaError_t set_decode_attr() {
   const int bytes = DecodeConfig<R, kN, 2>::smem_bytes(DecodeConfig<R, kN, 2>::kMaxStages);
-  const cudaError_t errs[] = {set_decode_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes),
-                              set_decode_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1>, bytes)};
-  for (cudaError_t e : errs)
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
+  return first_error({set_max_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1>, bytes)});
 }
 
 template <Recipe R>
 cudaError_t set_decode_attributes() {
-  cudaError_t err;
-  if ((err = set_decode_attr<R, 8, true>()) != cudaSuccess) return err;
-  return set_decode_attr<R, 8, false>();
+  return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>()});
 }
 
 }  // namespace moe_ep::kern

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/moe/moe_params.h"
 #include "moe_ep/formats.h"
@@ -498,6 +499,30 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
 
   gemm_epilogue<R, kN, kFc1>(a, tile, mtile, acc, smem, pair_of, tw_of);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host helpers shared by the GEMM launchers.
+
+// fc1 then fc2 of one forward, with the benchmark's stage event between them (ev may be null).
+template <class Fc1, class Fc2>
+cudaError_t launch_fc1_fc2(Fc1 fc1, Fc2 fc2, cudaStream_t s, cudaEvent_t* ev) {
+  if (const cudaError_t err = fc1(); err != cudaSuccess) return err;
+  if (ev) cudaEventRecord(ev[0], s);
+  return fc2();
+}
+
+// The dynamic shared memory a kernel may use.
+template <class Kernel>
+cudaError_t set_max_smem(Kernel k, int bytes) {
+  return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// The first error of several calls (all of them made), or cudaSuccess.
+inline cudaError_t first_error(std::initializer_list<cudaError_t> errs) {
+  for (const cudaError_t e : errs)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 }  // namespace moe_ep::kern

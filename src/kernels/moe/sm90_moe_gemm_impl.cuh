@@ -45,59 +45,38 @@ cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
 
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  cudaError_t err;
-  // The 4-bit recipes' tile_n 8 (at most 4 rows per expert on average) goes to
-  // sm90_moe_decode_kernel; bf16 weights keep the tile_n 16 path here (launch_forward maps their
-  // tile_n 8 to 16). Tile_n 16 (5-24 rows) stays on the mma.sync kernel: the H200 measured the
-  // decode kernel slower there (DSV3 nvfp4 512 tokens 4152 vs 3456 us; docs/gpu_kernels.md §6).
+  // The 4-bit recipes' tile_n 8 (at most 4 rows per expert on average) goes to the decode
+  // kernel; bf16 weights keep the tile_n 16 path here (launch_forward maps their tile_n 8 to 16).
+  // Tile_n 16 (5-24 rows) stays on the mma.sync kernel: the H200 measured the decode kernel
+  // slower there (DSV3 nvfp4 512 tokens 4152 vs 3456 us; docs/gpu_kernels.md §6). Tile_n 256
+  // (4-bit weights, more than 120 rows on average) runs the m64 wgmma kernel, 128 the v2 one.
   if constexpr (R != Recipe::kBf16)
     if (a.tile_n == 8 && !decode_use_old_kernel()) return launch_decode_gemms<R>(a, s, ev);
-  if (a.tile_n == 16) {
-    if ((err = launch_gemm<R, 16, true>(a, s)) != cudaSuccess) return err;
-    if (ev) cudaEventRecord(ev[0], s);
-    return launch_gemm<R, 16, false>(a, s);
-  }
+  if (a.tile_n == 16)
+    return launch_fc1_fc2([&] { return launch_gemm<R, 16, true>(a, s); },
+                          [&] { return launch_gemm<R, 16, false>(a, s); }, s, ev);
   if constexpr (R != Recipe::kBf16)
-    if (a.tile_n == kWg3MaxN) {  // MOE_EP_WGMMA_V=3 (launch_forward's tile_n 256)
-      if ((err = launch_wgmma3<R, true>(a, s)) != cudaSuccess) return err;
-      if (ev) cudaEventRecord(ev[0], s);
-      return launch_wgmma3<R, false>(a, s);
-    }
-  if ((err = launch_wgmma<R, true>(a, s)) != cudaSuccess) return err;
-  if (ev) cudaEventRecord(ev[0], s);
-  return launch_wgmma<R, false>(a, s);
-}
-
-template <Recipe R, int kN, bool kFc1>
-cudaError_t set_attr() {
-  return cudaFuncSetAttribute(sm90_moe_gemm_kernel<R, kN, kFc1>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              GemmConfig<R, kN>::kSmemBytes);
+    if (a.tile_n == kWg3MaxN)
+      return launch_fc1_fc2([&] { return launch_wgmma3<R, true>(a, s); },
+                            [&] { return launch_wgmma3<R, false>(a, s); }, s, ev);
+  return launch_fc1_fc2([&] { return launch_wgmma<R, true>(a, s); },
+                        [&] { return launch_wgmma<R, false>(a, s); }, s, ev);
 }
 
 template <Recipe R>
 cudaError_t set_gemm_attributes() {
-  cudaError_t err;
   if constexpr (R != Recipe::kBf16) {
-    if ((err = set_decode_attributes<R>()) != cudaSuccess) return err;
-    if ((err = cudaFuncSetAttribute(sm90_moe_wgmma3_kernel<R, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    Wgmma3Config<R>::kSmemBytes)) != cudaSuccess)
-      return err;
-    if ((err = cudaFuncSetAttribute(sm90_moe_wgmma3_kernel<R, false>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    Wgmma3Config<R>::kSmemBytes)) != cudaSuccess)
-      return err;
+    const cudaError_t err =
+        first_error({set_decode_attributes<R>(),
+                     set_max_smem(sm90_moe_wgmma3_kernel<R, true>, Wgmma3Config<R>::kSmemBytes),
+                     set_max_smem(sm90_moe_wgmma3_kernel<R, false>, Wgmma3Config<R>::kSmemBytes)});
+    if (err != cudaSuccess) return err;
   }
-  if ((err = set_attr<R, 16, true>()) != cudaSuccess) return err;
-  if ((err = set_attr<R, 16, false>()) != cudaSuccess) return err;
-  if ((err = cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, true>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  WgmmaConfig<R>::kSmemBytes)) != cudaSuccess)
-    return err;
-  return cudaFuncSetAttribute(sm90_moe_wgmma_kernel<R, false>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              WgmmaConfig<R>::kSmemBytes);
+  return first_error(
+      {set_max_smem(sm90_moe_gemm_kernel<R, 16, true>, GemmConfig<R, 16>::kSmemBytes),
+       set_max_smem(sm90_moe_gemm_kernel<R, 16, false>, GemmConfig<R, 16>::kSmemBytes),
+       set_max_smem(sm90_moe_wgmma_kernel<R, true>, WgmmaConfig<R>::kSmemBytes),
+       set_max_smem(sm90_moe_wgmma_kernel<R, false>, WgmmaConfig<R>::kSmemBytes)});
 }
 
 }  // namespace moe_ep::kern
