@@ -75,7 +75,7 @@ if has epab; then
   MT="$BUILD/tests/multigpu/moe_ep_multigpu_tests"
   MOE_EP_FUSED_COMBINE=0 "$MT" --gtest_filter="${EPAB_FILTER:-*}" \
     >"$OUT/epab_tests_fc0.log" 2>&1 || status=1
-  MOE_EP_FUSED_COMBINE=1 "$MT" --gtest_filter='EpLayer.*:EpLayerFused.*:EpLayerMixed.*' \
+  MOE_EP_FUSED_COMBINE=1 "$MT" --gtest_filter='EpLayer.*:*EpLayerForced*:EpLayerMixed.*' \
     >"$OUT/epab_tests_fc1.log" 2>&1 || status=1
   for m in 0 1; do
     grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure" "$OUT/epab_tests_fc$m.log" | head -40

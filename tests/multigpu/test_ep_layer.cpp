@@ -6,8 +6,8 @@
 // count, an EPLB expert swap across ranks (bytes moved with ncclSend / ncclRecv), and a rank
 // that skips a call. Outputs are poisoned (NaN) before every call. The EpLayer tests run the
 // combine path the environment selects (default: fc2 stores into the sources' combine areas);
-// EpLayerFused / EpLayerCopy / EpLayerMixed repeat the main cases with MOE_EP_FUSED_COMBINE=1 /
-// =0 on both ranks / 1 on rank 0 and 0 on rank 1. Skips without 2 GPUs.
+// Combine/EpLayerForced.*/Fused|Copy and EpLayerMixed repeat the main cases with
+// MOE_EP_FUSED_COMBINE=1 / =0 on both ranks / 1 on rank 0 and 0 on rank 1. Skips without 2 GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -267,9 +268,16 @@ double check_call(MegaLayer& ep, MegaLayer& one, MegaLayer& cpu, Inputs& h, int 
 
 // The combine path of the CUDA backend is read from MOE_EP_FUSED_COMBINE when a workspace is
 // created (docs/protocol.md §8; unset = fused). The EpLayer tests keep the environment as it is
-// (so the suite can run in either mode); the EpLayerFused / EpLayerCopy / EpLayerMixed tests set
-// it in each forked rank.
+// (so the suite can run in either mode); the EpLayerForced / EpLayerMixed tests set it in each
+// forked rank.
 enum class CombineMode { kEnv, kFused, kCopy, kRank0Fused };
+const char* combine_mode_name(CombineMode m) {
+  return m == CombineMode::kFused  ? "Fused"
+         : m == CombineMode::kCopy ? "Copy"
+         : m == CombineMode::kEnv  ? "Env"
+                                   : "Rank0Fused";
+}
+void PrintTo(CombineMode m, std::ostream* os) { *os << combine_mode_name(m); }
 
 RankBody in_mode(CombineMode m, RankBody body) {
   return [m, body](int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
@@ -464,42 +472,33 @@ TEST(EpLayer, GraphReplayWithVaryingTokenCounts) {
   expect_ranks_passed(res);
 }
 
-// The same checks with fc2 storing straight into the sources' combine areas
-// (MOE_EP_FUSED_COMBINE=1): every recipe and the unfinalized output (wgmma tile 128), every
-// token-count case (decode tile 8, mma.sync tile 16, wgmma; T = 0 on one and both ranks) and a
-// graph replay with device-side counts.
-TEST(EpLayerFused, EveryRecipeAgainstCpuAndSingleGpu) {
+// The same checks with the combine path forced in every rank: fc2 storing straight into the
+// sources' combine areas (Fused, MOE_EP_FUSED_COMBINE=1) or the copying combine kernel (Copy, =0:
+// fc2 writes the local y buffer and ep_combine_kernel moves the rows). Every recipe and the
+// unfinalized output (wgmma tile 128), every token-count case (decode tile 8, mma.sync tile 16,
+// wgmma; T = 0 on one and both ranks) and a graph replay with device-side counts.
+class EpLayerForced : public ::testing::TestWithParam<CombineMode> {};
+
+TEST_P(EpLayerForced, EveryRecipeAgainstCpuAndSingleGpu) {
   SKIP_UNLESS_2_GPUS();
-  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kFused, every_recipe_body)));
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(GetParam(), every_recipe_body)));
 }
 
-TEST(EpLayerFused, TokenCountsRoutingAndWorkspaces) {
+TEST_P(EpLayerForced, TokenCountsRoutingAndWorkspaces) {
   SKIP_UNLESS_2_GPUS();
-  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kFused, token_counts_body)));
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(GetParam(), token_counts_body)));
 }
 
-TEST(EpLayerFused, GraphReplayWithVaryingTokenCounts) {
+TEST_P(EpLayerForced, GraphReplayWithVaryingTokenCounts) {
   SKIP_UNLESS_2_GPUS();
-  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kFused, graph_replay_body)));
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(GetParam(), graph_replay_body)));
 }
 
-// The same checks on the copying combine kernel (MOE_EP_FUSED_COMBINE=0; fc2 writes the local
-// y buffer and ep_combine_kernel moves the rows), the path before the fused one became the
-// default.
-TEST(EpLayerCopy, EveryRecipeAgainstCpuAndSingleGpu) {
-  SKIP_UNLESS_2_GPUS();
-  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kCopy, every_recipe_body)));
-}
-
-TEST(EpLayerCopy, TokenCountsRoutingAndWorkspaces) {
-  SKIP_UNLESS_2_GPUS();
-  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kCopy, token_counts_body)));
-}
-
-TEST(EpLayerCopy, GraphReplayWithVaryingTokenCounts) {
-  SKIP_UNLESS_2_GPUS();
-  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kCopy, graph_replay_body)));
-}
+INSTANTIATE_TEST_SUITE_P(Combine, EpLayerForced,
+                         ::testing::Values(CombineMode::kFused, CombineMode::kCopy),
+                         [](const ::testing::TestParamInfo<CombineMode>& i) {
+                           return std::string(combine_mode_name(i.param));
+                         });
 
 // Rank 0 fused, rank 1 unfused: both paths store the same rows into the same combine rows and
 // publish the same epoch, so the ranks interoperate (and each path's rows are checked against

@@ -151,6 +151,17 @@ struct RankCtx {
   bool signal_only = false;  // experts store into the sources' combine areas; combine signals
   int check_stride = 1;      // result rows checked: every check_stride-th token (large cases)
 
+  // This rank's buffers and one workspace of geometry g on `c` (activation rows of act_data
+  // data bytes and act_scales scale bytes).
+  void open(EpComm& c, int r, int act_data, int act_scales) {
+    comm = &c;
+    rank = r;
+    alloc();
+    ws = c.create_workspace(
+        WorkspaceLayout::make(g.world, g.capacity, g.H, g.K, act_data, act_scales));
+  }
+  void open(EpComm& c, int r) { open(c, r, g.act_bytes, 0); }
+
   void alloc() {
     const size_t cap = size_t(g.capacity);
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -441,12 +452,8 @@ TEST(MultiGpu, DataMovementBitwise) {
   auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
-    c.comm = &comm;
-    c.rank = rank;
     c.g.world = world;
-    c.alloc();
-    c.ws = comm.create_workspace(
-        WorkspaceLayout::make(world, c.g.capacity, c.g.H, c.g.K, c.g.act_bytes, 0));
+    c.open(comm, rank);
     struct Case {
       std::vector<int> T;
       Routing routing;
@@ -498,12 +505,8 @@ TEST(MultiGpu, DataMovementBitwise) {
     // Rows longer than the 4 KB prefetched head (9008 bytes) and 8 KB result rows (combine
     // pieces), with tiles of 2 warps and with the default grid.
     RankCtx wide;
-    wide.comm = &comm;
-    wide.rank = rank;
     wide.g = Geometry{world, 16, 4, 4096, 64, 9008};
-    wide.alloc();
-    wide.ws = comm.create_workspace(
-        WorkspaceLayout::make(world, wide.g.capacity, wide.g.H, wide.g.K, wide.g.act_bytes, 0));
+    wide.open(comm, rank);
     forward_and_verify(wide, {64, 17}, Routing::kUniform, 82, false, "9008-byte rows");
     wide.fused = true;
     wide.blocks = 2;
@@ -529,19 +532,11 @@ TEST(MultiGpu, EpochsShrinkGrowTwoWorkspaces) {
   auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx big, small;
-    for (RankCtx* c : {&big, &small}) {
-      c->comm = &comm;
-      c->rank = rank;
-      c->g.world = world;
-    }
+    big.g.world = small.g.world = world;
     small.g.capacity = 32;
-    small.fused = true;  // one workspace with fused waits, one without, interleaved
-    big.alloc();
-    small.alloc();
-    big.ws = comm.create_workspace(
-        WorkspaceLayout::make(world, big.g.capacity, big.g.H, big.g.K, big.g.act_bytes, 0));
-    small.ws = comm.create_workspace(
-        WorkspaceLayout::make(world, small.g.capacity, small.g.H, small.g.K, small.g.act_bytes, 0));
+    small.fused = true;    // one workspace with fused waits, one without, interleaved
+    big.open(comm, rank);  // collective: the same order on every rank
+    small.open(comm, rank);
     const std::vector<std::vector<int>> seq = {{256, 256}, {200, 256}, {150, 7},
                                                {50, 0},    {1, 128},   {0, 1},
                                                {64, 200},  {255, 256}, {256, 3}};
@@ -566,12 +561,8 @@ TEST(MultiGpu, GraphReplayVaryingT) {
   auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
-    c.comm = &comm;
-    c.rank = rank;
     c.g.world = world;
-    c.alloc();
-    c.ws = comm.create_workspace(
-        WorkspaceLayout::make(world, c.g.capacity, c.g.H, c.g.K, c.g.act_bytes, 0));
+    c.open(comm, rank);
     // Capture one forward with the token count read on the device.
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -609,12 +600,8 @@ void fault_case(bool skip_whole_call) {
   auto r = run_ranks(2, 60, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
     EpComm comm(id, rank, world, opts(rank, timeout_ms));
     RankCtx c;
-    c.comm = &comm;
-    c.rank = rank;
     c.g.world = world;
-    c.alloc();
-    c.ws = comm.create_workspace(
-        WorkspaceLayout::make(world, c.g.capacity, c.g.H, c.g.K, c.g.act_bytes, 0));
+    c.open(comm, rank);
     forward_and_verify(c, {64, 64}, Routing::kUniform, 9, false, "call before the fault");
     if (rank == 1) {
       if (!skip_whole_call) {  // dispatch and its wait, then walk away before combine
@@ -693,12 +680,8 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
   auto r = run_ranks(2, 120, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
-    c.comm = &comm;
-    c.rank = rank;
     c.g = Geometry{world, 256, 8, 7168, 4096, 4032};
-    c.alloc();
-    c.ws =
-        comm.create_workspace(WorkspaceLayout::make(world, c.g.capacity, c.g.H, c.g.K, 3584, 448));
+    c.open(comm, rank, 3584, 448);
     const int T = 4096;
     std::vector<Inputs> all;
     for (int s = 0; s < world; ++s) all.push_back(make_inputs(c.g, s, T, Routing::kUniform, 4242));
