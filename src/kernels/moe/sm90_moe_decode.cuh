@@ -617,7 +617,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       hs[col * C::kHS + row] = hv;
     }
     __syncthreads();
-    store_h_tile<R, kN>(a, hs, tile, mtile, tid, C::kThreads);
+    store_h_tile<R>(a, hs, tile, mtile, tid, C::kThreads);
   } else {
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
     constexpr int kYS = kTileRows + 8;
@@ -735,9 +735,22 @@ inline bool decode_use_old_kernel() {
   return old;
 }
 
-// fc1 then fc2 on tiles of 8 tokens (tile_n 16 runs on sm90_moe_gemm_kernel, §6).
+// MOE_EP_DECODE16=1 (benchmark knob, read once per process): tile_n 16 on this kernel too
+// instead of sm90_moe_gemm_kernel (measured slower there with the session-2 consumer, §6).
+inline bool decode_tile16() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOE_EP_DECODE16");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
+// fc1 then fc2 on tiles of 8 (or 16) tokens.
 template <Recipe R>
 cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
+  if (a.tile_n == 16)
+    return launch_fc1_fc2([&] { return launch_decode<R, 16, true>(a, s); },
+                          [&] { return launch_decode<R, 16, false>(a, s); }, s, ev);
   return launch_fc1_fc2([&] { return launch_decode<R, 8, true>(a, s); },
                         [&] { return launch_decode<R, 8, false>(a, s); }, s, ev);
 }
@@ -751,7 +764,8 @@ cudaError_t set_decode_attr() {
 
 template <Recipe R>
 cudaError_t set_decode_attributes() {
-  return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>()});
+  return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>(),
+                      set_decode_attr<R, 16, true>(), set_decode_attr<R, 16, false>()});
 }
 
 }  // namespace moe_ep::kern

@@ -185,71 +185,80 @@ struct GemmConfig {
   static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
 };
 
-// The fc1 epilogue's last step: h tile hs [kN][64 (+4)] fp32 (column = token slot) requantized
-// with the CPU's block quantizers and written as bf16 q*s rows in sorted order. Threads tid of
+// One requantized block of h, written as bf16 q*s (the values fc2 reads): nvfp4 16 values with
+// the CPU's quantizer and fc1_norm_const nc, mxfp8 32 values, bf16 8 values (no quantization).
+__device__ __forceinline__ void store_h_block_nvfp4(const float* v, float nc, uint16_t* dst) {
+  uint8_t packed[8];
+  const float s = fmt::e4m3_to_float(fmt::quantize_block_nvfp4(v, nc, packed));
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
+    const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
+    o[i] = lo | (hi << 16);
+  }
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+__device__ __forceinline__ void store_h_block_mxfp8(const float* v, uint16_t* dst) {
+  uint8_t q[32];
+  const float s = fmt::ue8m0_to_float(fmt::quantize_block_mxfp8(v, q));
+  uint4* d = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
+      const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
+      o[i] = lo | (hi << 16);
+    }
+    d[j] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+__device__ __forceinline__ void store_h_bf16x8(const float* v, uint16_t* dst) {
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    o[i] =
+        uint32_t(fmt::float_to_bf16(v[2 * i])) | (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// The recipe's blocks of kCols h columns starting at column hcol0 of the tile's h rows: hs
+// [col][kHS] fp32 (blocks of 16 / 32 along I lie inside the kCols columns), threads tid of
 // nthreads share the work.
-template <Recipe R, int kN>
+template <Recipe R, int kCols, int kHS>
+__device__ __forceinline__ void store_h_rows(const ForwardArgs& a, const float* hs,
+                                             const TileInfo& tile, int hcol0, int tid,
+                                             int nthreads) {
+  constexpr int kBlk = R == Recipe::kNvfp4 ? 16 : (R == Recipe::kMxfp4Mxfp8 ? 32 : 8);
+  constexpr int kPerCol = kCols / kBlk;
+  uint16_t* hdst = a.h + size_t(tile.start) * a.I + hcol0;
+  const float nc = R == Recipe::kNvfp4 ? a.fc1_norm_const[tile.expert] : 0.0f;
+  for (int it = tid; it < tile.rows * kPerCol; it += nthreads) {
+    const int col = it / kPerCol, blk = it % kPerCol;
+    const float* v = hs + col * kHS + blk * kBlk;
+    uint16_t* dst = hdst + size_t(col) * a.I + blk * kBlk;
+    if constexpr (R == Recipe::kNvfp4)
+      store_h_block_nvfp4(v, nc, dst);
+    else if constexpr (R == Recipe::kMxfp4Mxfp8)
+      store_h_block_mxfp8(v, dst);
+    else
+      store_h_bf16x8(v, dst);
+  }
+}
+
+// The fc1 epilogue's last step for an M-tile's kFc1TileH h columns: h tile hs [col][64 (+4)]
+// fp32 (column = token slot) requantized and written as bf16 q*s rows in sorted order.
+template <Recipe R>
 __device__ __forceinline__ void store_h_tile(const ForwardArgs& a, const float* hs,
                                              const TileInfo& tile, int mtile, int tid,
                                              int nthreads) {
-  constexpr int kHS = kFc1TileH + 4;
-  const int e = tile.expert;
-  uint16_t* hdst = a.h + size_t(tile.start) * a.I + mtile * kFc1TileH;
-  if constexpr (R == Recipe::kNvfp4) {
-    const float nc = a.fc1_norm_const[e];
-    for (int it = tid; it < kN * 4; it += nthreads) {
-      const int col = it >> 2, blk = it & 3;
-      if (col >= tile.rows) continue;
-      const float* v = hs + col * kHS + blk * 16;
-      uint8_t packed[8];
-      const uint8_t sb = fmt::quantize_block_nvfp4(v, nc, packed);
-      const float s = fmt::e4m3_to_float(sb);
-      uint32_t o[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
-        const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
-        o[i] = lo | (hi << 16);
-      }
-      uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 16);
-      d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-      d[1] = make_uint4(o[4], o[5], o[6], o[7]);
-    }
-  } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-    for (int it = tid; it < kN * 2; it += nthreads) {
-      const int col = it >> 1, blk = it & 1;
-      if (col >= tile.rows) continue;
-      const float* v = hs + col * kHS + blk * 32;
-      uint8_t q[32];
-      const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
-      const float s = fmt::ue8m0_to_float(sb);
-      uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 32);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
-          const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
-          o[i] = lo | (hi << 16);
-        }
-        d[j] = make_uint4(o[0], o[1], o[2], o[3]);
-      }
-    }
-  } else {
-    for (int it = tid; it < kN * 8; it += nthreads) {
-      const int col = it >> 3, p = it & 7;
-      if (col >= tile.rows) continue;
-      const float* v = hs + col * kHS + p * 8;
-      uint32_t o[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        o[i] = uint32_t(fmt::float_to_bf16(v[2 * i])) |
-               (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
-      *reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + p * 8) =
-          make_uint4(o[0], o[1], o[2], o[3]);
-    }
-  }
+  store_h_rows<R, kFc1TileH, kFc1TileH + 4>(a, hs, tile, mtile * kFc1TileH, tid, nthreads);
 }
 
 // The fc2 epilogue's last step: y tile ys [kN][128 (+8)] bf16, 16-byte row stores to
@@ -310,7 +319,7 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
         hs[col * kHS + row] = hv;
       }
     __syncthreads();
-    store_h_tile<R, kN>(a, hs, tile, mtile, tid, kThreads);
+    store_h_tile<R>(a, hs, tile, mtile, tid, kThreads);
   } else {
     // y tile [kN][128 (+8)] bf16, then 16-byte row stores to y_rows[t*K+k].
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);

@@ -375,66 +375,6 @@ struct Wgmma3Config {
   static constexpr int kSmemBytes = (kRingBytes > kEpiBytes ? kRingBytes : kEpiBytes) + 1024;
 };
 
-// store_h_tile for kWg3HCols h columns starting at h column hcol0: xs [rows][kXS] fp32 requantized
-// with the CPU's block quantizers (blocks of 16 / 32 along I lie inside the 32 columns) and
-// written as bf16 q*s rows in sorted order.
-template <Recipe R, int kXS>
-__device__ __forceinline__ void store_h_cols(const ForwardArgs& a, const float* xs,
-                                             const TileInfo& tile, int hcol0, int tid) {
-  uint16_t* hdst = a.h + size_t(tile.start) * a.I + hcol0;
-  if constexpr (R == Recipe::kNvfp4) {
-    const float nc = a.fc1_norm_const[tile.expert];
-    for (int it = tid; it < tile.rows * 2; it += kThreads) {
-      const int col = it >> 1, blk = it & 1;
-      const float* v = xs + col * kXS + blk * 16;
-      uint8_t packed[8];
-      const uint8_t sb = fmt::quantize_block_nvfp4(v, nc, packed);
-      const float s = fmt::e4m3_to_float(sb);
-      uint32_t o[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
-        const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
-        o[i] = lo | (hi << 16);
-      }
-      uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + blk * 16);
-      d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-      d[1] = make_uint4(o[4], o[5], o[6], o[7]);
-    }
-  } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-    for (int col = tid; col < tile.rows; col += kThreads) {
-      const float* v = xs + col * kXS;
-      uint8_t q[32];
-      const uint8_t sb = fmt::quantize_block_mxfp8(v, q);
-      const float s = fmt::ue8m0_to_float(sb);
-      uint4* d = reinterpret_cast<uint4*>(hdst + size_t(col) * a.I);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
-          const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
-          o[i] = lo | (hi << 16);
-        }
-        d[j] = make_uint4(o[0], o[1], o[2], o[3]);
-      }
-    }
-  } else {
-    for (int it = tid; it < tile.rows * 4; it += kThreads) {
-      const int col = it >> 2, p = it & 3;
-      const float* v = xs + col * kXS + p * 8;
-      uint32_t o[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        o[i] = uint32_t(fmt::float_to_bf16(v[2 * i])) |
-               (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
-      *reinterpret_cast<uint4*>(hdst + size_t(col) * a.I + p * 8) =
-          make_uint4(o[0], o[1], o[2], o[3]);
-    }
-  }
-}
-
 // Grid: one CTA per (routing tile, half M-tile), half M-tile fastest (the CTAs of one tile run
 // together and share its activation rows in L2).
 template <Recipe R, bool kFc1>
@@ -641,7 +581,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
       x[j] = hv;
     }
     __syncthreads();
-    store_h_cols<R, C::kXS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid);
+    store_h_rows<R, kWg3HCols, C::kXS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid,
+                                       kThreads);
   } else {
     // y tile [col][kYS] bf16, then 16-byte row stores to y_rows[t*K+k] (or y_dst).
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
