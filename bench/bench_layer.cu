@@ -243,6 +243,7 @@ struct EpShared {
   struct Rank {
     int done, failed, ncases;
     char msg[1024];
+    char where[128];  // the step this rank was in (named on failure)
     EpCase cases[kMaxCases];
   } rank[kMaxEp];
 };
@@ -279,11 +280,18 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
     boot.world_size = world;
     boot.rank = rank;
     boot.nccl_unique_id = uid;
+    std::snprintf(me.where, sizeof me.where, "%s: construction", rn[ri].c_str());
     auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
     const size_t expert_bytes = dw.bytes_per_expert;
+    auto step = [&](int T, const char* what) {
+      std::snprintf(me.where, sizeof me.where, "%s, T=%d: %s", rn[ri].c_str(), T, what);
+    };
     for (int T : tokens) {
+      step(T, "create_workspace");
       const WorkspaceId ws = layer->create_workspace(std::max(1, T));
+      step(T, "warmup");
       layer->warmup(ws);
+      step(T, "inputs and eager forwards");
       InputSet sets[2];
       for (int k = 0; k < 2; ++k) {
         InputSet& in = sets[k];
@@ -311,7 +319,9 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
       const TensorView ov = TensorView::contiguous(out, DType::kBF16, {T, s.H}, gpu);
       for (int it = 0; it < 4; ++it) layer->forward(inputs(sets[it & 1]), ov);
       CK(cudaStreamSynchronize(st));
+      step(T, "timed graph replays");
       const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters);
+      step(T, "stage-event graph");
       // Weight bytes this rank streams: its experts that any rank's tokens touch. Every rank
       // regenerates the peers' ids (same seeds) to count them.
       std::vector<char> touched(s.E, 0);
@@ -374,6 +384,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         cudaFree(in.w);
       }
     }
+    step(tokens.empty() ? 0 : tokens.back(), "destroy after the last T");
     layer->destroy();
   }
   cudaStreamDestroy(st);
@@ -412,11 +423,13 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   }
   int st = 0;
   for (size_t i = 0; i < pids.size(); ++i) waitpid(-1, &st, 0);
+  bool failed = false;
   for (int r = 0; r < world; ++r)
     if (sh->rank[r].failed || !sh->rank[r].done) {
-      std::fprintf(stderr, "rank %d failed: %s\n", r, sh->rank[r].msg);
-      return 1;
+      std::fprintf(stderr, "rank %d failed (at %s): %s\n", r, sh->rank[r].where, sh->rank[r].msg);
+      failed = true;
     }
+  if (failed) return 1;
   const char* commit = std::getenv("MOE_EP_COMMIT");
   // The CUDA backend's combine path (MOE_EP_FUSED_COMBINE, read by every rank at workspace
   // creation), recorded so A/B runs are told apart.
