@@ -533,6 +533,108 @@ TEST(GpuLayer, WorkspaceAtDsv3Capacity4096) {
   EXPECT_LE(bytes, size_t(1) << 30);
 }
 
+// Decode split-K (sm90_moe_decode.cuh) forced through the test hook on DSV3 sizes with few
+// experts: the fc1 (and fc2) K range cut over 2, 3, 4 or 8 CTAs whose fp32 partials the last
+// arriving CTA sums in split order. nvfp4 (exact products and sums): bitwise equal to no split;
+// mxfp4_mxfp8 (the order changes the fp32 rounding): within the SPEC tolerance of no split. Both:
+// repeated forwards bitwise (the arrival counters return to zero) and a CUDA graph captured with
+// the split, replayed twice with a device-side token count, bitwise equal to the eager forward.
+struct SplitKOverride {
+  explicit SplitKOverride(int mode) { kern::set_decode_splitk_override(mode); }
+  ~SplitKOverride() { kern::set_decode_splitk_override(kern::kSplitKFromEnv); }
+};
+
+TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kDsv3;  // H 7168, I 2048, E 8, K 8: fc1 32 M-tiles x 112 K-chunks, fc2 56 x 32
+  Master m(s, 25);
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  int32_t* n_dev = nullptr;
+  CUDA_OK(cudaMalloc(&n_dev, 4));
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 8, true, Options{}), p);
+    gpu->warmup();
+    for (int T : {1, 7}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 8) << "not the decode kernel";
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 60 + T);
+      DeviceInputs d(h);
+      const Device dev{DeviceKind::kCUDA, 0};
+      auto eager = [&] {
+        PoisonedOut out(size_t(T) * s.H);
+        gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
+        return out.host();
+      };
+      std::vector<uint16_t> ref;
+      {
+        SplitKOverride off(1);
+        ref = eager();
+        EXPECT_EQ(kern::last_decode_splits(true), 1);
+        EXPECT_EQ(kern::last_decode_splits(false), 1);
+      }
+      // fc1 / fc2 splits each mode must reach (fc2 at 8: 4 of its 32 chunks per split; the
+      // slots hold T = 7's grid, 15 tiles x 56 M-tiles, at up to 4 splits).
+      struct Case {
+        int mode, fc1, fc2;
+      };
+      const int fc2_at8 = T == 1 ? 8 : 4;
+      for (const Case c : {Case{2, 2, 2}, Case{3, 3, 3}, Case{4, 4, 4}, Case{8, 8, fc2_at8}}) {
+        SCOPED_TRACE("splits " + std::to_string(c.mode));
+        SplitKOverride on(c.mode);
+        const std::vector<uint16_t> a = eager();
+        EXPECT_EQ(kern::last_decode_splits(true), c.fc1);
+        EXPECT_EQ(kern::last_decode_splits(false), c.fc2);
+        std::string why;
+        const double err = rel_l2(a, ref, &why);
+        if (r == Recipe::kNvfp4) {
+          EXPECT_TRUE(a == ref) << "split-K changed the nvfp4 output (rel L2 " << err << ")";
+        } else {
+          EXPECT_LE(err, 5e-3) << why;
+        }
+        EXPECT_TRUE(eager() == a) << "repeated split-K forward is not bitwise identical";
+        std::printf("[ split-k ] %-12s T=%d splits=%d: rel_l2 vs unsplit %.3e\n", recipe_name(r), T,
+                    c.mode, err);
+        // Graph captured with the split, replayed twice with n = T from the device.
+        PoisonedOut out(size_t(T) * s.H);
+        ForwardInputs f = device_view(d, h);
+        f.stream = st;
+        f.num_tokens = n_dev;
+        CUDA_OK(cudaMemcpy(n_dev, &T, 4, cudaMemcpyHostToDevice));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        gpu->forward(f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
+        CUDA_OK(cudaStreamEndCapture(st, &graph));
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 2; ++rep) {
+          CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
+          CUDA_OK(cudaGraphLaunch(exec, st));
+          CUDA_OK(cudaStreamSynchronize(st));
+          EXPECT_TRUE(out.host() == a) << "graph replay " << rep << " differs from eager";
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+      // The default policy: nvfp4 splits fc1 (32 M-tiles x 8 tiles = 256 CTAs) at 1 and 7
+      // tokens on an H200 (132 SMs), mxfp4_mxfp8 never by default.
+      {
+        SplitKOverride def(kern::kSplitKDefault);
+        const std::vector<uint16_t> a = eager();
+        if (r == Recipe::kNvfp4) EXPECT_TRUE(a == ref);
+        std::printf("[ split-k ] %-12s T=%d default: fc1 %d, fc2 %d splits\n", recipe_name(r), T,
+                    kern::last_decode_splits(true), kern::last_decode_splits(false));
+        if (r != Recipe::kNvfp4) EXPECT_EQ(kern::last_decode_splits(true), 1);
+      }
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  cudaFree(n_dev);
+  cudaStreamDestroy(st);
+}
+
 // A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
 // and unfinalized, against the CPU reference.
 TEST(GpuLayer, SmallForSanitizer) {

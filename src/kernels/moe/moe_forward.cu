@@ -3,8 +3,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "kernels/moe/moe_launch.h"
@@ -405,6 +407,34 @@ int forward_tile_n(Recipe r, int chosen) {
   if (n == 256 && (r == Recipe::kBf16 || wgmma_version() == 2)) n = 128;
   if (n == 128 && r != Recipe::kBf16 && wgmma_version() == 3) n = 256;
   return n;
+}
+
+namespace {
+std::atomic<int> g_splitk_override{kSplitKFromEnv};
+std::atomic<int> g_last_splits[2] = {1, 1};  // fc2, fc1
+}  // namespace
+
+void note_decode_splits(bool fc1, int splits) {
+  g_last_splits[fc1].store(splits, std::memory_order_relaxed);
+}
+int last_decode_splits(bool fc1) { return g_last_splits[fc1].load(std::memory_order_relaxed); }
+
+int decode_splitk_mode() {
+  const int o = g_splitk_override.load(std::memory_order_relaxed);
+  if (o != kSplitKFromEnv) return o;
+  static const int env = [] {
+    const char* v = std::getenv("MOE_EP_DECODE_SPLITK");
+    if (v == nullptr) return kSplitKDefault;
+    if (std::strcmp(v, "auto") == 0) return kSplitKAuto;
+    const int n = std::atoi(v);
+    return n >= 1 && n <= 8 ? n : kSplitKDefault;
+  }();
+  return env;
+}
+
+void set_decode_splitk_override(int mode) {
+  g_splitk_override.store(mode >= kSplitKFromEnv && mode <= 8 ? mode : kSplitKFromEnv,
+                          std::memory_order_relaxed);
 }
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
