@@ -108,19 +108,19 @@ inline int max_tiles(int pairs, int local_experts, int tile_n) {
 // workspace holds kSplitKSlots slots and one arrival counter per two slots (zero between kernels:
 // the last CTA of each (tile, M-tile) resets its own), whatever the capacity: a launch whose
 // grid would need more slots splits less.
-constexpr int kSplitKSlots = 4096;
+constexpr int kSplitKSlots = 8192;
 constexpr size_t kSplitKSlotBytes = size_t(kTileRows) * kMinTileN * 4;
 inline size_t splitk_partial_bytes() { return kSplitKSlotBytes * kSplitKSlots; }
 inline size_t splitk_counter_bytes() { return size_t(kSplitKSlots / 2) * 4; }
 
-// Split-K mode of the decode GEMM (moe_forward.cu). kSplitKDefault: split where the default
-// policy says (decode_splits, sm90_moe_decode.cuh); kSplitKAuto: the same policy for every
-// 4-bit recipe; 1: never; 2..8: that many splits wherever the grid allows. From
-// MOE_EP_DECODE_SPLITK (unset: default, "auto", or a number; read once per process) unless a
-// test set an override (kSplitKFromEnv clears it).
+// Split-K mode of the decode fc1 or fc2 GEMM (moe_forward.cu). kSplitKDefault: split where the
+// default policy says (decode_splits, sm90_moe_decode.cuh); kSplitKAuto: the same policy for
+// every 4-bit recipe; 1: never; 2..8: that many splits wherever the grid allows. From
+// MOE_EP_DECODE_SPLITK (read once per process): unset = default, "auto", "N" (both GEMMs) or
+// "N,M" (fc1 N, fc2 M); unless a test set an override (kSplitKFromEnv clears it).
 constexpr int kSplitKDefault = 0, kSplitKAuto = -1, kSplitKFromEnv = -2;
-int decode_splitk_mode();
-void set_decode_splitk_override(int mode);
+int decode_splitk_mode(bool fc1);
+void set_decode_splitk_override(int fc1_mode, int fc2_mode);
 // The K-splits of the last decode fc1 / fc2 launch on this process (1 when none split; for
 // tests).
 void note_decode_splits(bool fc1, int splits);

@@ -785,21 +785,25 @@ int decode_ctas_per_sm(const ForwardArgs& a, int mtiles, int splits) {
 constexpr bool splitk_by_default(Recipe r) { return r == Recipe::kNvfp4; }
 
 // K-splits of one decode GEMM launch (grid_tiles x mtiles M-tile CTAs, chunks K-chunks each).
-// The policy: split (2 or 4) only while the expected grid then still fits in one wave of
-// 4 CTAs per SM (the register limit of 160-thread CTAs at 96 registers), i.e. when few CTAs per
-// SM would otherwise run (DSV3 fc1 at 1 token: 256 CTAs on 132 SMs -> 2 splits; fc2, 448 CTAs,
-// stays whole). Forced counts (MOE_EP_DECODE_SPLITK=2..8) apply wherever the slots allow. Each
-// split gets at least one K-chunk; the grid's slots must fit kSplitKSlots.
+// The policy (fc1 only): split only where the unsplit grid already runs 4 CTAs per SM (more
+// than 3 per SM expected), so the split leaves each CTA's ring as deep as before and only makes
+// more, shorter CTAs: 2 or 4 splits, up to about 16 CTAs per SM in all (DSV3 fc1: 2 tokens, 512
+// CTAs -> 4 splits; 4 tokens, 1024 -> 2; 8 tokens, 2048 -> none). Measured on the H200
+// (docs/gpu_kernels.md §6): at 1 token (256 CTAs, 2 per SM with 18-slot rings) 2 splits make
+// 4 CTAs per SM with 8-slot rings and fc1 slower (61 -> 70 us), and fc2 was slower with every
+// split at 1-4 tokens. Forced counts (MOE_EP_DECODE_SPLITK=N or N,M) apply wherever the slots
+// allow. Each split gets at least one K-chunk; the grid's slots must fit kSplitKSlots.
 template <Recipe R, int kN>
-int decode_splits(const ForwardArgs& a, int grid_tiles, int mtiles, int chunks) {
+int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, int chunks) {
   if (a.splitk_partials == nullptr || a.splitk_counters == nullptr) return 1;
-  const int mode = decode_splitk_mode();
+  const int mode = decode_splitk_mode(fc1);
   int s = 1;
   if (mode >= 1) {
     s = mode;
-  } else if (mode == kSplitKAuto || splitk_by_default(R)) {
+  } else if (fc1 && (mode == kSplitKAuto || splitk_by_default(R))) {
     const int ctas = decode_expected_tiles<kN>(a) * mtiles;
-    while (s < 4 && ctas * s * 2 <= 4 * a.num_sms) s *= 2;
+    if (ctas > 3 * a.num_sms)
+      while (s < 4 && ctas * s * 2 <= 16 * a.num_sms) s *= 2;
   }
   s = std::min(s, chunks);
   while (s > 1 && size_t(grid_tiles) * mtiles * s > size_t(kSplitKSlots)) --s;
@@ -835,7 +839,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   if (tiles == 0) return cudaSuccess;
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   const int chunks = kFc1 ? a.rs.fc1_chunks : a.rs.fc2_chunks;
-  const int splits = decode_splits<R, kN>(a, tiles, mtiles, chunks);
+  const int splits = decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks);
   note_decode_splits(kFc1, splits);
   const int per_sm = decode_ctas_per_sm<kN>(a, mtiles, splits);
   const int stages = decode_stages<R, kN, 2>(per_sm);
