@@ -792,7 +792,9 @@ constexpr bool splitk_by_default(Recipe r) { return r == Recipe::kNvfp4; }
 // (docs/gpu_kernels.md §6): at 1 token (256 CTAs, 2 per SM with 18-slot rings) 2 splits make
 // 4 CTAs per SM with 8-slot rings and fc1 slower (61 -> 70 us), and fc2 was slower with every
 // split at 1-4 tokens. Forced counts (MOE_EP_DECODE_SPLITK=N or N,M) apply wherever the slots
-// allow. Each split gets at least one K-chunk; the grid's slots must fit kSplitKSlots.
+// allow. Each split gets at least one K-chunk; the grid's slots must fit kSplitKSlots. EP owners
+// (xq_ready) do not split by default: their tile estimate comes from W * capacity rows, not
+// from what arrived, and EP was not measured with it.
 template <Recipe R, int kN>
 int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, int chunks) {
   if (a.splitk_partials == nullptr || a.splitk_counters == nullptr) return 1;
@@ -800,7 +802,7 @@ int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, in
   int s = 1;
   if (mode >= 1) {
     s = mode;
-  } else if (fc1 && (mode == kSplitKAuto || splitk_by_default(R))) {
+  } else if (fc1 && (mode == kSplitKAuto || (splitk_by_default(R) && !a.xq_ready))) {
     const int ctas = decode_expected_tiles<kN>(a) * mtiles;
     if (ctas > 3 * a.num_sms)
       while (s < 4 && ctas * s * 2 <= 16 * a.num_sms) s *= 2;
