@@ -107,6 +107,7 @@ struct Workspace {
   WorkspaceLayout layout;
   DeviceBuffer mem;  // W = 1: layout + scratch; W > 1: scratch only (layout is the window)
   size_t xq_off = 0, h_off = 0, pairs_off = 0, tiles_off = 0, num_tiles_off = 0, counts_off = 0;
+  size_t splitk_off = 0, splitk_counters_off = 0;  // decode split-K partials + counters
   // W > 1
   int ep_index = -1;  // EpComm workspace
   size_t act_off = 0, vids_off = 0, vweights_off = 0, y_off = 0;
@@ -235,7 +236,16 @@ class CudaBackend final : public LayerBackend {
     off = al(off + 4);
     ws->counts_off = off;
     off = al(off + size_t(El_) * 4);
+    ws->splitk_off = off;
+    off = al(off + kern::splitk_partial_bytes());
+    ws->splitk_counters_off = off;
+    off = al(off + kern::splitk_counter_bytes());
     ws->mem.allocate(off, "a workspace");
+    // The split-K arrival counters start at zero; each kernel leaves them at zero.
+    check(cudaMemset(ws->mem.as<unsigned char>() + ws->splitk_counters_off, 0,
+                     kern::splitk_counter_bytes()),
+          "zeroing the split-K counters");
+    check(cudaDeviceSynchronize(), "zeroing the split-K counters");
     workspaces_.push_back(std::move(ws));
     return int(workspaces_.size()) - 1;
   }
@@ -277,6 +287,8 @@ class CudaBackend final : public LayerBackend {
     a.tiles = reinterpret_cast<kern::TileInfo*>(base + ws.tiles_off);
     a.num_tiles = reinterpret_cast<int32_t*>(base + ws.num_tiles_off);
     a.counts = reinterpret_cast<int32_t*>(base + ws.counts_off);
+    a.splitk_partials = reinterpret_cast<float*>(base + ws.splitk_off);
+    a.splitk_counters = reinterpret_cast<int32_t*>(base + ws.splitk_counters_off);
     if (out.out.defined()) {
       a.y_rows = reinterpret_cast<uint16_t*>(base + ws.layout.combine_off);
       a.out = out.out.ptr<uint16_t>();
@@ -504,6 +516,8 @@ class CudaBackend final : public LayerBackend {
     a.tiles = reinterpret_cast<kern::TileInfo*>(scratch + ws.tiles_off);
     a.num_tiles = reinterpret_cast<int32_t*>(scratch + ws.num_tiles_off);
     a.counts = reinterpret_cast<int32_t*>(scratch + ws.counts_off);
+    a.splitk_partials = reinterpret_cast<float*>(scratch + ws.splitk_off);
+    a.splitk_counters = reinterpret_cast<int32_t*>(scratch + ws.splitk_counters_off);
     if (ws.fused_combine) {
       a.y_dst = ua.y_dst;  // fc2 stores into the sources' combine areas (NVLink)
       a.y_dst_fence = ws.fused_combine == 2;

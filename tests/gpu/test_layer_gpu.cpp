@@ -6,10 +6,12 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/moe/moe_params.h"
@@ -531,6 +533,119 @@ TEST(GpuLayer, WorkspaceAtDsv3Capacity4096) {
   const size_t bytes = gpu->workspace_bytes(gpu->default_workspace());
   std::printf("[ workspace ] dsv3 capacity 4096: %.1f MiB\n", bytes / 1048576.0);
   EXPECT_LE(bytes, size_t(1) << 30);
+}
+
+// Decode split-K (sm90_moe_decode.cuh) forced through the test hook on DSV3 sizes with few
+// experts: the fc1 and/or fc2 K range cut over 2, 3, 4 or 8 CTAs whose fp32 partials the last
+// arriving CTA sums in split order. nvfp4 (exact products and sums): bitwise equal to no split;
+// mxfp4_mxfp8 (the order changes the fp32 rounding): within the SPEC tolerance of no split. Both:
+// repeated forwards bitwise (the arrival counters return to zero) and a CUDA graph captured with
+// the split, replayed twice with a device-side token count, bitwise equal to the eager forward.
+struct SplitKOverride {
+  SplitKOverride(int fc1, int fc2) { kern::set_decode_splitk_override(fc1, fc2); }
+  ~SplitKOverride() {
+    kern::set_decode_splitk_override(kern::kSplitKFromEnv, kern::kSplitKFromEnv);
+  }
+};
+
+TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
+  SKIP_WITHOUT_GPU();
+  // H 7168, I 2048, K 8 with 16 experts: fc1 32 M-tiles x 112 K-chunks, fc2 56 x 32; T = 7 is
+  // 3.5 rows per expert (tile 8, the decode kernel).
+  const Shape s{"dsv3-e16", 7168, 2048, 16, 8};
+  const kern::ResidentShape rs = kern::resident_shape(Recipe::kNvfp4, s.H, s.I);
+  Master m(s, 25);
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  int32_t* n_dev = nullptr;
+  CUDA_OK(cudaMalloc(&n_dev, 4));
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 8, true, Options{}), p);
+    gpu->warmup();
+    for (int T : {1, 7}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 8) << "not the decode kernel";
+      // The splits a forced count gets: at most one per K-chunk, fewer where the grid bound's
+      // slots would not fit.
+      const int tiles = kern::max_tiles(T * s.K, s.E, 8);
+      auto expect = [&](int mode, int mtiles, int chunks) {
+        int n = std::min(mode, chunks);
+        while (n > 1 && tiles * mtiles * n > kern::kSplitKSlots) --n;
+        return n;
+      };
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 60 + T);
+      DeviceInputs d(h);
+      const Device dev{DeviceKind::kCUDA, 0};
+      auto eager = [&] {
+        PoisonedOut out(size_t(T) * s.H);
+        gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
+        return out.host();
+      };
+      std::vector<uint16_t> ref;
+      {
+        SplitKOverride off(1, 1);
+        ref = eager();
+        EXPECT_EQ(kern::last_decode_splits(true), 1);
+        EXPECT_EQ(kern::last_decode_splits(false), 1);
+      }
+      for (const auto [m1, m2] : {std::pair{2, 2}, {3, 3}, {4, 1}, {1, 4}, {8, 8}}) {
+        SCOPED_TRACE("splits " + std::to_string(m1) + "," + std::to_string(m2));
+        SplitKOverride on(m1, m2);
+        const std::vector<uint16_t> a = eager();
+        EXPECT_EQ(kern::last_decode_splits(true), expect(m1, rs.fc1_mtiles, rs.fc1_chunks));
+        EXPECT_EQ(kern::last_decode_splits(false), expect(m2, rs.fc2_mtiles, rs.fc2_chunks));
+        EXPECT_GT(kern::last_decode_splits(true) * kern::last_decode_splits(false), 1);
+        std::string why;
+        const double err = rel_l2(a, ref, &why);
+        if (r == Recipe::kNvfp4) {
+          EXPECT_TRUE(a == ref) << "split-K changed the nvfp4 output (rel L2 " << err << ")";
+        } else {
+          EXPECT_LE(err, 5e-3) << why;
+        }
+        EXPECT_TRUE(eager() == a) << "repeated split-K forward is not bitwise identical";
+        std::printf("[ split-k ] %-12s T=%d splits fc1 %d fc2 %d: rel_l2 vs unsplit %.3e\n",
+                    recipe_name(r), T, kern::last_decode_splits(true),
+                    kern::last_decode_splits(false), err);
+        // Graph captured with the split, replayed twice with n = T from the device.
+        PoisonedOut out(size_t(T) * s.H);
+        ForwardInputs f = device_view(d, h);
+        f.stream = st;
+        f.num_tokens = n_dev;
+        CUDA_OK(cudaMemcpy(n_dev, &T, 4, cudaMemcpyHostToDevice));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        gpu->forward(f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
+        CUDA_OK(cudaStreamEndCapture(st, &graph));
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 2; ++rep) {
+          CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
+          CUDA_OK(cudaGraphLaunch(exec, st));
+          CUDA_OK(cudaStreamSynchronize(st));
+          EXPECT_TRUE(out.host() == a) << "graph replay " << rep << " differs from eager";
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+      // The default policy: nvfp4 fc1 only, where the grid already has 4 CTAs per SM (on an
+      // H200's 132 SMs T = 7's 16 tiles x 32 M-tiles get 4 splits, T = 1's 8 x 32 none);
+      // mxfp4_mxfp8 never.
+      {
+        SplitKOverride def(kern::kSplitKDefault, kern::kSplitKDefault);
+        const std::vector<uint16_t> a = eager();
+        EXPECT_TRUE(a == ref || r != Recipe::kNvfp4);
+        std::printf("[ split-k ] %-12s T=%d default: fc1 %d, fc2 %d splits\n", recipe_name(r), T,
+                    kern::last_decode_splits(true), kern::last_decode_splits(false));
+        EXPECT_EQ(kern::last_decode_splits(false), 1);
+        if (r != Recipe::kNvfp4) EXPECT_EQ(kern::last_decode_splits(true), 1);
+      }
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  cudaFree(n_dev);
+  cudaStreamDestroy(st);
 }
 
 // A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized

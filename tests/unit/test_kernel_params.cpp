@@ -69,6 +69,25 @@ TEST(KernelParams, MaxTilesBoundsEveryRouting) {
 
 // Resident weights hold exactly the checkpoint's 4-bit / bf16 bytes; fc2's rows are padded to
 // whole 128-row M-tiles (gpt-oss H = 2880 -> 2944 rows).
+// The decode split-K scratch: one slot = one M-tile (128 rows) x tile_n 8 fp32 accumulators,
+// fixed in size whatever the capacity (32 MiB + the counters). The DSV3 grid bounds: 1 token
+// (9 tiles) fits fc1 (32 M-tiles) and fc2 (56) at 8 splits; 8 tokens (72 tiles) fc1 at 3 and
+// fc2 at 2, and 4 splits of fc1 there split less.
+TEST(KernelParams, SplitKScratchHoldsTheDecodeGrids) {
+  EXPECT_EQ(kSplitKSlotBytes, size_t(128 * 8 * 4));
+  EXPECT_EQ(splitk_partial_bytes(), size_t(32) << 20);
+  EXPECT_EQ(splitk_counter_bytes(), size_t(kSplitKSlots / 2) * 4);
+  const ResidentShape rs = resident_shape(Recipe::kNvfp4, 7168, 2048);
+  const int t1 = max_tiles(8, 256, 8), t8 = max_tiles(64, 256, 8);
+  EXPECT_EQ(t1, 9);
+  EXPECT_EQ(t8, 72);
+  EXPECT_LE(t1 * rs.fc1_mtiles * 8, kSplitKSlots);
+  EXPECT_LE(t1 * rs.fc2_mtiles * 8, kSplitKSlots);
+  EXPECT_LE(t8 * rs.fc1_mtiles * 3, kSplitKSlots);
+  EXPECT_LE(t8 * rs.fc2_mtiles * 2, kSplitKSlots);
+  EXPECT_GT(t8 * rs.fc1_mtiles * 4, kSplitKSlots);
+}
+
 TEST(KernelParams, ResidentSizesMatchTheCheckpoint) {
   struct Shape {
     int H, I;

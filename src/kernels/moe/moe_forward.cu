@@ -3,8 +3,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "kernels/moe/moe_launch.h"
@@ -405,6 +408,40 @@ int forward_tile_n(Recipe r, int chosen) {
   if (n == 256 && (r == Recipe::kBf16 || wgmma_version() == 2)) n = 128;
   if (n == 128 && r != Recipe::kBf16 && wgmma_version() == 3) n = 256;
   return n;
+}
+
+namespace {
+std::atomic<int> g_splitk_override[2] = {kSplitKFromEnv, kSplitKFromEnv};  // fc2, fc1
+std::atomic<int> g_last_splits[2] = {1, 1};                                // fc2, fc1
+}  // namespace
+
+void note_decode_splits(bool fc1, int splits) {
+  g_last_splits[fc1].store(splits, std::memory_order_relaxed);
+}
+int last_decode_splits(bool fc1) { return g_last_splits[fc1].load(std::memory_order_relaxed); }
+
+int decode_splitk_mode(bool fc1) {
+  const int o = g_splitk_override[fc1].load(std::memory_order_relaxed);
+  if (o != kSplitKFromEnv) return o;
+  static const std::array<int, 2> env = [] {
+    const char* v = std::getenv("MOE_EP_DECODE_SPLITK");
+    if (v == nullptr) return std::array<int, 2>{kSplitKDefault, kSplitKDefault};
+    if (std::strcmp(v, "auto") == 0) return std::array<int, 2>{kSplitKAuto, kSplitKAuto};
+    auto count = [](const char* p) {
+      const int n = std::atoi(p);
+      return n >= 1 && n <= 8 ? n : kSplitKDefault;
+    };
+    const char* comma = std::strchr(v, ',');
+    const int n1 = count(v), n2 = comma ? count(comma + 1) : n1;
+    return std::array<int, 2>{n2, n1};
+  }();
+  return env[fc1];
+}
+
+void set_decode_splitk_override(int fc1_mode, int fc2_mode) {
+  auto valid = [](int m) { return m >= kSplitKFromEnv && m <= 8 ? m : kSplitKFromEnv; };
+  g_splitk_override[1].store(valid(fc1_mode), std::memory_order_relaxed);
+  g_splitk_override[0].store(valid(fc2_mode), std::memory_order_relaxed);
 }
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {

@@ -102,6 +102,30 @@ inline int max_tiles(int pairs, int local_experts, int tile_n) {
   return pairs / tile_n + touched;
 }
 
+// Decode split-K (sm90_moe_decode.cuh): at few routing tiles the decode GEMM may cut each
+// M-tile's K range over `splits` CTAs; each stores its fp32 accumulators in one slot (one M-tile
+// x 8 columns) and the last to arrive sums the slots in split order and runs the epilogue. The
+// workspace holds kSplitKSlots slots and one arrival counter per two slots (zero between kernels:
+// the last CTA of each (tile, M-tile) resets its own), whatever the capacity: a launch whose
+// grid would need more slots splits less.
+constexpr int kSplitKSlots = 8192;
+constexpr size_t kSplitKSlotBytes = size_t(kTileRows) * kMinTileN * 4;
+inline size_t splitk_partial_bytes() { return kSplitKSlotBytes * kSplitKSlots; }
+inline size_t splitk_counter_bytes() { return size_t(kSplitKSlots / 2) * 4; }
+
+// Split-K mode of the decode fc1 or fc2 GEMM (moe_forward.cu). kSplitKDefault: split where the
+// default policy says (decode_splits, sm90_moe_decode.cuh); kSplitKAuto: the same policy for
+// every 4-bit recipe; 1: never; 2..8: that many splits wherever the grid allows. From
+// MOE_EP_DECODE_SPLITK (read once per process): unset = default, "auto", "N" (both GEMMs) or
+// "N,M" (fc1 N, fc2 M); unless a test set an override (kSplitKFromEnv clears it).
+constexpr int kSplitKDefault = 0, kSplitKAuto = -1, kSplitKFromEnv = -2;
+int decode_splitk_mode(bool fc1);
+void set_decode_splitk_override(int fc1_mode, int fc2_mode);
+// The K-splits of the last decode fc1 / fc2 launch on this process (1 when none split; for
+// tests).
+void note_decode_splits(bool fc1, int splits);
+int last_decode_splits(bool fc1);
+
 // Error word in host-mapped memory that a forward sets when it sees a bad input it could not
 // reject on the host (an expert id out of range). The first error wins.
 struct DeviceError {
@@ -127,12 +151,14 @@ struct ForwardArgs {
   const uint8_t *w1 = nullptr, *s1 = nullptr, *w2 = nullptr, *s2 = nullptr;  // resident
   ResidentShape rs{};
   // Workspace scratch.
-  uint16_t* xq = nullptr;           // bf16 [T, H]: x as the GEMM sees it (q*s, exact in bf16)
-  uint16_t* h = nullptr;            // bf16 [T*K, I]: fc1 output in sorted order (q*s)
-  int32_t* sorted_pairs = nullptr;  // [T*K]: t*K+k grouped by expert
-  TileInfo* tiles = nullptr;        // [max_tiles]
-  int32_t* num_tiles = nullptr;     // [1]
-  int32_t* counts = nullptr;        // [local_experts] scratch
+  uint16_t* xq = nullptr;              // bf16 [T, H]: x as the GEMM sees it (q*s, exact in bf16)
+  uint16_t* h = nullptr;               // bf16 [T*K, I]: fc1 output in sorted order (q*s)
+  int32_t* sorted_pairs = nullptr;     // [T*K]: t*K+k grouped by expert
+  TileInfo* tiles = nullptr;           // [max_tiles]
+  int32_t* num_tiles = nullptr;        // [1]
+  int32_t* counts = nullptr;           // [local_experts] scratch
+  float* splitk_partials = nullptr;    // [kSplitKSlots] x kSplitKSlotBytes; null: no split-K
+  int32_t* splitk_counters = nullptr;  // [kSplitKSlots / 2], zero between kernels
   // Outputs.
   uint16_t* y_rows = nullptr;  // bf16 [T*K, H]: y[t,k] at row t*K+k
   // EP fused combine (W > 1, docs/protocol.md §8): when set, fc2 stores the row of pair

@@ -331,9 +331,83 @@ struct PipeConsumer {
   }
 };
 
-// kPipe: the pipelined consumer (PipeConsumer), else the plain loop below.
+// Split-K: CTA `split` of `splits` that computed part of (tile, M-tile) `group` stores its
+// accumulators in the group's slot `split` (ForwardArgs::splitk_partials; consumer thread tid
+// owns float4 j at j * kCThreads + tid, so the stores coalesce) and counts itself in. The last to
+// arrive resets the counter (so the next kernel and graph replays start from zero), sums the
+// slots in split order 0, 1, ... (its own from registers), whatever the arrival order, so the
+// result is the same every run, and returns true to run the epilogue; the others return false
+// and exit. Every thread of the CTA calls it. Ordering: each storing thread fences before the
+// barrier that precedes the counter atomic; the last CTA fences after seeing the count.
+template <int kFW, int kNF, int kCThreads>
+__device__ __forceinline__ bool splitk_last(const ForwardArgs& a, float (&acc)[kFW][kNF][4],
+                                            int splits, int split, int group, int tid,
+                                            bool consumer, int* flag) {
+  constexpr int kV4 = kFW * kNF;  // float4 per consumer thread
+  static_assert(size_t(kCThreads) * kV4 * 16 <= kSplitKSlotBytes, "one slot per CTA");
+  float4* slots = reinterpret_cast<float4*>(a.splitk_partials);
+  const size_t first = size_t(group) * splits;  // the group's slot 0
+  if (consumer) {
+    float4* mine = slots + (first + split) * (kCThreads * kV4) + tid;
+#pragma unroll
+    for (int f = 0; f < kFW; ++f)
+#pragma unroll
+      for (int nf = 0; nf < kNF; ++nf)
+        __stcg(mine + (f * kNF + nf) * kCThreads,
+               make_float4(acc[f][nf][0], acc[f][nf][1], acc[f][nf][2], acc[f][nf][3]));
+    __threadfence();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const int last = atomicAdd(&a.splitk_counters[group], 1) == splits - 1;
+    if (last) {
+      atomicExch(&a.splitk_counters[group], 0);
+      __threadfence();
+    }
+    *flag = last;
+  }
+  __syncthreads();
+  if (!*flag) return false;
+  __threadfence();
+  if (consumer) {
+    float4 sum[kV4];
+    for (int sp = 0; sp < splits; ++sp) {
+      const float4* src = slots + (first + sp) * (kCThreads * kV4) + tid;
+#pragma unroll
+      for (int f = 0; f < kFW; ++f)
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf) {
+          const int j = f * kNF + nf;
+          const float4 v =
+              sp == split ? make_float4(acc[f][nf][0], acc[f][nf][1], acc[f][nf][2], acc[f][nf][3])
+                          : __ldcg(src + j * kCThreads);
+          if (sp == 0) {
+            sum[j] = v;
+          } else {
+            sum[j].x = __fadd_rn(sum[j].x, v.x);
+            sum[j].y = __fadd_rn(sum[j].y, v.y);
+            sum[j].z = __fadd_rn(sum[j].z, v.z);
+            sum[j].w = __fadd_rn(sum[j].w, v.w);
+          }
+        }
+    }
+#pragma unroll
+    for (int f = 0; f < kFW; ++f)
+#pragma unroll
+      for (int nf = 0; nf < kNF; ++nf) {
+        const float4& v = sum[f * kNF + nf];
+        acc[f][nf][0] = v.x, acc[f][nf][1] = v.y, acc[f][nf][2] = v.z, acc[f][nf][3] = v.w;
+      }
+  }
+  return true;
+}
+
+// kPipe: the pipelined consumer (PipeConsumer), else the plain loop below. splits > 1: this CTA
+// computes K-chunks [split * chunks / splits, (split + 1) * chunks / splits) of its M-tile
+// (split = blockIdx.z) and splitk_last combines the splits.
 template <Recipe R, int kN, int kFW, bool kFc1, bool kPipe>
-__device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stages) {
+__device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stages,
+                                            const int splits) {
   using C = DecodeConfig<R, kN, kFW>;
   using RT = typename C::RT;
   constexpr int kNF = C::kNF, kCW = C::kCWarps;
@@ -344,6 +418,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   __shared__ __align__(8) uint64_t empty_bar[C::kMaxStages];
   __shared__ int pair_of[kN];  // t*K+k of each column
   __shared__ float tw_of[kN];
+  __shared__ int last_split;  // splitk_last's verdict
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if constexpr (RT::kFourBit) {
@@ -364,8 +439,11 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   const TileInfo tile = a.tiles[tile_idx];
   const int mtile = blockIdx.y;
   const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
-  const int chunks = ms.chunks;
-  const uint8_t *wbase = ms.w, *sbase = ms.s;
+  const int split = blockIdx.z;
+  const int c0 = split * ms.chunks / splits;
+  const int chunks = (split + 1) * ms.chunks / splits - c0;
+  const uint8_t* wbase = ms.w + size_t(c0) * C::kWBytes;
+  const uint8_t* sbase = RT::kFourBit ? ms.s + size_t(c0) * C::kSBytes : nullptr;
 
   for (int n = tid; n < kN; n += C::kThreads) {
     const TileColumn c = tile_column<kFc1>(a, tile, n);
@@ -404,9 +482,9 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     const uint16_t* brow = nullptr;
     if (lane < rows) {
       if constexpr (kFc1)
-        brow = a.xq + int64_t(pair_of[lane] / a.K) * a.H;
+        brow = a.xq + int64_t(pair_of[lane] / a.K) * a.H + c0 * kKChunk;
       else
-        brow = a.h + int64_t(tile.start + lane) * a.I;
+        brow = a.h + int64_t(tile.start + lane) * a.I + c0 * kKChunk;
     }
     const uint32_t tx = uint32_t(C::kWBytes + C::kSBytes + rows * kKChunk * 2);
     int slot = 0;
@@ -580,6 +658,10 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       }
     }
   }
+  if (splits > 1 &&
+      !splitk_last<kFW, kNF, kCW * 32>(a, acc, splits, split, tile_idx * gridDim.y + mtile, tid,
+                                       warp < kCW, &last_split))
+    return;         // another split of this M-tile runs the epilogue
   __syncthreads();  // every stage was consumed; the pipeline smem becomes the epilogue tile
 
   const int e = tile.expert;
@@ -644,16 +726,17 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
 // The plain consumer loop (MOE_EP_DECODE_PIPE=0).
 template <Recipe R, int kN, int kFW, bool kFc1>
 __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
-    sm90_moe_decode_kernel(const ForwardArgs a, const int stages) {
-  decode_gemm<R, kN, kFW, kFc1, false>(a, stages);
+    sm90_moe_decode_kernel(const ForwardArgs a, const int stages, const int splits) {
+  decode_gemm<R, kN, kFW, kFc1, false>(a, stages, splits);
 }
 
 // The pipelined consumer (default). Up to 96 registers: the two operand sets fit without
 // ptxas recomputing per-lane offsets in the loop, and 4 CTAs of 160 threads (2 of 288) still
 // fit an SM.
 template <Recipe R, int kN, int kFW, bool kFc1>
-__global__ void __maxnreg__(96) sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages) {
-  decode_gemm<R, kN, kFW, kFc1, true>(a, stages);
+__global__ void __maxnreg__(96)
+    sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages, const int splits) {
+  decode_gemm<R, kN, kFW, kFc1, true>(a, stages, splits);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -681,12 +764,52 @@ inline int decode_max_stages() {
 // (beyond that they run in later waves anyway, and a deeper ring per CTA keeps more bytes in
 // flight than more shallow CTAs).
 template <int kN>
-int decode_ctas_per_sm(const ForwardArgs& a, int mtiles) {
+int decode_expected_tiles(const ForwardArgs& a) {
+  const int pairs = a.tokens * a.K;
+  return std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
+}
+template <int kN>
+int decode_ctas_per_sm(const ForwardArgs& a, int mtiles, int splits) {
   const int forced = decode_forced_per_sm();
   if (forced) return forced;
-  const int pairs = a.tokens * a.K;
-  const int tiles = std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
-  return std::min(4, std::max(1, (tiles * mtiles + a.num_sms - 1) / a.num_sms));
+  const int ctas = decode_expected_tiles<kN>(a) * mtiles * splits;
+  return std::min(4, std::max(1, (ctas + a.num_sms - 1) / a.num_sms));
+}
+
+// Recipes that split K by default where the policy below says so. nvfp4 only: its products are
+// exact and its fp32 sums are exact on the tests' data, so a split changes no bit there, while
+// for the others a split changes the fp32 summation order: their results would then depend on
+// the split count, which follows T, so a graph captured at T and replayed with n tokens, or an
+// EP owner (which sizes for W * capacity rows) against one GPU, would no longer agree bitwise
+// (every other kernel sums each column in the same k order).
+constexpr bool splitk_by_default(Recipe r) { return r == Recipe::kNvfp4; }
+
+// K-splits of one decode GEMM launch (grid_tiles x mtiles M-tile CTAs, chunks K-chunks each).
+// The policy (fc1 only): split only where the unsplit grid already runs 4 CTAs per SM (more
+// than 3 per SM expected), so the split leaves each CTA's ring as deep as before and only makes
+// more, shorter CTAs: 2 or 4 splits, up to about 16 CTAs per SM in all (DSV3 fc1: 2 tokens, 512
+// CTAs -> 4 splits; 4 tokens, 1024 -> 2; 8 tokens, 2048 -> none). Measured on the H200
+// (docs/gpu_kernels.md §6): at 1 token (256 CTAs, 2 per SM with 18-slot rings) 2 splits make
+// 4 CTAs per SM with 8-slot rings and fc1 slower (61 -> 70 us), and fc2 was slower with every
+// split at 1-4 tokens. Forced counts (MOE_EP_DECODE_SPLITK=N or N,M) apply wherever the slots
+// allow. Each split gets at least one K-chunk; the grid's slots must fit kSplitKSlots. EP owners
+// (xq_ready) do not split by default: their tile estimate comes from W * capacity rows, not
+// from what arrived, and EP was not measured with it.
+template <Recipe R, int kN>
+int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, int chunks) {
+  if (a.splitk_partials == nullptr || a.splitk_counters == nullptr) return 1;
+  const int mode = decode_splitk_mode(fc1);
+  int s = 1;
+  if (mode >= 1) {
+    s = mode;
+  } else if (fc1 && (mode == kSplitKAuto || (splitk_by_default(R) && !a.xq_ready))) {
+    const int ctas = decode_expected_tiles<kN>(a) * mtiles;
+    if (ctas > 3 * a.num_sms)
+      while (s < 4 && ctas * s * 2 <= 16 * a.num_sms) s *= 2;
+  }
+  s = std::min(s, chunks);
+  while (s > 1 && size_t(grid_tiles) * mtiles * s > size_t(kSplitKSlots)) --s;
+  return std::max(1, s);
 }
 
 // Ring depth: as deep as the shared memory of per_sm CTAs allows.
@@ -717,13 +840,16 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kN);
   if (tiles == 0) return cudaSuccess;
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
-  const int per_sm = decode_ctas_per_sm<kN>(a, mtiles);
+  const int chunks = kFc1 ? a.rs.fc1_chunks : a.rs.fc2_chunks;
+  const int splits = decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks);
+  note_decode_splits(kFc1, splits);
+  const int per_sm = decode_ctas_per_sm<kN>(a, mtiles, splits);
   const int stages = decode_stages<R, kN, 2>(per_sm);
   using C = DecodeConfig<R, kN, 2>;
   const auto kernel = decode_pipelined() ? sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1>
                                          : sm90_moe_decode_kernel<R, kN, 2, kFc1>;
-  return launch_pdl(kernel, dim3(tiles, mtiles), dim3(C::kThreads), C::smem_bytes(stages), s, a,
-                    stages);
+  return launch_pdl(kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads), C::smem_bytes(stages),
+                    s, a, stages, splits);
 }
 
 // MOE_EP_DECODE_OLD=1 (benchmark knob): tile_n 16 through sm90_moe_gemm_kernel instead.
