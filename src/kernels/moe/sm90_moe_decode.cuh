@@ -861,22 +861,9 @@ inline bool decode_use_old_kernel() {
   return old;
 }
 
-// MOE_EP_DECODE16=1 (benchmark knob, read once per process): tile_n 16 on this kernel too
-// instead of sm90_moe_gemm_kernel (measured slower there with the session-2 consumer, §6).
-inline bool decode_tile16() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOE_EP_DECODE16");
-    return v && v[0] == '1';
-  }();
-  return on;
-}
-
-// fc1 then fc2 on tiles of 8 (or 16) tokens.
+// fc1 then fc2 on tiles of 8 tokens (tile_n 16 runs on sm90_moe_gemm_kernel, §6).
 template <Recipe R>
 cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  if (a.tile_n == 16)
-    return launch_fc1_fc2([&] { return launch_decode<R, 16, true>(a, s); },
-                          [&] { return launch_decode<R, 16, false>(a, s); }, s, ev);
   return launch_fc1_fc2([&] { return launch_decode<R, 8, true>(a, s); },
                         [&] { return launch_decode<R, 8, false>(a, s); }, s, ev);
 }
@@ -890,8 +877,7 @@ cudaError_t set_decode_attr() {
 
 template <Recipe R>
 cudaError_t set_decode_attributes() {
-  return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>(),
-                      set_decode_attr<R, 16, true>(), set_decode_attr<R, 16, false>()});
+  return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>()});
 }
 
 }  // namespace moe_ep::kern
