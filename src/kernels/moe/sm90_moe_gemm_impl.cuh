@@ -43,6 +43,17 @@ cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+// v4: the same grid with a producer warpgroup per CTA.
+template <Recipe R, bool kFc1>
+cudaError_t launch_wgmma4(const ForwardArgs& a, cudaStream_t s) {
+  const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWg3MaxN);
+  const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
+  if (tiles == 0) return cudaSuccess;
+  sm90_moe_wgmma4_kernel<R, kFc1>
+      <<<unsigned(tiles) * unsigned(halves), kWg4Threads, Wgmma4Config<R>::kSmemBytes, s>>>(a);
+  return cudaGetLastError();
+}
+
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
   // The 4-bit recipes' tile_n 8 (at most 4 rows per expert on average) goes to the decode
@@ -55,6 +66,10 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
   if (a.tile_n == 16)
     return launch_fc1_fc2([&] { return launch_gemm<R, 16, true>(a, s); },
                           [&] { return launch_gemm<R, 16, false>(a, s); }, s, ev);
+  if constexpr (R != Recipe::kBf16)
+    if (a.tile_n == kWg3MaxN && m64_version() == 4)
+      return launch_fc1_fc2([&] { return launch_wgmma4<R, true>(a, s); },
+                            [&] { return launch_wgmma4<R, false>(a, s); }, s, ev);
   if constexpr (R != Recipe::kBf16)
     if (a.tile_n == kWg3MaxN)
       return launch_fc1_fc2([&] { return launch_wgmma3<R, true>(a, s); },
@@ -69,7 +84,9 @@ cudaError_t set_gemm_attributes() {
     const cudaError_t err =
         first_error({set_decode_attributes<R>(),
                      set_max_smem(sm90_moe_wgmma3_kernel<R, true>, Wgmma3Config<R>::kSmemBytes),
-                     set_max_smem(sm90_moe_wgmma3_kernel<R, false>, Wgmma3Config<R>::kSmemBytes)});
+                     set_max_smem(sm90_moe_wgmma3_kernel<R, false>, Wgmma3Config<R>::kSmemBytes),
+                     set_max_smem(sm90_moe_wgmma4_kernel<R, true>, Wgmma4Config<R>::kSmemBytes),
+                     set_max_smem(sm90_moe_wgmma4_kernel<R, false>, Wgmma4Config<R>::kSmemBytes)});
     if (err != cudaSuccess) return err;
   }
   return first_error(
