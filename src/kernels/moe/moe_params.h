@@ -96,10 +96,10 @@ inline int wgmma_env() {
 }
 inline int wgmma_version() { return wgmma_env() == 4 ? 3 : wgmma_env(); }
 
-// Which m64 kernel runs tiles of 256: 4 = sm90_moe_wgmma4_kernel (a producer warpgroup feeds a
-// mbarrier ring, the default), 3 = sm90_moe_wgmma3_kernel (every thread copies, one CTA barrier
-// per chunk). MOE_EP_WGMMA_V=3 / 4 pick one (docs/gpu_kernels.md §10).
-constexpr int kM64DefaultVersion = 4;
+// Which m64 kernel runs tiles of 256: 3 = sm90_moe_wgmma3_kernel (every thread copies, one CTA
+// barrier per chunk; the default), 4 = sm90_moe_wgmma4_kernel (a producer warp feeds a mbarrier
+// ring; 20 % slower on the H200, docs/gpu_kernels.md §10). MOE_EP_WGMMA_V=3 / 4 pick one.
+constexpr int kM64DefaultVersion = 3;
 inline int m64_version() {
   const int v = wgmma_env();
   return v == 3 || v == 4 ? v : kM64DefaultVersion;
