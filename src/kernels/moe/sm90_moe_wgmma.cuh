@@ -11,6 +11,8 @@
 // decode the next.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (types only)
+
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/arch/mma_sm90_gmma_ext.hpp>
 #include <type_traits>
@@ -701,19 +703,24 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
 }
 
 // ---------------------------------------------------------------------------------------------
-// v4 (the default m64 kernel; MOE_EP_WGMMA_V=3 selects v3 above): v3's math with the copies
-// moved to a producer warp (warp specialization). A CTA = warps 0-3 (consumers: v3's wgmma
-// warpgroup, same fragments, decode, k order and epilogue, so the same bits) + warp 4 (the
-// producer). Per chunk a consumer warp only waits on the slot's "full" mbarrier, reads its weight
-// words and 8 precomputed scale multipliers, decodes, issues the 4 wgmmas and releases the slot
-// on its "empty" mbarrier once they have retired: no cp.async, no address math, no CTA barrier.
-// The producer copies the B rows and weights with cp.async (completing on "full" through
-// cp.async.mbarrier.arrive.noinc) and turns each fragment row's scale bytes into its bf16x2
-// multipliers (one lookup per byte instead of four lanes repeating it). B rows past the tile's
-// are copies of its first row (their columns are computed and dropped), so no copy needs a
-// predicate. 160 threads and 2 CTAs per SM leave 168 registers per thread (10 warps: 3 on one SM
-// sub-partition), so N is at most 160 per pass (m64_dispatch_passes). A producer warpgroup with
-// setmaxnreg does not help: ptxas allocates the consumer region within the entry count (128).
+// v4 (MOE_EP_WGMMA_V=4, pair: =5; v3 above stays the default): v3's math with the copies moved
+// to a producer warp (warp specialization). A CTA = warps 0-3 (consumers: v3's wgmma warpgroup,
+// same fragments, decode, k order and epilogue, so the same bits) + warp 4 (the producer). Per
+// chunk a consumer warp only waits on the slot's "full" mbarrier, reads its weight words and 8
+// precomputed scale multipliers, decodes, issues the 4 wgmmas and releases the slot on its
+// "empty" mbarrier once they have retired: no copies, no address math, no CTA barrier. The
+// producer loads each live B row with one TMA box of 64 bf16 x 1 row (tensor map over xq / h,
+// 128-byte swizzle: the swizzle follows the shared-memory address, so row n of a 1024-aligned
+// stage lands as wgmma wants it; probe h200-2026-11-29-s4-m64ws-tma_probe.cu), the weights with
+// one bulk copy, and turns each fragment row's scale bytes into its bf16x2 multipliers.
+// kPair: a cluster of 2 CTAs (the two halves of one M-tile, which read the same B rows): each
+// loads every other row and multicasts it to both, halving the B reads from L2 (the m64 kernels
+// read the tile's B rows once per 64 weight rows: ~33 GB for fc1 at 4096 tokens); a slot is
+// free once the consumers of both CTAs released it. B rows past the tile's are not loaded
+// (their columns are computed from stale data and dropped). 160 threads and 2 CTAs per SM leave
+// 168 registers per thread (10 warps: 3 on one SM sub-partition), so N is at most 160 per pass
+// (m64_dispatch_passes). A producer warpgroup with setmaxnreg does not help: ptxas allocates
+// the consumer region within the entry count (128).
 
 constexpr int kWg4Threads = kThreads + 32;  // consumer warpgroup + producer warp
 
@@ -726,7 +733,7 @@ struct Wgmma4Config {
   // Multipliers: per fragment and row (16), 4 bf16x2 (k16 steps 0..3) = 16 bytes.
   static constexpr int kMBytes = kWg3Frags * kFragRows * 16;
   static constexpr int kScaleRows = kWg3Frags * kFragRows;  // 64: two per producer lane
-  static_assert(kWBytes == 4 * 32 * 16 && kScaleRows == 2 * 32, "producer lane shares");
+  static_assert(kScaleRows == 2 * 32, "producer lane shares");
   // A stage for N columns: B (N 128-byte swizzled rows, 1024-aligned), weights, multipliers.
   __host__ __device__ static constexpr int stage_bytes(int n) {
     return (n * 128 + kWBytes + kMBytes + 1023) / 1024 * 1024;
@@ -738,8 +745,9 @@ struct Wgmma4Config {
   }
   static constexpr int kEpiBytes = Wgmma3Config<R>::kEpiBytes;
   static constexpr int kSmemBytes = (kRingBytes > kEpiBytes ? kRingBytes : kEpiBytes) + 1024;
-  // "full" completes on the producer lanes' cp.async arrivals and their multiplier stores.
-  static constexpr int kFullCount = 2 * 32;
+  // "full": the producer lanes' arrivals after their multiplier stores, plus lane 0's
+  // arrive.expect_tx (B rows + weights).
+  static constexpr int kFullCount = 32 + 1;
 };
 
 // A tile of more than 160 rows runs as two passes over K (columns 0-127, then the rest): one
@@ -772,10 +780,12 @@ __device__ __forceinline__ void m64_dispatch_passes(int rows, F&& f) {
   }
 }
 
-template <Recipe R, bool kFc1>
-__global__ void __launch_bounds__(kWg4Threads, 2) sm90_moe_wgmma4_kernel(const ForwardArgs a) {
+template <Recipe R, bool kFc1, bool kPair>
+__global__ void __launch_bounds__(kWg4Threads, 2)
+    sm90_moe_wgmma4_kernel(const ForwardArgs a, const __grid_constant__ CUtensorMap bmap) {
   using C = Wgmma4Config<R>;
   using RT = typename C::RT;
+  constexpr int kCtas = kPair ? 2 : 1;
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint32_t scale_lut[256];
   __shared__ int pair_of[kWg3MaxN];  // t*K+k of each column
@@ -786,10 +796,11 @@ __global__ void __launch_bounds__(kWg4Threads, 2) sm90_moe_wgmma4_kernel(const F
   const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
   const int m64 = int(blockIdx.x % unsigned(halves));
   const int tile_idx = int(blockIdx.x / unsigned(halves));
-  if (tile_idx >= *a.num_tiles) return;
+  if (tile_idx >= *a.num_tiles) return;  // both CTAs of a pair (same tile)
   const int mtile = m64 >> 1, half = m64 & 1;
-  // fc2 rows are padded to a multiple of 128: a half made only of padding has nothing to store.
-  if (!kFc1 && mtile * kTileRows + half * kWg3Rows >= a.H) return;
+  // fc2 rows are padded to a multiple of 128: a half made only of padding has nothing to store
+  // (with kPair it still loads its share of the B rows; its epilogue stores nothing).
+  if (!kPair && !kFc1 && mtile * kTileRows + half * kWg3Rows >= a.H) return;
   const TileInfo tile = a.tiles[tile_idx];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -804,27 +815,36 @@ __global__ void __launch_bounds__(kWg4Threads, 2) sm90_moe_wgmma4_kernel(const F
   if (tid == 0) {
     for (int s = 0; s < C::kMaxStages; ++s) {
       mbar_init(&full_bar[s], C::kFullCount);
-      mbar_init(&empty_bar[s], kWarps);
+      mbar_init(&empty_bar[s], kWarps * kCtas);
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  // With kPair the peer's barriers must be initialized before the first multicast reaches them.
+  if constexpr (kPair)
+    cluster_sync();
+  else
+    __syncthreads();
   const int rows = tile.rows;
   const int chunks = (kFc1 ? a.H : a.I) / kKChunk;
   const uint32_t full0 = smem_addr(&full_bar[0]), empty0 = smem_addr(&empty_bar[0]);
-  // Barrier 1: the consumer warpgroup; barrier 2: a pass's epilogue done (the next pass's
-  // producer may refill the ring it used).
+  const uint32_t rank = kPair ? cluster_ctarank() : 0;
+  // Barrier 1: the consumer warpgroup; barrier 2 (kPair: the cluster barrier): a pass's
+  // epilogue done (the next pass's producers may refill the ring it used).
   constexpr int kConsumerBar = 1, kPassBar = 2;
+  auto pass_barrier = [&](bool wait) {
+    if constexpr (kPair)
+      cluster_sync();
+    else if (wait)
+      named_barrier_sync(kPassBar, kWg4Threads);
+    else
+      named_barrier_arrive(kPassBar, kWg4Threads);
+  };
 
   if (warp == kWarps) {
-    // The producer warp: lane (r4 = lane / 8, bc = lane % 8) copies 16-byte column bc of B rows
-    // r4 + 4 i, weight pieces lane + 32 j and the multipliers of fragment rows lane, lane + 32.
+    // The producer warp: lane l loads B rows rank + kCtas (l + 32 i) of the pass and the
+    // multipliers of fragment rows l, l + 32; lane 0 the weights.
     const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
-    const int r4 = lane >> 3, bc = lane & 7;
-    // Row r4 + 4 i has low 3 bits r4 + 4 (i & 1): two swizzled column offsets.
-    const uint32_t bdst0 = uint32_t(r4 * 128 + ((bc ^ r4) << 4));
-    const uint32_t bdst1 = uint32_t(r4 * 128 + ((bc ^ r4 ^ 4) << 4));
-    const uint8_t* wsrc = ms.w + half * C::kWBytes + lane * 16;
+    const uint8_t* wsrc = ms.w + half * C::kWBytes;
     // Fragment row q (4 fragments x 16 rows) of this CTA's half: its scale bytes are contiguous
     // (4 per row for nvfp4, 2 for mxfp4).
     constexpr int kRowScaleBytes = RT::kScaleBytes / kFragRows;
@@ -846,24 +866,32 @@ __global__ void __launch_bounds__(kWg4Threads, 2) sm90_moe_wgmma4_kernel(const F
         return make_uint4(lo, lo, hi, hi);
       }
     };
-    const uint4* bsrc = reinterpret_cast<const uint4*>(kFc1 ? a.xq : a.h);
     uint32_t fills = 0;  // bit s: times slot s was filled, mod 2
     auto producer = [&](auto nw, int col0, bool) {
       constexpr int kNW = decltype(nw)::value;
       constexpr int kStages = C::stages(kNW);
       constexpr int kStageBytes = C::stage_bytes(kNW);
-      if (col0 > 0) named_barrier_sync(kPassBar, kWg4Threads);
-      // B row sources in 16-byte units (rows are 128-byte aligned); rows past the tile's read
-      // its first row of this pass.
-      const uint32_t boff_first =
-          uint32_t(tile_column<kFc1>(a, tile, col0).brow / 8) + uint32_t(bc);
-      uint32_t boff[kNW / 4];
-#pragma unroll
-      for (int i = 0; i < kNW / 4; ++i) {
-        const int col = col0 + r4 + 4 * i;
-        boff[i] = col < rows ? uint32_t(tile_column<kFc1>(a, tile, col).brow / 8) + uint32_t(bc)
-                             : boff_first;
+      constexpr int kPerLane = (kNW / kCtas + 31) / 32;
+      if (col0 > 0) {
+        // The ring held the last pass's multipliers and epilogue tile (generic-proxy stores);
+        // TMA writes it through the async proxy.
+        fence_proxy_async_smem();
+        pass_barrier(true);
       }
+      const int live = rows - col0 < kNW ? rows - col0 : kNW;
+      // This lane's B rows of the pass: the row (of xq: the token; of h: the sorted pair) of
+      // each, -1 past the tile's.
+      int brow[kPerLane];
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int r = int(rank) + kCtas * (lane + 32 * i);
+        brow[i] = -1;
+        if (r < live) {
+          const int col = col0 + r;
+          brow[i] = kFc1 ? a.sorted_pairs[tile.start + col] / a.K : tile.start + col;
+        }
+      }
+      const uint32_t tx = uint32_t(live * 128 + C::kWBytes);
       // Scale words two chunks ahead (the loads' latency hides behind the ring waits).
       uint32_t sw0[2] = {scale_word(0, 0), scale_word(0, 1)};
       uint32_t sw1[2] = {scale_word(1, 0), scale_word(1, 1)};
@@ -874,36 +902,50 @@ __global__ void __launch_bounds__(kWg4Threads, 2) sm90_moe_wgmma4_kernel(const F
         sw0[1] = sw1[1];
         sw1[0] = scale_word(chunk + 2, 0);
         sw1[1] = scale_word(chunk + 2, 1);
-        // Fill k of a slot waits for the consumers' k-th release (the wait on a fresh barrier's
-        // parity 1 returns at once).
+        // Fill k of a slot waits for the consumers' k-th release (of both CTAs with kPair; the
+        // wait on a fresh barrier's parity 1 returns at once).
         mbar_wait(empty0 + 8 * slot, ((fills >> slot) & 1) ^ 1);
         fills ^= 1u << slot;
         const uint32_t st = ring + uint32_t(slot * kStageBytes);
-        const uint4* bchunk = bsrc + size_t(chunk) * 8;
-#pragma unroll
-        for (int i = 0; i < kNW / 4; ++i)
-          cp_async16_to(st + ((i & 1) ? bdst1 : bdst0) + i * 512, bchunk + boff[i], 16);
-        const uint8_t* wchunk = wsrc + size_t(chunk) * (2 * C::kWBytes);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          cp_async16_to(st + kNW * 128 + (lane + 32 * j) * 16, wchunk + j * 32 * 16, 16);
         const uint32_t full = full0 + 8 * slot;
+        if (lane == 0) {
+          mbar_arrive_expect_tx(&full_bar[slot], tx);
+          bulk_load(smem + slot * kStageBytes + kNW * 128, wsrc + size_t(chunk) * (2 * C::kWBytes),
+                    C::kWBytes, &full_bar[slot]);
+        }
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          if (brow[i] >= 0) {
+            const uint32_t dst = st + uint32_t((int(rank) + kCtas * (lane + 32 * i)) * 128);
+            if constexpr (kPair)
+              tma_load_2d_mc(dst, &bmap, chunk * kKChunk, brow[i], full, 0x3);
+            else
+              tma_load_2d(dst, &bmap, chunk * kKChunk, brow[i], full);
+          }
+        }
         uint4* mdst = reinterpret_cast<uint4*>(smem + slot * kStageBytes + kNW * 128 + C::kWBytes);
         mdst[lane] = multipliers(swa);
         mdst[lane + 32] = multipliers(swb);
-        mbar_arrive_after(full, 0);  // release: the stores above before the arrival
-        cp_async_mbar_arrive_noinc(full);
+        mbar_arrive(&full_bar[slot]);  // release: the multiplier stores before the arrival
         if (++slot == kStages) slot = 0;
       }
     };
     m64_dispatch_passes(rows, producer);
-    cp_async_wait_all();
+    // kPair: the peer's consumers arrive on this CTA's barriers until they are done.
+    if constexpr (kPair) cluster_sync();
     return;
   }
 
   // The consumer warpgroup.
   const int g = lane >> 2;
+  const uint32_t peer_empty0 = kPair ? mapa_shared(empty0, rank ^ 1) : 0;
   uint32_t uses = 0;  // bit s: times slot s was consumed, mod 2
+  auto release = [&](int slot) {
+    if (lane == 0) {
+      mbar_arrive(&empty_bar[slot]);
+      if constexpr (kPair) mbar_arrive_cluster(peer_empty0 + 8 * slot);
+    }
+  };
   auto consumer = [&](auto nw, int col0, bool last) {
     constexpr int kNW = decltype(nw)::value;
     constexpr int kStages = C::stages(kNW);
@@ -923,9 +965,6 @@ __global__ void __launch_bounds__(kWg4Threads, 2) sm90_moe_wgmma4_kernel(const F
     for (int chunk = 0; chunk < chunks; ++chunk) {
       mbar_wait(full0 + 8 * slot, (uses >> slot) & 1);
       uses ^= 1u << slot;
-      // The B rows were written by cp.async (generic proxy); wgmma reads them through the async
-      // proxy.
-      fence_proxy_async_smem();
       const uint32_t st = ring + uint32_t(slot * kStageBytes);
       const uint4 wq = lds128(st + w_off);
       const uint4 mlo = lds128(st + m_off), mhi = lds128(st + m_off + 8 * 16);
@@ -949,7 +988,7 @@ __global__ void __launch_bounds__(kWg4Threads, 2) sm90_moe_wgmma4_kernel(const F
         // here stops ptxas from reusing them for a decode while a wgmma may still read them.
         keep_alive4(af[(s + 1) & 3]);
         // After step 2's wait every step of the previous chunk has retired: its slot is free.
-        if (s == 2 && chunk > 0 && lane == 0) mbar_arrive(&empty_bar[prev]);
+        if (s == 2 && chunk > 0) release(prev);
       }
       prev = slot;
       if (++slot == kStages) slot = 0;
@@ -957,13 +996,18 @@ __global__ void __launch_bounds__(kWg4Threads, 2) sm90_moe_wgmma4_kernel(const F
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kNW / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");
-    if (lane == 0) mbar_arrive(&empty_bar[prev]);  // the last chunk's slot
-    // Every consumer warp is done with the ring: it becomes the epilogue tile.
+    release(prev);  // the last chunk's slot
+    // Every consumer warp is done with the ring: it becomes the epilogue tile (every load into
+    // it has landed: all chunks were consumed).
     named_barrier_sync(kConsumerBar, kThreads);
     m64_epilogue<R, kFc1, kNW>(a, tile, mtile, half, acc, col0, smem, pair_of, tw_of,
                                [] { named_barrier_sync(kConsumerBar, kThreads); });
-    if (!last) named_barrier_arrive(kPassBar, kWg4Threads);
+    if (!last) {
+      fence_proxy_async_smem();  // the epilogue's stores before the next pass's TMA writes
+      pass_barrier(false);
+    }
   };
   m64_dispatch_passes(rows, consumer);
+  if constexpr (kPair) cluster_sync();
 }
 }  // namespace moe_ep::kern
