@@ -83,27 +83,15 @@ inline int choose_tile_n(int tokens, int top_k, int local_experts) {
 }
 
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
-// follows choose_tile_n; 2 runs tiles of 256 as 128 on the v2 kernel; 3, 4 and 5 run tiles of
-// 128 as 256 on an m64 kernel (4-bit weights; m64_version says which). launch_forward applies
-// it (forward_tile_n).
-inline int wgmma_env() {
+// follows choose_tile_n; 2 runs tiles of 256 as 128 on the v2 kernel; 3 runs tiles of 128 as
+// 256 on the m64 kernel (4-bit weights). launch_forward applies it (forward_tile_n).
+inline int wgmma_version() {
   static const int v = [] {
     const char* e = std::getenv("MOE_EP_WGMMA_V");
     const int n = e != nullptr ? std::atoi(e) : 0;
-    return n >= 2 && n <= 5 ? n : 0;
+    return n == 2 || n == 3 ? n : 0;
   }();
   return v;
-}
-inline int wgmma_version() { return wgmma_env() >= 3 ? 3 : wgmma_env(); }
-
-// Which m64 kernel runs tiles of 256: 3 = sm90_moe_wgmma3_kernel (every thread copies, one CTA
-// barrier per chunk; the default), 4 = sm90_moe_wgmma4_kernel (a producer warp feeds a mbarrier
-// ring by TMA), 5 = the same on clusters of 2 CTAs sharing the B rows (docs/gpu_kernels.md §10).
-// MOE_EP_WGMMA_V=3 / 4 / 5 pick one.
-constexpr int kM64DefaultVersion = 3;
-inline int m64_version() {
-  const int v = wgmma_env();
-  return v >= 3 ? v : kM64DefaultVersion;
 }
 
 // Upper bound of the number of routing tiles (what the grids are sized for; workspaces hold

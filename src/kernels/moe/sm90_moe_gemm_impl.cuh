@@ -2,8 +2,6 @@
 // sm90_moe_gemm_<recipe>.cu files (so the four recipes compile in parallel).
 #pragma once
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include <cstdlib>
 
 #include "kernels/moe/moe_launch.h"
@@ -45,64 +43,6 @@ cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// The driver's cuTensorMapEncodeTiled, through the runtime (no libcuda link); null if absent.
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// Tensor map over a bf16 [rows][cols] matrix (row stride cols) with boxes of 64 x 1 and the
-// 128-byte swizzle: one K-chunk of one row per box. Host only (no GPU work), so a forward under
-// graph capture builds it like any other kernel argument.
-inline cudaError_t row_box_tensor_map(CUtensorMap* map, const uint16_t* base, int64_t rows,
-                                      int cols) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
-  const cuuint32_t box[2] = {kKChunk, 1};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(base), dims, strides,
-             box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
-// v4: the same grid with a producer warp per CTA; kPair: clusters of 2 CTAs (the two halves of
-// an M-tile) sharing the B rows by multicast.
-template <Recipe R, bool kFc1, bool kPair>
-cudaError_t launch_wgmma4(const ForwardArgs& a, cudaStream_t s) {
-  const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWg3MaxN);
-  const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
-  if (tiles == 0) return cudaSuccess;
-  CUtensorMap bmap;
-  const cudaError_t err = kFc1 ? row_box_tensor_map(&bmap, a.xq, a.tokens, a.H)
-                               : row_box_tensor_map(&bmap, a.h, int64_t(a.tokens) * a.K, a.I);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(tiles) * unsigned(halves));
-  cfg.blockDim = dim3(kWg4Threads);
-  cfg.dynamicSmemBytes = Wgmma4Config<R>::kSmemBytes;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = kPair ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, sm90_moe_wgmma4_kernel<R, kFc1, kPair>, a, bmap);
-}
-
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
   // The 4-bit recipes' tile_n 8 (at most 4 rows per expert on average) goes to the decode
@@ -116,14 +56,6 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
     return launch_fc1_fc2([&] { return launch_gemm<R, 16, true>(a, s); },
                           [&] { return launch_gemm<R, 16, false>(a, s); }, s, ev);
   if constexpr (R != Recipe::kBf16)
-    if (a.tile_n == kWg3MaxN && m64_version() == 4)
-      return launch_fc1_fc2([&] { return launch_wgmma4<R, true, false>(a, s); },
-                            [&] { return launch_wgmma4<R, false, false>(a, s); }, s, ev);
-  if constexpr (R != Recipe::kBf16)
-    if (a.tile_n == kWg3MaxN && m64_version() == 5)
-      return launch_fc1_fc2([&] { return launch_wgmma4<R, true, true>(a, s); },
-                            [&] { return launch_wgmma4<R, false, true>(a, s); }, s, ev);
-  if constexpr (R != Recipe::kBf16)
     if (a.tile_n == kWg3MaxN)
       return launch_fc1_fc2([&] { return launch_wgmma3<R, true>(a, s); },
                             [&] { return launch_wgmma3<R, false>(a, s); }, s, ev);
@@ -134,14 +66,10 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
 template <Recipe R>
 cudaError_t set_gemm_attributes() {
   if constexpr (R != Recipe::kBf16) {
-    const cudaError_t err = first_error(
-        {set_decode_attributes<R>(),
-         set_max_smem(sm90_moe_wgmma3_kernel<R, true>, Wgmma3Config<R>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma3_kernel<R, false>, Wgmma3Config<R>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma4_kernel<R, true, false>, Wgmma4Config<R>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma4_kernel<R, false, false>, Wgmma4Config<R>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma4_kernel<R, true, true>, Wgmma4Config<R>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma4_kernel<R, false, true>, Wgmma4Config<R>::kSmemBytes)});
+    const cudaError_t err =
+        first_error({set_decode_attributes<R>(),
+                     set_max_smem(sm90_moe_wgmma3_kernel<R, true>, Wgmma3Config<R>::kSmemBytes),
+                     set_max_smem(sm90_moe_wgmma3_kernel<R, false>, Wgmma3Config<R>::kSmemBytes)});
     if (err != cudaSuccess) return err;
   }
   return first_error(
