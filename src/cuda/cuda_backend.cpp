@@ -524,7 +524,10 @@ class CudaBackend final : public LayerBackend {
     } else {
       a.y_rows = reinterpret_cast<uint16_t*>(scratch + ws.y_off);
     }
-    // Tile width from what this rank likely receives (every rank's T is about ours).
+    // Tile width from T*W "tokens" (every rank's T about ours). That is W times the mean rows
+    // an owner gets (T*K pairs over E_local experts), but with choose_tile_n's thresholds it
+    // picks the tile measured faster at EP = 2 (32, 64, 2048 and 4096 tokens per rank,
+    // docs/gpu_kernels.md §10, session 4).
     a.tile_n = kern::choose_tile_n(in.tokens * W_, K, El_);
     check(kern::launch_forward(a, s, nullptr), "launching the expert compute");
     mark(4);
