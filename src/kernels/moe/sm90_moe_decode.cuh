@@ -680,13 +680,8 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
           for (int i = 0; i < 4; ++i) {
             const int col = nf * 8 + 2 * t4 + (i & 1);
             const int row = g + (i >> 1) * 8;
-            float v = acc[f][nf][i] * RT::kAccScale;
-            if constexpr (R == Recipe::kNvfp4) {
-              v = fmt::mul_rn(alpha, v);
-            } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-              v = fmt::round_to_bf16(v);
-            }
-            gu[((warp * kFW + f) * kN + col) * C::kGuStride + row] = v;
+            gu[((warp * kFW + f) * kN + col) * C::kGuStride + row] =
+                epilogue_value<R, true>(acc[f][nf][i], alpha);
           }
     }
     __syncthreads();
@@ -713,9 +708,8 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
           for (int i = 0; i < 4; ++i) {
             const int col = nf * 8 + 2 * t4 + (i & 1);
             const int row = (warp * kFW + f) * 16 + g + (i >> 1) * 8;
-            float v = acc[f][nf][i] * RT::kAccScale;
-            if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
-            ys[col * kYS + row] = fmt::float_to_bf16(v);
+            ys[col * kYS + row] =
+                fmt::float_to_bf16(epilogue_value<R, false>(acc[f][nf][i], alpha));
           }
     }
     __syncthreads();

@@ -95,6 +95,16 @@ struct RecipeKernelTraits {
   static constexpr float kAccScale = kFourBit ? kTwo63 : 1.0f;
 };
 
+// A GEMM accumulator as the epilogue uses it: the 4-bit decode's 2^63 taken out, then nvfp4's
+// alpha (fc1 and fc2) or mxfp4_mxfp8's bf16 rounding of g and u (fc1), as the CPU does.
+template <Recipe R, bool kFc1>
+__device__ __forceinline__ float epilogue_value(float acc, float alpha) {
+  const float v = acc * RecipeKernelTraits<R>::kAccScale;
+  if constexpr (R == Recipe::kNvfp4) return fmt::mul_rn(alpha, v);
+  if constexpr (kFc1 && R == Recipe::kMxfp4Mxfp8) return fmt::round_to_bf16(v);
+  return v;
+}
+
 // bf16x2 {s, s} with s = scale(b) * 2^63 for every scale byte b (UE8M0 bytes above 191 are
 // rejected at construction; below 65 the block is too small to matter and becomes 0).
 template <Recipe R>
@@ -306,14 +316,8 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
       for (int i = 0; i < 4; ++i) {
         const int col = nf * 8 + 2 * t4 + (i & 1);
         const int row = warp * 16 + g + (i >> 1) * 8;
-        float gv = acc[0][nf][i] * RT::kAccScale, uv = acc[1][nf][i] * RT::kAccScale;
-        if constexpr (R == Recipe::kNvfp4) {
-          gv = fmt::mul_rn(alpha, gv);
-          uv = fmt::mul_rn(alpha, uv);
-        } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-          gv = fmt::round_to_bf16(gv);
-          uv = fmt::round_to_bf16(uv);
-        }
+        const float gv = epilogue_value<R, true>(acc[0][nf][i], alpha);
+        const float uv = epilogue_value<R, true>(acc[1][nf][i], alpha);
         float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
         if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
         hs[col * kHS + row] = hv;
@@ -333,9 +337,7 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
         for (int i = 0; i < 4; ++i) {
           const int col = nf * 8 + 2 * t4 + (i & 1);
           const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
-          float v = acc[f][nf][i] * RT::kAccScale;
-          if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
-          ys[col * kYS + row] = fmt::float_to_bf16(v);
+          ys[col * kYS + row] = fmt::float_to_bf16(epilogue_value<R, false>(acc[f][nf][i], alpha));
         }
     __syncthreads();
     store_y_tile<kN>(a, ys, tile, pair_of, mtile, tid, kThreads);

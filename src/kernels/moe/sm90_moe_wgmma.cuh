@@ -562,13 +562,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = nf * 8 + 2 * t4 + (i & 1);
-        float v = acc[nf * 4 + i] * RT::kAccScale;
-        if constexpr (R == Recipe::kNvfp4) {
-          v = fmt::mul_rn(alpha, v);
-        } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-          v = fmt::round_to_bf16(v);
-        }
-        xs[col * C::kXS + slot0 + (i >> 1) * 8] = v;
+        xs[col * C::kXS + slot0 + (i >> 1) * 8] = epilogue_value<R, true>(acc[nf * 4 + i], alpha);
       }
     }
     __syncthreads();
@@ -594,9 +588,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
       for (int i = 0; i < 4; ++i) {
         const int col = nf * 8 + 2 * t4 + (i & 1);
         const int row = warp * 16 + g + (i >> 1) * 8;
-        float v = acc[nf * 4 + i] * RT::kAccScale;
-        if constexpr (R == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
-        ys[col * C::kYS + row] = fmt::float_to_bf16(v);
+        ys[col * C::kYS + row] =
+            fmt::float_to_bf16(epilogue_value<R, false>(acc[nf * 4 + i], alpha));
       }
     }
     __syncthreads();
