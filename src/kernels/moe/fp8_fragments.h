@@ -1,0 +1,86 @@
+// Building blocks of the fp8 MMA path for mxfp4_mxfp8 (docs/gpu_kernels.md §8; not used by a
+// kernel yet): MXFP4 weights decoded to E4M3 with a power-of-two shift per (row, 32-wide block),
+// straight into the A fragment of mma.sync m16n8k32 / wgmma m64nNk32 e4m3.
+//
+// A fragment of one warp and k32 step: lane (g = lane / 4, t = lane % 4) holds rows g and g + 8;
+// its registers a0 / a1 / a2 / a3 are rows g / g+8 / g / g+8 at k = 4t..4t+3 (a0, a1) and
+// 16+4t..16+4t+3 (a2, a3), byte i = k offset i. One 32-bit word per lane, row and step holds the
+// 8 codes of a0 and a2 (or a1 and a3):
+//   a0's magnitudes at bits 0-2, 4-6, 8-10, 12-14, its signs at 3, 11, 19, 27;
+//   a2's magnitudes at 16-18, 20-22, 24-26, 28-30, its signs at 7, 15, 23, 31;
+// so one byte permute against the row's 8-byte table of shifted magnitudes and one masked OR of
+// the signs give each register: 8 instructions per 8 weights.
+//
+// The shift: the block's UE8M0 scale s_k against a reference r of the row (the largest scale of
+// a 128-wide K chunk, minus 6, see fp8_chunk_reference): d = s_k - r in [6 - span, 6]. Every
+// E2M1 value times 2^d is exact in E4M3 for d in [-8, 6] (6 * 2^6 = 384 <= 448; 0.5 * 2^-8 =
+// 2^-9, E4M3's smallest subnormal), i.e. when the chunk's 4 scales span at most 14 binades;
+// below that the table holds the nearest-even E4M3 (what float_to_e4m3 gives). The MMA's sum is
+// then multiplied by 2^r (and the activation's reference) in fp32, exactly.
+#pragma once
+
+#include <cstdint>
+
+#include "moe_ep/formats.h"
+
+namespace moe_ep::kern {
+
+constexpr int kFp8ShiftMax = 6;   // largest d: 6 * 2^6 = 384 <= 448
+constexpr int kFp8ShiftMin = -8;  // smallest d with every value exact
+constexpr int kFp8ChunkBlocks = 4;
+
+// Byte permute: byte i of the result is byte (sel >> 4i) & 7 of {hi:lo} (the sign-replicate bit
+// 3 of each selector nibble is never set here).
+MOE_EP_HD uint32_t fp8_prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(lo, hi, sel);
+#else
+  const uint64_t v = (uint64_t(hi) << 32) | lo;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t((v >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+
+// The 8 E4M3 bytes of the E2M1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} times 2^d, d <= 6 (low
+// word = magnitudes 0..3, high word = 4..7).
+MOE_EP_HD uint64_t fp8_e2m1_table(int d) {
+  uint64_t t = 0;
+  for (int m = 1; m < 8; ++m)
+    t |= uint64_t(fmt::float_to_e4m3(fmt::e2m1_to_float(uint8_t(m)) * fmt::exp2i(d))) << (8 * m);
+  return t;
+}
+
+// The chunk reference of one row: the largest of its kFp8ChunkBlocks UE8M0 scale bytes (packed
+// little-endian in `scales`) minus 6, so that every block's d = s_k - r is at most 6.
+MOE_EP_HD int fp8_chunk_reference(uint32_t scales) {
+  int m = 0;
+  for (int i = 0; i < kFp8ChunkBlocks; ++i) {
+    const int s = int((scales >> (8 * i)) & 0xff);
+    m = s > m ? s : m;
+  }
+  return m - kFp8ShiftMax;
+}
+
+// a0 (bytes 0..3) and a2 (bytes 0..3) of one row from its word and its block's table.
+MOE_EP_HD void fp8_decode_word(uint32_t w, uint64_t table, uint32_t& a0, uint32_t& a2) {
+  const uint32_t lo = uint32_t(table), hi = uint32_t(table >> 32);
+  a0 = fp8_prmt(lo, hi, w & 0x7777u) | ((w << 4) & 0x80808080u);
+  a2 = fp8_prmt(lo, hi, (w >> 16) & 0x7777u) | (w & 0x80808080u);
+}
+
+// The word of 8 E2M1 codes (bit 3 = sign): codes[0..3] go to a0's bytes 0..3, codes[4..7] to
+// a2's (the preprocessing's side).
+MOE_EP_HD uint32_t fp8_pack_word(const uint8_t (&codes)[8]) {
+  uint32_t w = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t c0 = codes[i], c2 = codes[4 + i];
+    w |= (c0 & 7u) << (4 * i);       // a0 magnitude: nibble i
+    w |= (c0 >> 3) << (3 + 8 * i);   // a0 sign: bit 3 + 8i (moves to 7 + 8i by << 4)
+    w |= (c2 & 7u) << (16 + 4 * i);  // a2 magnitude: nibble 4 + i
+    w |= (c2 >> 3) << (7 + 8 * i);   // a2 sign: bit 7 + 8i
+  }
+  return w;
+}
+
+}  // namespace moe_ep::kern

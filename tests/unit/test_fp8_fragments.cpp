@@ -1,0 +1,97 @@
+// The fp8 path's weight decode (src/kernels/moe/fp8_fragments.h), checked on the host with the
+// same functions the device would run (the byte permute emulated).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+
+#include "kernels/moe/fp8_fragments.h"
+#include "moe_ep/formats.h"
+
+namespace moe_ep::kern {
+namespace {
+
+uint8_t byte_of(uint32_t a0, uint32_t a2, int position) {
+  const uint32_t r = position < 4 ? a0 : a2;
+  return uint8_t(r >> (8 * (position & 3)));
+}
+
+// Every code at every fragment position and every shift gives float_to_e4m3 of the E2M1 value
+// times 2^d, whatever the other 7 codes of the word are.
+TEST(Fp8Fragments, DecodeGivesTheE4m3OfEveryShiftedCode) {
+  std::mt19937 rng(11);
+  for (int d = -14; d <= kFp8ShiftMax; ++d) {
+    const uint64_t table = fp8_e2m1_table(d);
+    for (int rep = 0; rep < 64; ++rep)
+      for (int p = 0; p < 8; ++p)
+        for (int c = 0; c < 16; ++c) {
+          uint8_t codes[8];
+          for (auto& x : codes) x = uint8_t(rng() & 15);
+          codes[p] = uint8_t(c);
+          uint32_t a0 = 0, a2 = 0;
+          fp8_decode_word(fp8_pack_word(codes), table, a0, a2);
+          for (int q = 0; q < 8; ++q) {
+            const float v = fmt::e2m1_to_float(codes[q]) * fmt::exp2i(d);
+            ASSERT_EQ(byte_of(a0, a2, q), fmt::float_to_e4m3(v))
+                << "d " << d << " position " << q << " code " << int(codes[q]);
+          }
+        }
+  }
+}
+
+// Exact for d in [-8, 6]; at d = -9 the smallest value (0.5 * 2^-9) is not representable.
+TEST(Fp8Fragments, ShiftsInTheExactRangeLoseNothing) {
+  for (int d = kFp8ShiftMin; d <= kFp8ShiftMax; ++d) {
+    const uint64_t table = fp8_e2m1_table(d);
+    for (int m = 0; m < 8; ++m) {
+      const float want = fmt::e2m1_to_float(uint8_t(m)) * fmt::exp2i(d);
+      EXPECT_EQ(fmt::e4m3_to_float(uint8_t(table >> (8 * m))), want) << "d " << d << " m " << m;
+    }
+  }
+  const uint64_t below = fp8_e2m1_table(kFp8ShiftMin - 1);
+  EXPECT_NE(fmt::e4m3_to_float(uint8_t(below >> 8)), 0.5f * fmt::exp2i(kFp8ShiftMin - 1));
+  EXPECT_EQ(fmt::float_to_e4m3(6.0f * fmt::exp2i(kFp8ShiftMax)), 0x7c);  // 384, below 448
+}
+
+TEST(Fp8Fragments, ChunkReferenceIsTheLargestScaleMinusSix) {
+  EXPECT_EQ(fp8_chunk_reference(0x7f7f7f7fu), 127 - 6);
+  EXPECT_EQ(fp8_chunk_reference(0x70817a01u), 0x81 - 6);
+  EXPECT_EQ(fp8_chunk_reference(0x000000c8u), 200 - 6);
+}
+
+// One row's 128-wide chunk against E4M3 activations: the fp8 products summed and multiplied by
+// 2^(r - 127) equal the exact MXFP4 dot product when the chunk's scales span <= 14 binades.
+TEST(Fp8Fragments, ChunkDotProductMatchesTheExactOne) {
+  std::mt19937 rng(5);
+  for (int rep = 0; rep < 200; ++rep) {
+    const int span = int(rng() % 15);  // 0..14 binades
+    const int base = 100 + int(rng() % 20);
+    uint8_t scale[kFp8ChunkBlocks];
+    uint32_t packed_scales = 0;
+    for (int b = 0; b < kFp8ChunkBlocks; ++b) {
+      scale[b] = uint8_t(base + (b == 1 ? span : int(rng() % (span + 1))));
+      packed_scales |= uint32_t(scale[b]) << (8 * b);
+    }
+    const int r = fp8_chunk_reference(packed_scales);
+    double exact = 0, via_fp8 = 0;
+    for (int b = 0; b < kFp8ChunkBlocks; ++b) {
+      const uint64_t table = fp8_e2m1_table(int(scale[b]) - r);
+      for (int wd = 0; wd < 4; ++wd) {  // 4 words of 8 codes = one 32-wide block
+        uint8_t codes[8];
+        for (auto& x : codes) x = uint8_t(rng() & 15);
+        uint32_t a0 = 0, a2 = 0;
+        fp8_decode_word(fp8_pack_word(codes), table, a0, a2);
+        for (int q = 0; q < 8; ++q) {
+          const double x = fmt::e4m3_to_float(uint8_t(rng() % 0x7f));  // an E4M3 activation
+          exact += double(fmt::e2m1_to_float(codes[q])) * std::ldexp(1.0, int(scale[b]) - 127) * x;
+          via_fp8 += double(fmt::e4m3_to_float(byte_of(a0, a2, q))) * x;
+        }
+      }
+    }
+    EXPECT_EQ(via_fp8 * std::ldexp(1.0, r - 127), exact) << "span " << span;
+  }
+}
+
+}  // namespace
+}  // namespace moe_ep::kern
