@@ -83,4 +83,28 @@ MOE_EP_HD uint32_t fp8_pack_word(const uint8_t (&codes)[8]) {
   return w;
 }
 
+// The word of one lane (t = lane % 4), row and k32 step from the row's packed E2M1 bytes
+// (`row` = the row's first byte, two codes per byte, even k in the low nibble; k0 = the step's
+// first k): a0 gets k0 + 4t .. 4t+3, a2 gets k0 + 16 + 4t .. +3 (the fragment order above).
+MOE_EP_HD uint32_t fp8_lane_word(const uint8_t* row, int k0, int t) {
+  uint8_t codes[8];
+  for (int i = 0; i < 8; ++i) {
+    const int k = k0 + (i < 4 ? 4 * t + i : 16 + 4 * t + (i - 4));
+    codes[i] = uint8_t((row[k / 2] >> (4 * (k & 1))) & 0xf);
+  }
+  return fp8_pack_word(codes);
+}
+
+// Activations (x for fc1, h for fc2): one power of two per row, the UE8M0 byte of the row's
+// amax against 448 (the largest of the row's MXFP8 block scales, since a block's scale grows
+// with its amax), and each value v = q * 2^s_k stored as e4m3(v * 2^(127 - ref)) (round to
+// nearest even). The row's largest blocks keep their q exactly; smaller blocks lose only bits
+// that fall below E4M3's subnormal step 2^-9 (tools/fp8_fold_error.py: rel L2 ~1e-7..1e-6).
+MOE_EP_HD uint8_t fp8_row_reference(float row_amax) {
+  return fmt::ue8m0_scale_for(row_amax, fmt::kE4M3Max);
+}
+MOE_EP_HD uint8_t fp8_fold(float v, uint8_t ref) {
+  return fmt::float_to_e4m3(fmt::mul_rn(v, fmt::exp2i(127 - int(ref))));
+}
+
 }  // namespace moe_ep::kern
