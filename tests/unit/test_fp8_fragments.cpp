@@ -114,6 +114,45 @@ TEST(Fp8Fragments, LaneWordHoldsTheFragmentsKOrder) {
     }
 }
 
+// The resident pieces read back through the PTX A-fragment rule of mma m16n8k32 / wgmma
+// m64nNk32 e4m3 (register j of lane (g, t): row g + 8 * (j & 1), k = 4t + 16 * (j >> 1) + byte)
+// give every weight of an fc1 expert (gate / up fragments interleaved) once, at its (row, k).
+TEST(Fp8Fragments, ResidentPiecesFollowTheFragmentLayout) {
+  constexpr int kI = 128, kHdim = 256, kM = 2 * kI;  // fc1: M = 2I rows, K = H
+  std::mt19937 rng(21);
+  std::vector<uint8_t> w(size_t(kM) * kHdim / 2);
+  for (auto& b : w) b = uint8_t(rng());
+  std::vector<int> seen(size_t(kM) * kHdim, 0);
+  const uint64_t table = fp8_e2m1_table(0);
+  for (int mtile = 0; mtile < kI / kFc1TileH; ++mtile) {
+    auto row_of = [&](int frag, int r) {
+      return (frag & 1) * kI + mtile * kFc1TileH + (frag >> 1) * 16 + r;
+    };
+    for (int chunk = 0; chunk < kHdim / kKChunk; ++chunk)
+      for (int frag = 0; frag < kTileFrags; ++frag)
+        for (int lane = 0; lane < 32; ++lane) {
+          uint32_t words[4];
+          fp8_resident_piece(w.data(), kM, kHdim, chunk, lane, frag, row_of, words);
+          const int g = lane >> 2, t = lane & 3;
+          for (int s = 0; s < 2; ++s) {
+            uint32_t reg[4];
+            fp8_decode_word(words[2 * s], table, reg[0], reg[2]);
+            fp8_decode_word(words[2 * s + 1], table, reg[1], reg[3]);
+            for (int j = 0; j < 4; ++j)
+              for (int b = 0; b < 4; ++b) {
+                const int row = row_of(frag, g + 8 * (j & 1));
+                const int k = chunk * kKChunk + 32 * s + 4 * t + 16 * (j >> 1) + b;
+                const float want = fmt::e2m1_packed_at(&w[size_t(row) * (kHdim / 2)], k);
+                ASSERT_EQ(uint8_t(reg[j] >> (8 * b)), fmt::float_to_e4m3(want))
+                    << "row " << row << " k " << k;
+                ++seen[size_t(row) * kHdim + k];
+              }
+          }
+        }
+  }
+  for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << "weight " << i;
+}
+
 // The activation fold of an MXFP8-quantized row (DSV3 H, Gaussian with 16 channels 30x larger):
 // exact wherever the folded value is an E4M3 normal, never off by more than half the subnormal
 // step, and the whole row within rel L2 1e-5.

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "kernels/moe/moe_params.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
@@ -93,6 +94,24 @@ MOE_EP_HD uint32_t fp8_lane_word(const uint8_t* row, int k0, int t) {
     codes[i] = uint8_t((row[k / 2] >> (4 * (k & 1))) & 0xf);
   }
   return fp8_pack_word(codes);
+}
+
+// The resident fp8 layout keeps today's granularity (docs/gpu_kernels.md §2): per expert,
+// M-tile of kTileRows rows, K-chunk of kKChunk = 64 and fragment of 16 rows, each lane owns 16
+// bytes = 4 words: k32 step 0 rows g and g + 8, then step 1 rows g and g + 8. Decoding word
+// 2s gives that step's a0 / a2, word 2s + 1 its a1 / a3. `row_of(frag, r)` is the weight row of
+// fragment row r (fc1 interleaves gate and up fragments), rows >= M read as zero codes.
+template <class RowOf>
+MOE_EP_HD void fp8_resident_piece(const uint8_t* weights, int M, int K, int chunk, int lane,
+                                  int frag, RowOf row_of, uint32_t (&words)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  for (int s = 0; s < 2; ++s)
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_of(frag, g + 8 * h);
+      words[2 * s + h] =
+          row < M ? fp8_lane_word(weights + size_t(row) * (K / 2), chunk * kKChunk + 32 * s, t)
+                  : 0u;
+    }
 }
 
 // Activations (x for fc1, h for fc2): one power of two per row, the UE8M0 byte of the row's
