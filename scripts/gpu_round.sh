@@ -2,7 +2,8 @@
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
 #   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
-#                        [benchall] [profile] [epab]  (default: all but benchall, profile, epab)
+#                        [benchall] [profile] [epab] [probe]  (default: all but benchall, profile,
+#                        epab, probe)
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
 #   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
@@ -116,9 +117,21 @@ if has bench; then
   for b in "$BUILD"/bench/*; do
     [ -x "$b" ] && [ -f "$b" ] || continue
     name=$(basename "$b")
+    [[ $name == *_probe ]] && continue  # probes have their own step
     "$b" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1 || status=1
     tail -25 "$OUT/$name.log"
   done
+fi
+
+if has probe; then
+  # The fp8 MMA path's standalone probe (docs/gpu_kernels.md §8): DSV3 fc1-sized experts with
+  # a 128-token tile each; exact weights (span 4) and rounded shifts (span 20); exit 1 when the
+  # rel L2 against the MXFP8 values is above 5e-3.
+  echo "== fp8 GEMM probe"
+  for sp in 4 20; do
+    "$BUILD/bench/fp8_gemm_probe" --span $sp >>"$OUT/fp8_probe.log" 2>&1 || status=1
+  done
+  cat "$OUT/fp8_probe.log"
 fi
 
 if has profile; then

@@ -1,0 +1,316 @@
+// Probe of the fp8 MMA path for mxfp4_mxfp8 (docs/gpu_kernels.md §8), outside the layer: E
+// experts x M weight rows x K against N = 128 tokens each (a prefill expert tile), MXFP4 weights
+// in the fp8 resident layout (fp8_resident_piece), activations folded to one power of two per
+// token row (fp8_fold), wgmma m64n128k32 e4m3 with A decoded in registers (fp8_decode_word) and
+// an fp32 promotion per 128-wide K stage. Checks a sample of the outputs against exact host math
+// (the MXFP8 values before the fold, and the folded ones) and times the launch. Not the layer.
+//   fp8_gemm_probe [--experts E] [--rows M] [--k K] [--iters N] [--span S]
+// S: the largest spread, in binades, of a row's 32-wide block scales inside one 128-wide stage
+// (0..14 keeps the weights exact; more exercises the rounded shifts).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/moe/fp8_fragments.h"
+#include "kernels/moe/sm90_moe_wgmma.cuh"
+
+namespace {
+
+using namespace moe_ep;
+using namespace moe_ep::kern;
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+constexpr int kN = 128;                // tokens per CTA
+constexpr int kRows = 64;              // weight rows per CTA: 4 warps x 16
+constexpr int kStageK = 128;           // K per stage: 4 k32 steps, one promotion
+constexpr int kStages = 4;             // ring depth (2 stages loaded ahead)
+constexpr int kBBytes = kN * kStageK;  // N rows x 128 e4m3, 128-byte swizzle
+constexpr int kWChunkBytes = 4 * 512;  // this CTA's 4 fragments of one 64-wide chunk
+constexpr int kStageBytes = kBBytes + 2 * kWChunkBytes;  // 20 KB (a multiple of 1024)
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+constexpr int kTableMin = -12;  // below: every E2M1 value times 2^d rounds to 0 in E4M3
+constexpr int kTables = kFp8ShiftMax - kTableMin + 2;  // entry 0 = all zero
+
+struct ProbeArgs {
+  const uint8_t* w;     // [E][M/128][K/64][8 fragments][32 lanes][16 B]: fp8_resident_piece
+  const uint8_t* s;     // [E][M][K/32] UE8M0
+  const uint8_t* x;     // [E][kN][K] folded e4m3
+  const uint8_t* xref;  // [E][kN] fold reference (UE8M0 byte)
+  float* out;           // [E][kN][M]
+  int M, K;
+};
+
+using Fp8Op = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
+
+template <size_t... I>
+__device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint64_t desc,
+                                          bool accumulate, std::index_sequence<I...>) {
+  Fp8Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
+             accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
+}
+
+__device__ __forceinline__ int table_index(int d) {
+  return d < kTableMin ? 0 : 1 + d - kTableMin;  // d <= kFp8ShiftMax by the reference's choice
+}
+
+// Grid: E * M / 64 CTAs, the 64-row halves of an expert's M-tiles fastest.
+__global__ void __launch_bounds__(128, 1) fp8_probe_kernel(const ProbeArgs a) {
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ uint64_t table[kTables];
+  const int halves = a.M / kRows;
+  const int e = int(blockIdx.x) / halves, m64 = int(blockIdx.x) % halves;
+  const int mtile = m64 >> 1, half = m64 & 1;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t smem_base = smem_addr(smem);
+
+  for (int i = tid; i < kTables; i += 128)
+    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kTableMin);
+
+  const int chunks = a.K / kKChunk, stages_k = a.K / kStageK, mtiles = a.M / kTileRows;
+  const uint8_t* wsrc =
+      a.w + (size_t(e) * mtiles + mtile) * chunks * 4096 + half * kWChunkBytes + tid * 16;
+  // This lane's weight rows (fragment 4 * half + warp of the M-tile) and their scale rows.
+  const int row_lo = mtile * kTileRows + (4 * half + warp) * 16 + g;
+  const uint8_t* s_lo = a.s + (size_t(e) * a.M + row_lo) * (a.K / 32);
+  const uint8_t* s_hi = s_lo + size_t(8) * (a.K / 32);
+  // B pieces: 16-byte column bc of rows br0 + 16 i (the swizzle XORs the column with row & 7).
+  const int bc = tid & 7, br0 = tid >> 3;
+  const uint8_t* xsrc = a.x + (size_t(e) * kN + br0) * a.K + bc * 16;
+  const int bdst = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
+
+  auto load_stage = [&](int st) {
+    unsigned char* sp = smem + (st % kStages) * kStageBytes;
+#pragma unroll
+    for (int i = 0; i < kN / 16; ++i)
+      cp_async16(sp + bdst + i * 2048, xsrc + size_t(16 * i) * a.K + st * kStageK, true);
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      cp_async16(sp + kBBytes + c * kWChunkBytes + tid * 16, wsrc + size_t(2 * st + c) * 4096,
+                 true);
+  };
+
+  float acc[kN / 2], tmp[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
+  uint32_t af[4][4];
+
+  __syncthreads();  // the table
+#pragma unroll
+  for (int st = 0; st < kStages - 2; ++st) {
+    if (st < stages_k) load_stage(st);
+    cp_async_commit();
+  }
+  for (int st = 0; st < stages_k; ++st) {
+    cp_async_wait<kStages - 3>();
+    fence_proxy_async_smem();
+    __syncthreads();  // stage st is visible; stage st - 2's slot is free (its wgmmas retired)
+    if (st + kStages - 2 < stages_k) load_stage(st + kStages - 2);
+    cp_async_commit();
+
+    const unsigned char* sp = smem + (st % kStages) * kStageBytes;
+    const uint32_t sc_lo = *reinterpret_cast<const uint32_t*>(s_lo + st * 4);
+    const uint32_t sc_hi = *reinterpret_cast<const uint32_t*>(s_hi + st * 4);
+    const int ref_lo = fp8_chunk_reference(sc_lo), ref_hi = fp8_chunk_reference(sc_hi);
+    const uint64_t desc = sw128_desc(smem_base + (st % kStages) * kStageBytes);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint4 piece = *reinterpret_cast<const uint4*>(sp + kBBytes + (s >> 1) * kWChunkBytes +
+                                                          warp * 512 + lane * 16);
+      const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
+      const uint64_t t_lo = table[table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
+      const uint64_t t_hi = table[table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
+      fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
+      fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
+      wgmma_fence();
+      wgmma_fp8(tmp, af[s], desc + uint64_t(2 * s), s > 0, std::make_index_sequence<kN / 2>{});
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    // Promotion: the stage's sum times the rows' 2^(ref - 127), exact powers of two.
+    const float f_lo = fmt::exp2i(ref_lo - 127), f_hi = fmt::exp2i(ref_hi - 127);
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) acc[i] = fmaf(tmp[i], (i & 2) ? f_hi : f_lo, acc[i]);
+  }
+  cp_async_wait<0>();
+
+  // acc[4j + i]: row warp * 16 + g + (i >> 1) * 8 of this CTA, column 8j + 2 t4 + (i & 1).
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const int col = 8 * (i >> 2) + 2 * t4 + (i & 1);
+    const int row = row_lo + ((i >> 1) & 1) * 8;
+    const float fx = fmt::exp2i(int(a.xref[size_t(e) * kN + col]) - 127);
+    a.out[(size_t(e) * kN + col) * a.M + row] = acc[i] * fx;
+  }
+}
+
+// Weight rows of M-tile mt without fc1's gate / up interleave.
+struct PlainRows {
+  int mt;
+  MOE_EP_HD int operator()(int frag, int r) const { return mt * kTileRows + frag * 16 + r; }
+};
+
+int arg_int(int argc, char** argv, const char* name, int def) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
+  return def;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int E = arg_int(argc, argv, "--experts", 32);
+  const int M = arg_int(argc, argv, "--rows", 4096);
+  const int K = arg_int(argc, argv, "--k", 7168);
+  const int iters = arg_int(argc, argv, "--iters", 20);
+  const int span = arg_int(argc, argv, "--span", 4);
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::printf("fp8_gemm_probe: no CUDA device, nothing to run\n");
+    return 0;
+  }
+  if (M % kTileRows || K % kStageK || E < 1 || span < 0) {
+    std::fprintf(stderr, "need M %% 128 == 0 (M = %d), K %% 128 == 0 (K = %d), E >= 1, span >= 0\n",
+                 M, K);
+    return 2;
+  }
+  std::mt19937 rng(1);
+  // Weights: random E2M1 bytes; scales: a row base plus up to `span` binades per stage.
+  std::vector<uint8_t> w(size_t(E) * M * K / 2), s(size_t(E) * M * K / 32);
+  for (auto& b : w) b = uint8_t(rng());
+  for (size_t r = 0; r < size_t(E) * M; ++r) {
+    const int base = 112 + int(rng() % 8);
+    for (int b = 0; b < K / 32; ++b)
+      s[r * (K / 32) + b] = uint8_t(base + int(rng() % uint32_t(span + 1)));
+  }
+  // Activations: Gaussian with a few heavy channels, MXFP8-quantized, then folded per row.
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(size_t(E) * kN * K);
+  std::vector<uint8_t> x8(v.size()), xref(size_t(E) * kN);
+  for (size_t r = 0; r < size_t(E) * kN; ++r) {
+    std::vector<float> x(K);
+    for (auto& e : x) e = nd(rng);
+    for (int i = 0; i < 8; ++i) x[rng() % K] *= 20.0f;
+    float amax = 0;
+    for (int b = 0; b < K / 32; ++b) {
+      uint8_t q[32];
+      const float sc = fmt::ue8m0_to_float(fmt::quantize_block_mxfp8(&x[b * 32], q));
+      for (int i = 0; i < 32; ++i) {
+        const float val = fmt::e4m3_to_float(q[i]) * sc;
+        v[r * K + b * 32 + i] = val;
+        amax = std::max(amax, std::fabs(val));
+      }
+    }
+    xref[r] = fp8_row_reference(amax);
+    for (int k = 0; k < K; ++k) x8[r * K + k] = fp8_fold(v[r * K + k], xref[r]);
+  }
+  // The fp8 resident layout.
+  const int mtiles = M / kTileRows, chunks = K / kKChunk;
+  std::vector<uint8_t> wres(w.size());
+  for (int e = 0; e < E; ++e)
+    for (int mt = 0; mt < mtiles; ++mt) {
+      const PlainRows row_of{mt};
+      for (int c = 0; c < chunks; ++c)
+        for (int frag = 0; frag < kTileFrags; ++frag)
+          for (int lane = 0; lane < 32; ++lane) {
+            uint32_t words[4];
+            fp8_resident_piece(&w[size_t(e) * M * K / 2], M, K, c, lane, frag, row_of, words);
+            std::memcpy(
+                &wres[((((size_t(e) * mtiles + mt) * chunks + c) * 8 + frag) * 32 + lane) * 16],
+                words, 16);
+          }
+    }
+
+  uint8_t *dw, *ds, *dx, *dxref;
+  float* dout;
+  CK(cudaMalloc(&dw, wres.size()));
+  CK(cudaMalloc(&ds, s.size()));
+  CK(cudaMalloc(&dx, x8.size()));
+  CK(cudaMalloc(&dxref, xref.size()));
+  CK(cudaMalloc(&dout, size_t(E) * kN * M * 4));
+  CK(cudaMemcpy(dw, wres.data(), wres.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(ds, s.data(), s.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dx, x8.data(), x8.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dxref, xref.data(), xref.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemset(dout, 0xff, size_t(E) * kN * M * 4));
+  CK(cudaFuncSetAttribute(fp8_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          kSmemBytes));
+  const ProbeArgs pa{dw, ds, dx, dxref, dout, M, K};
+  const dim3 grid(unsigned(E) * unsigned(M / kRows));
+  fp8_probe_kernel<<<grid, 128, kSmemBytes>>>(pa);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<float> out(size_t(E) * kN * M);
+  CK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+
+  // Exact host sums on a sample: against the MXFP8 values (the recipe's numbers) and against the
+  // folded ones (what the MMA multiplies).
+  double e2_v = 0, e2_f = 0, r2 = 0, worst = 0;
+  int nan = 0, checked = 0;
+  for (int e = 0; e < E; e += std::max(1, E / 4))
+    for (int n = 0; n < kN; n += 17)
+      for (int row = 0; row < M; row += 61) {
+        double yv = 0, yf = 0;
+        const uint8_t* wr = &w[(size_t(e) * M + row) * (K / 2)];
+        const uint8_t* sr = &s[(size_t(e) * M + row) * (K / 32)];
+        const size_t xr = size_t(e) * kN + n;
+        const double unit = std::ldexp(1.0, int(xref[xr]) - 127);
+        for (int k = 0; k < K; ++k) {
+          const double wk =
+              double(fmt::e2m1_packed_at(wr, k)) * std::ldexp(1.0, int(sr[k / 32]) - 127);
+          yv += wk * v[xr * K + k];
+          yf += wk * double(fmt::e4m3_to_float(x8[xr * K + k])) * unit;
+        }
+        const double got = out[xr * M + row];
+        if (!std::isfinite(got)) ++nan;
+        e2_v += (got - yv) * (got - yv);
+        e2_f += (got - yf) * (got - yf);
+        r2 += yv * yv;
+        worst = std::max(worst, std::fabs(got - yf) / (std::fabs(yf) + 1e-30));
+        ++checked;
+      }
+  const double rel_v = std::sqrt(e2_v / r2), rel_f = std::sqrt(e2_f / r2);
+
+  cudaEvent_t t0, t1;
+  CK(cudaEventCreate(&t0));
+  CK(cudaEventCreate(&t1));
+  std::vector<float> us;
+  for (int it = 0; it < iters; ++it) {
+    CK(cudaEventRecord(t0));
+    fp8_probe_kernel<<<grid, 128, kSmemBytes>>>(pa);
+    CK(cudaEventRecord(t1));
+    CK(cudaEventSynchronize(t1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, t0, t1));
+    us.push_back(ms * 1000.0f);
+  }
+  std::sort(us.begin(), us.end());
+  const double med = us[us.size() / 2];
+  const double tflops = 2.0 * E * double(M) * K * kN / (med * 1e-6) / 1e12;
+  std::printf(
+      "fp8_gemm_probe: E %d x M %d x K %d x N %d, span %d | median %.1f us (min %.1f), %.0f "
+      "TFLOP/s | %d outputs checked: rel L2 %.3e vs the MXFP8 values, %.3e vs the folded ones, "
+      "worst rel %.3e, %d not finite\n",
+      E, M, K, kN, span, med, us.front(), tflops, checked, rel_v, rel_f, worst, nan);
+  cudaFree(dw);
+  cudaFree(ds);
+  cudaFree(dx);
+  cudaFree(dxref);
+  cudaFree(dout);
+  return nan == 0 && rel_v <= 5e-3 ? 0 : 1;
+}
