@@ -69,7 +69,7 @@ __device__ __forceinline__ int table_index(int d) {
 }
 
 // Grid: E * M / 64 CTAs, the 64-row halves of an expert's M-tiles fastest.
-__global__ void __launch_bounds__(128, 1) fp8_probe_kernel(const ProbeArgs a) {
+__global__ void __launch_bounds__(128, 2) fp8_probe_kernel(const ProbeArgs a) {
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t table[kTables];
   const int halves = a.M / kRows;
@@ -141,6 +141,11 @@ __global__ void __launch_bounds__(128, 1) fp8_probe_kernel(const ProbeArgs a) {
       wgmma_fp8(tmp, af[s], desc + uint64_t(2 * s), s > 0, std::make_index_sequence<kN / 2>{});
       wgmma_commit();
     }
+    // All of the stage's steps, then the promotion; the wgmmas of the SM's other CTA (2 per SM:
+    // 182 registers, 81 KB of shared memory each) run meanwhile. Promoting one stage while the
+    // next one's wgmmas run inside one warpgroup makes ptxas serialize the wgmmas (C7514: the
+    // FFMAs read accumulator registers inside the pipeline), so the overlap is across CTAs or
+    // warpgroups.
     wgmma_wait<0>();
     // Promotion: the stage's sum times the rows' 2^(ref - 127), exact powers of two.
     const float f_lo = fmt::exp2i(ref_lo - 127), f_hi = fmt::exp2i(ref_hi - 127);
