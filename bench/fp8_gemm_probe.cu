@@ -16,6 +16,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/moe/fp8_fragments.h"
@@ -41,8 +42,16 @@ constexpr int kStageK = 128;           // K per stage: 4 k32 steps, one promotio
 constexpr int kStages = 4;             // ring depth (2 stages loaded ahead)
 constexpr int kBBytes = kN * kStageK;  // N rows x 128 e4m3, 128-byte swizzle
 constexpr int kWChunkBytes = 4 * 512;  // this CTA's 4 fragments of one 64-wide chunk
-constexpr int kStageBytes = kBBytes + 2 * kWChunkBytes;  // 20 KB (a multiple of 1024)
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+// kWG warpgroups per CTA: 1 = 64 rows per CTA, 2 CTAs per SM; 2 = the two 64-row halves of an
+// M-tile in one CTA sharing its B stage (half the B copies per row), one CTA per SM.
+template <int kWG>
+__host__ __device__ constexpr int stage_bytes() {
+  return kBBytes + 2 * kWG * kWChunkBytes;  // 20 or 24 KB (multiples of 1024)
+}
+template <int kWG>
+__host__ __device__ constexpr int smem_bytes() {
+  return kStages * stage_bytes<kWG>() + 1024;
+}
 constexpr int kTableMin = -12;  // below: every E2M1 value times 2^d rounds to 0 in E4M3
 constexpr int kTables = kFp8ShiftMax - kTableMin + 2;  // entry 0 = all zero
 
@@ -68,40 +77,47 @@ __device__ __forceinline__ int table_index(int d) {
   return d < kTableMin ? 0 : 1 + d - kTableMin;  // d <= kFp8ShiftMax by the reference's choice
 }
 
-// Grid: E * M / 64 CTAs, the 64-row halves of an expert's M-tiles fastest.
-__global__ void __launch_bounds__(128, 2) fp8_probe_kernel(const ProbeArgs a) {
+// Grid: E * M / (64 kWG) CTAs, an expert's CTAs fastest.
+template <int kWG>
+__global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const ProbeArgs a) {
+  constexpr int kThreadsCta = 128 * kWG, kStageBytes = stage_bytes<kWG>();
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t table[kTables];
-  const int halves = a.M / kRows;
-  const int e = int(blockIdx.x) / halves, m64 = int(blockIdx.x) % halves;
-  const int mtile = m64 >> 1, half = m64 & 1;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int ctas = a.M / (kRows * kWG);
+  const int e = int(blockIdx.x) / ctas, cta = int(blockIdx.x) % ctas;
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int mtile = kWG == 2 ? cta : cta >> 1, half = kWG == 2 ? tid >> 7 : cta & 1;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
-  for (int i = tid; i < kTables; i += 128)
+  for (int i = tid; i < kTables; i += kThreadsCta)
     table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kTableMin);
 
   const int chunks = a.K / kKChunk, stages_k = a.K / kStageK, mtiles = a.M / kTileRows;
-  const uint8_t* wsrc =
-      a.w + (size_t(e) * mtiles + mtile) * chunks * 4096 + half * kWChunkBytes + tid * 16;
+  // The CTA's fragments of each 64-wide chunk are contiguous: one 16-byte copy per thread.
+  const uint8_t* wsrc = a.w + (size_t(e) * mtiles + mtile) * chunks * 4096 +
+                        (kWG == 2 ? 0 : half * kWChunkBytes) + tid * 16;
+  const int wfrag = kWG == 2 ? 4 * half + warp : warp;  // this warp's fragment in the stage
   // This lane's weight rows (fragment 4 * half + warp of the M-tile) and their scale rows.
   const int row_lo = mtile * kTileRows + (4 * half + warp) * 16 + g;
   const uint8_t* s_lo = a.s + (size_t(e) * a.M + row_lo) * (a.K / 32);
   const uint8_t* s_hi = s_lo + size_t(8) * (a.K / 32);
-  // B pieces: 16-byte column bc of rows br0 + 16 i (the swizzle XORs the column with row & 7).
+  // B pieces: 16-byte column bc of rows br0 + (kThreadsCta / 8) i (the swizzle XORs the column
+  // with row & 7, the same for every i).
   const int bc = tid & 7, br0 = tid >> 3;
   const uint8_t* xsrc = a.x + (size_t(e) * kN + br0) * a.K + bc * 16;
   const int bdst = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
 
   auto load_stage = [&](int st) {
     unsigned char* sp = smem + (st % kStages) * kStageBytes;
+    constexpr int kRowsPerPass = kThreadsCta / 8;
 #pragma unroll
-    for (int i = 0; i < kN / 16; ++i)
-      cp_async16(sp + bdst + i * 2048, xsrc + size_t(16 * i) * a.K + st * kStageK, true);
+    for (int i = 0; i < kN / kRowsPerPass; ++i)
+      cp_async16(sp + bdst + i * kRowsPerPass * 128,
+                 xsrc + size_t(kRowsPerPass * i) * a.K + st * kStageK, true);
 #pragma unroll
     for (int c = 0; c < 2; ++c)
-      cp_async16(sp + kBBytes + c * kWChunkBytes + tid * 16, wsrc + size_t(2 * st + c) * 4096,
+      cp_async16(sp + kBBytes + c * kWG * kWChunkBytes + tid * 16, wsrc + size_t(2 * st + c) * 4096,
                  true);
   };
 
@@ -130,8 +146,8 @@ __global__ void __launch_bounds__(128, 2) fp8_probe_kernel(const ProbeArgs a) {
     const uint64_t desc = sw128_desc(smem_base + (st % kStages) * kStageBytes);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      const uint4 piece = *reinterpret_cast<const uint4*>(sp + kBBytes + (s >> 1) * kWChunkBytes +
-                                                          warp * 512 + lane * 16);
+      const uint4 piece = *reinterpret_cast<const uint4*>(
+          sp + kBBytes + (s >> 1) * kWG * kWChunkBytes + wfrag * 512 + lane * 16);
       const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
       const uint64_t t_lo = table[table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
       const uint64_t t_hi = table[table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
@@ -252,70 +268,81 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(ds, s.data(), s.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dx, x8.data(), x8.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dxref, xref.data(), xref.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemset(dout, 0xff, size_t(E) * kN * M * 4));
-  CK(cudaFuncSetAttribute(fp8_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          kSmemBytes));
   const ProbeArgs pa{dw, ds, dx, dxref, dout, M, K};
-  const dim3 grid(unsigned(E) * unsigned(M / kRows));
-  fp8_probe_kernel<<<grid, 128, kSmemBytes>>>(pa);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  std::vector<float> out(size_t(E) * kN * M);
-  CK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+  bool ok = true;
+  // Each CTA shape (one or two warpgroups per CTA), checked and timed.
+  auto run = [&](auto wg) {
+    constexpr int kWG = decltype(wg)::value;
+    const auto kernel = fp8_probe_kernel<kWG>;
+    const int smem = smem_bytes<kWG>();
+    const dim3 grid(unsigned(E) * unsigned(M / (kRows * kWG))), block(128 * kWG);
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaMemset(dout, 0xff, size_t(E) * kN * M * 4));
+    kernel<<<grid, block, smem>>>(pa);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> out(size_t(E) * kN * M);
+    CK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
 
-  // Exact host sums on a sample: against the MXFP8 values (the recipe's numbers) and against the
-  // folded ones (what the MMA multiplies).
-  double e2_v = 0, e2_f = 0, r2 = 0, worst = 0;
-  int nan = 0, checked = 0;
-  for (int e = 0; e < E; e += std::max(1, E / 4))
-    for (int n = 0; n < kN; n += 17)
-      for (int row = 0; row < M; row += 61) {
-        double yv = 0, yf = 0;
-        const uint8_t* wr = &w[(size_t(e) * M + row) * (K / 2)];
-        const uint8_t* sr = &s[(size_t(e) * M + row) * (K / 32)];
-        const size_t xr = size_t(e) * kN + n;
-        const double unit = std::ldexp(1.0, int(xref[xr]) - 127);
-        for (int k = 0; k < K; ++k) {
-          const double wk =
-              double(fmt::e2m1_packed_at(wr, k)) * std::ldexp(1.0, int(sr[k / 32]) - 127);
-          yv += wk * v[xr * K + k];
-          yf += wk * double(fmt::e4m3_to_float(x8[xr * K + k])) * unit;
+    // Exact host sums on a sample: against the MXFP8 values (the recipe's numbers) and against
+    // the folded ones (what the MMA multiplies).
+    double e2_v = 0, e2_f = 0, r2 = 0, worst = 0;
+    int nan = 0, checked = 0;
+    for (int e = 0; e < E; e += std::max(1, E / 4))
+      for (int n = 0; n < kN; n += 17)
+        for (int row = 0; row < M; row += 61) {
+          double yv = 0, yf = 0;
+          const uint8_t* wr = &w[(size_t(e) * M + row) * (K / 2)];
+          const uint8_t* sr = &s[(size_t(e) * M + row) * (K / 32)];
+          const size_t xr = size_t(e) * kN + n;
+          const double unit = std::ldexp(1.0, int(xref[xr]) - 127);
+          for (int k = 0; k < K; ++k) {
+            const double wk =
+                double(fmt::e2m1_packed_at(wr, k)) * std::ldexp(1.0, int(sr[k / 32]) - 127);
+            yv += wk * v[xr * K + k];
+            yf += wk * double(fmt::e4m3_to_float(x8[xr * K + k])) * unit;
+          }
+          const double got = out[xr * M + row];
+          if (!std::isfinite(got)) ++nan;
+          e2_v += (got - yv) * (got - yv);
+          e2_f += (got - yf) * (got - yf);
+          r2 += yv * yv;
+          worst = std::max(worst, std::fabs(got - yf) / (std::fabs(yf) + 1e-30));
+          ++checked;
         }
-        const double got = out[xr * M + row];
-        if (!std::isfinite(got)) ++nan;
-        e2_v += (got - yv) * (got - yv);
-        e2_f += (got - yf) * (got - yf);
-        r2 += yv * yv;
-        worst = std::max(worst, std::fabs(got - yf) / (std::fabs(yf) + 1e-30));
-        ++checked;
-      }
-  const double rel_v = std::sqrt(e2_v / r2), rel_f = std::sqrt(e2_f / r2);
+    const double rel_v = std::sqrt(e2_v / r2), rel_f = std::sqrt(e2_f / r2);
 
-  cudaEvent_t t0, t1;
-  CK(cudaEventCreate(&t0));
-  CK(cudaEventCreate(&t1));
-  std::vector<float> us;
-  for (int it = 0; it < iters; ++it) {
-    CK(cudaEventRecord(t0));
-    fp8_probe_kernel<<<grid, 128, kSmemBytes>>>(pa);
-    CK(cudaEventRecord(t1));
-    CK(cudaEventSynchronize(t1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, t0, t1));
-    us.push_back(ms * 1000.0f);
-  }
-  std::sort(us.begin(), us.end());
-  const double med = us[us.size() / 2];
-  const double tflops = 2.0 * E * double(M) * K * kN / (med * 1e-6) / 1e12;
-  std::printf(
-      "fp8_gemm_probe: E %d x M %d x K %d x N %d, span %d | median %.1f us (min %.1f), %.0f "
-      "TFLOP/s | %d outputs checked: rel L2 %.3e vs the MXFP8 values, %.3e vs the folded ones, "
-      "worst rel %.3e, %d not finite\n",
-      E, M, K, kN, span, med, us.front(), tflops, checked, rel_v, rel_f, worst, nan);
+    cudaEvent_t t0, t1;
+    CK(cudaEventCreate(&t0));
+    CK(cudaEventCreate(&t1));
+    std::vector<float> us;
+    for (int it = 0; it < iters; ++it) {
+      CK(cudaEventRecord(t0));
+      kernel<<<grid, block, smem>>>(pa);
+      CK(cudaEventRecord(t1));
+      CK(cudaEventSynchronize(t1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, t0, t1));
+      us.push_back(ms * 1000.0f);
+    }
+    CK(cudaEventDestroy(t0));
+    CK(cudaEventDestroy(t1));
+    std::sort(us.begin(), us.end());
+    const double med = us[us.size() / 2];
+    const double tflops = 2.0 * E * double(M) * K * kN / (med * 1e-6) / 1e12;
+    std::printf(
+        "fp8_gemm_probe: E %d x M %d x K %d x N %d, span %d, %d warpgroup(s) per CTA | median "
+        "%.1f us (min %.1f), %.0f TFLOP/s | %d outputs checked: rel L2 %.3e vs the MXFP8 values, "
+        "%.3e vs the folded ones, worst rel %.3e, %d not finite\n",
+        E, M, K, kN, span, kWG, med, us.front(), tflops, checked, rel_v, rel_f, worst, nan);
+    ok = ok && nan == 0 && rel_v <= 5e-3;
+  };
+  run(std::integral_constant<int, 1>{});
+  run(std::integral_constant<int, 2>{});
   cudaFree(dw);
   cudaFree(ds);
   cudaFree(dx);
   cudaFree(dxref);
   cudaFree(dout);
-  return nan == 0 && rel_v <= 5e-3 ? 0 : 1;
+  return ok ? 0 : 1;
 }
