@@ -11,7 +11,11 @@
 // decode the next.
 #pragma once
 
-#include <cute/arch/mma_sm90_gmma.hpp>
+// The extended wgmma shapes (N = 80, 144, ...) in CuTe's selector.
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
+#include <cute/arch/mma_sm90.hpp>
 #include <cute/arch/mma_sm90_gmma_ext.hpp>
 #include <type_traits>
 #include <utility>
@@ -48,47 +52,13 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
 }
 
 // One m64nNk16 wgmma, bf16 x bf16 -> fp32, A from registers (K-major), B a K-major shared-memory
-// descriptor, accumulating (scale-d 1): CuTe's SM90 GMMA atom for N, its fma called with the
-// N / 2 accumulators of this thread.
+// descriptor, accumulating (scale-d 1): the SM90 GMMA atom CuTe's own selector picks for a
+// 64 x N x 16 tile (N one of the kernels' classes, 32..256, including the extended shapes 80 and
+// 144), its fma called with the N / 2 accumulators of this thread.
 namespace gmma = cute::SM90::GMMA;
 template <int N>
-struct WgmmaRs;
-template <>
-struct WgmmaRs<32> {
-  using Op = gmma::MMA_64x32x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRs<64> {
-  using Op = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRs<80> {
-  using Op = gmma::MMA_64x80x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRs<96> {
-  using Op = gmma::MMA_64x96x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRs<128> {
-  using Op = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRs<144> {
-  using Op = gmma::MMA_64x144x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRs<160> {
-  using Op = gmma::MMA_64x160x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRs<192> {
-  using Op = gmma::MMA_64x192x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRs<256> {
-  using Op = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
+using WgmmaRsOp = decltype(gmma::rs_op_selector<cute::bfloat16_t, cute::bfloat16_t, float,
+                                                cute::Shape<cute::_64, cute::Int<N>, cute::_16>>());
 
 template <class Op, size_t... I>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t (&a)[4], uint64_t desc,
@@ -98,7 +68,7 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t (&a)[4], uint6
 
 template <int N>
 __device__ __forceinline__ void wgmma_m64(float* d, const uint32_t (&a)[4], uint64_t desc) {
-  wgmma_rs<typename WgmmaRs<N>::Op>(d, a, desc, std::make_index_sequence<N / 2>{});
+  wgmma_rs<WgmmaRsOp<N>>(d, a, desc, std::make_index_sequence<N / 2>{});
 }
 
 // The two wgmmas of one k16 step (f = 0: rows 0-63, f = 1: rows 64-127) with N = kNW columns.
