@@ -107,7 +107,10 @@ struct Workspace {
   WorkspaceLayout layout;
   DeviceBuffer mem;  // W = 1: layout + scratch; W > 1: scratch only (layout is the window)
   size_t xq_off = 0, h_off = 0, pairs_off = 0, tiles_off = 0, num_tiles_off = 0, counts_off = 0;
-  size_t splitk_off = 0, splitk_counters_off = 0;  // decode split-K partials + counters
+  // Decode split-K partials + counters: 4-bit recipes only (bf16 weights never run the decode
+  // kernel); without them the kernels do not split.
+  bool splitk = false;
+  size_t splitk_off = 0, splitk_counters_off = 0;
   // W > 1
   int ep_index = -1;  // EpComm workspace
   size_t act_off = 0, vids_off = 0, vweights_off = 0, y_off = 0;
@@ -236,16 +239,21 @@ class CudaBackend final : public LayerBackend {
     off = al(off + 4);
     ws->counts_off = off;
     off = al(off + size_t(El_) * 4);
-    ws->splitk_off = off;
-    off = al(off + kern::splitk_partial_bytes());
-    ws->splitk_counters_off = off;
-    off = al(off + kern::splitk_counter_bytes());
+    ws->splitk = recipe_traits(cfg_.recipe.recipe).weights_4bit;
+    if (ws->splitk) {
+      ws->splitk_off = off;
+      off = al(off + kern::splitk_partial_bytes());
+      ws->splitk_counters_off = off;
+      off = al(off + kern::splitk_counter_bytes());
+    }
     ws->mem.allocate(off, "a workspace");
-    // The split-K arrival counters start at zero; each kernel leaves them at zero.
-    check(cudaMemset(ws->mem.as<unsigned char>() + ws->splitk_counters_off, 0,
-                     kern::splitk_counter_bytes()),
-          "zeroing the split-K counters");
-    check(cudaDeviceSynchronize(), "zeroing the split-K counters");
+    if (ws->splitk) {
+      // The split-K arrival counters start at zero; each kernel leaves them at zero.
+      check(cudaMemset(ws->mem.as<unsigned char>() + ws->splitk_counters_off, 0,
+                       kern::splitk_counter_bytes()),
+            "zeroing the split-K counters");
+      check(cudaDeviceSynchronize(), "zeroing the split-K counters");
+    }
     workspaces_.push_back(std::move(ws));
     return int(workspaces_.size()) - 1;
   }
@@ -287,8 +295,7 @@ class CudaBackend final : public LayerBackend {
     a.tiles = reinterpret_cast<kern::TileInfo*>(base + ws.tiles_off);
     a.num_tiles = reinterpret_cast<int32_t*>(base + ws.num_tiles_off);
     a.counts = reinterpret_cast<int32_t*>(base + ws.counts_off);
-    a.splitk_partials = reinterpret_cast<float*>(base + ws.splitk_off);
-    a.splitk_counters = reinterpret_cast<int32_t*>(base + ws.splitk_counters_off);
+    set_splitk(a, base, ws);
     if (out.out.defined()) {
       a.y_rows = reinterpret_cast<uint16_t*>(base + ws.layout.combine_off);
       a.out = out.out.ptr<uint16_t>();
@@ -516,8 +523,7 @@ class CudaBackend final : public LayerBackend {
     a.tiles = reinterpret_cast<kern::TileInfo*>(scratch + ws.tiles_off);
     a.num_tiles = reinterpret_cast<int32_t*>(scratch + ws.num_tiles_off);
     a.counts = reinterpret_cast<int32_t*>(scratch + ws.counts_off);
-    a.splitk_partials = reinterpret_cast<float*>(scratch + ws.splitk_off);
-    a.splitk_counters = reinterpret_cast<int32_t*>(scratch + ws.splitk_counters_off);
+    set_splitk(a, scratch, ws);
     if (ws.fused_combine) {
       a.y_dst = ua.y_dst;  // fc2 stores into the sources' combine areas (NVLink)
       a.y_dst_fence = ws.fused_combine == 2;
@@ -570,6 +576,13 @@ class CudaBackend final : public LayerBackend {
     }
     check(kern::launch_finalize(f, rows, s), "launching the finalize");
     mark(6);
+  }
+
+  // The workspace's split-K buffers (base = its scratch), or none.
+  static void set_splitk(kern::ForwardArgs& a, unsigned char* base, const Workspace& ws) {
+    if (!ws.splitk) return;
+    a.splitk_partials = reinterpret_cast<float*>(base + ws.splitk_off);
+    a.splitk_counters = reinterpret_cast<int32_t*>(base + ws.splitk_counters_off);
   }
 
   void select_device() {

@@ -524,8 +524,8 @@ TEST(GpuLayer, OutOfRangeIdIsReportedByTheNextCall) {
 
 TEST(GpuLayer, WorkspaceAtDsv3Capacity4096) {
   SKIP_WITHOUT_GPU();
-  // Sized from the layout alone (no weights needed): the bf16 recipe with 1 expert... the
-  // workspace does not depend on E beyond a few bytes, so a 8-expert layer stands in for 256.
+  // The workspace does not depend on E beyond a few bytes, so an 8-expert nvfp4 layer stands in
+  // for DSV3's 256.
   const Shape s{"dsv3", 7168, 2048, 8, 8};
   std::vector<float> w13(size_t(s.E) * 2 * s.I * s.H, 0.01f), w2(size_t(s.E) * s.H * s.I, 0.01f);
   const PackedExperts p = pack_expert_weights(Recipe::kNvfp4, w13.data(), w2.data(), s.E, s.H, s.I);
