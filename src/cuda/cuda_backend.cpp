@@ -111,12 +111,21 @@ struct Workspace {
   // kernel); without them the kernels do not split.
   bool splitk = false;
   size_t splitk_off = 0, splitk_counters_off = 0;
+  size_t xq8_off = 0, xref_off = 0, h8_off = 0, href_off = 0;  // the fp8 path (fp8_)
   // W > 1
   int ep_index = -1;  // EpComm workspace
   size_t act_off = 0, vids_off = 0, vweights_off = 0, y_off = 0;
   int fused_combine = 0;  // 1, 2: y_dst_off: [W*cap*K] row pointers instead of y [W*cap*K][H]
   size_t y_dst_off = 0;
 };
+
+// MOE_EP_FP8=1 (read at construction): the draft fp8 MMA path of mxfp4_mxfp8 (weights in the
+// fp8 resident layout, every tile on sm90_moe_fp8_kernel; docs/gpu_kernels.md §8). One GPU only
+// and K dimensions that are multiples of its 128-wide stage; otherwise the switch is ignored.
+bool fp8_from_env(Recipe r, int W, int H, int I) {
+  const char* v = std::getenv("MOE_EP_FP8");
+  return v && v[0] == '1' && r == Recipe::kMxfp4Mxfp8 && W == 1 && H % 128 == 0 && I % 128 == 0;
+}
 
 class CudaBackend final : public LayerBackend {
  public:
@@ -129,6 +138,7 @@ class CudaBackend final : public LayerBackend {
     rank_ = boot.rank;
     El_ = cfg.fleet.num_experts / boot.world_size;
     rs_ = kern::resident_shape(cfg.recipe.recipe, H, I);
+    fp8_ = fp8_from_env(cfg.recipe.recipe, W_, H, I);
     check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, boot.device),
           "reading the SM count");
     try {
@@ -246,6 +256,16 @@ class CudaBackend final : public LayerBackend {
       ws->splitk_counters_off = off;
       off = al(off + kern::splitk_counter_bytes());
     }
+    if (fp8_) {
+      ws->xq8_off = off;
+      off = al(off + vtok * H);
+      ws->xref_off = off;
+      off = al(off + vtok);
+      ws->h8_off = off;
+      off = al(off + rows * I);
+      ws->href_off = off;
+      off = al(off + rows);
+    }
     ws->mem.allocate(off, "a workspace");
     if (ws->splitk) {
       // The split-K arrival counters start at zero; each kernel leaves them at zero.
@@ -296,6 +316,13 @@ class CudaBackend final : public LayerBackend {
     a.num_tiles = reinterpret_cast<int32_t*>(base + ws.num_tiles_off);
     a.counts = reinterpret_cast<int32_t*>(base + ws.counts_off);
     set_splitk(a, base, ws);
+    if (fp8_) {
+      a.fp8 = true;
+      a.xq8 = base + ws.xq8_off;
+      a.xref = base + ws.xref_off;
+      a.h8 = base + ws.h8_off;
+      a.href = base + ws.href_off;
+    }
     if (out.out.defined()) {
       a.y_rows = reinterpret_cast<uint16_t*>(base + ws.layout.combine_off);
       a.out = out.out.ptr<uint16_t>();
@@ -658,7 +685,7 @@ class CudaBackend final : public LayerBackend {
       std::string why;
       check(kern::preprocess_weights(r, fc == 1, El_, H, I, raw, raw_s,
                                      (fc == 1 ? w1_ : w2_).as<uint8_t>(),
-                                     (fc == 1 ? s1_ : s2_).as<uint8_t>(), nullptr, &why),
+                                     (fc == 1 ? s1_ : s2_).as<uint8_t>(), nullptr, &why, fp8_),
             "preprocessing the weights");
       tw.release();
       ts.release();
@@ -705,6 +732,7 @@ class CudaBackend final : public LayerBackend {
   int num_sms_ = 1;
   std::string weight_error_;  // W > 1: this rank's weight rejection, agreed on collectively
   kern::ResidentShape rs_{};
+  bool fp8_ = false;  // the fp8 MMA draft for mxfp4_mxfp8 (MOE_EP_FP8=1; docs/gpu_kernels.md §8)
   DeviceBuffer w1_, w2_, s1_, s2_, fc1_alpha_, fc2_alpha_, fc1_nc_;
   kern::DeviceError* err_host_ = nullptr;
   kern::DeviceError* err_dev_ = nullptr;

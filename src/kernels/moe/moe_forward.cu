@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/moe/fp8_fragments.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/quant4_device.cuh"
 #include "kernels/moe/sm90_moe_decode.cuh"
@@ -269,10 +270,18 @@ __global__ void __launch_bounds__(kFinThreads)
 struct PrepShape {
   int E, M, K, I, mtiles, chunks;
   bool fc1;
+  bool fp8 = false;  // the fp8 resident layout (fp8_resident_piece) for 4-bit weights
   __device__ int row_of(int mtile, int frag, int r) const {
     return fc1 ? (frag & 1) * I + mtile * kFc1TileH + (frag >> 1) * 16 + r
                : mtile * kTileRows + frag * 16 + r;
   }
+};
+
+// Rows of one M-tile as fp8_resident_piece asks for them.
+struct PrepRows {
+  const PrepShape* p;
+  int mtile;
+  __device__ int operator()(int frag, int r) const { return p->row_of(mtile, frag, r); }
 };
 
 // One thread per 16-byte piece of the resident weights.
@@ -292,7 +301,10 @@ __global__ void preprocess_weights_kernel(PrepShape p, bool four_bit, const uint
     const int mtile = int(blk / kTileFrags / p.chunks);
     const int g = lane >> 2, t4 = lane & 3;
     uint32_t words[4];
-    if (four_bit) {
+    if (four_bit && p.fp8) {
+      fp8_resident_piece(raw + size_t(e) * p.M * (p.K / 2), p.M, p.K, chunk, lane, frag,
+                         PrepRows{&p, mtile}, words);
+    } else if (four_bit) {
       for (int s = 0; s < 4; ++s) {
         uint32_t w = 0;
         for (int j = 0; j < 4; ++j) {
@@ -444,10 +456,36 @@ void set_decode_splitk_override(int fc1_mode, int fc2_mode) {
   g_splitk_override[0].store(valid(fc2_mode), std::memory_order_relaxed);
 }
 
+// x (after prepare) or h (after fc1) folded: one block per row of `cols` bf16 values.
+__global__ void __launch_bounds__(256)
+    fp8_fold_rows_kernel(const uint16_t* src, int cols, uint8_t* dst, uint8_t* ref) {
+  const size_t row = blockIdx.x;
+  const uint16_t* s = src + row * cols;
+  __shared__ float red[8];
+  float amax = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += 256) amax = fmaxf(amax, fabsf(fmt::bf16_to_float(s[i])));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = red[0];
+  for (int w = 1; w < 8; ++w) amax = fmaxf(amax, red[w]);
+  const uint8_t r = fp8_row_reference(amax);
+  if (threadIdx.x == 0) ref[row] = r;
+  for (int i = threadIdx.x; i < cols; i += 256)
+    dst[row * cols + i] = fp8_fold(fmt::bf16_to_float(s[i]), r);
+}
+
+cudaError_t launch_fp8_fold(const uint16_t* src, int rows, int cols, uint8_t* dst, uint8_t* ref,
+                            cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  fp8_fold_rows_kernel<<<rows, 256, 0, s>>>(src, cols, dst, ref);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
-  a.tile_n = forward_tile_n(a.recipe, a.tile_n);
+  a.tile_n = a.fp8 ? 128 : forward_tile_n(a.recipe, a.tile_n);  // the fp8 draft: tiles of 128
   if (ev) cudaEventRecord(ev[0], s);
   const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
   switch (a.recipe) {
@@ -466,6 +504,9 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  if (a.fp8) {  // x folded to e4m3 rows for the fp8 GEMM (draft, docs/gpu_kernels.md §8)
+    if ((err = launch_fp8_fold(a.xq, a.tokens, a.H, a.xq8, a.xref, s)) != cudaSuccess) return err;
+  }
   if (ev) cudaEventRecord(ev[1], s);
   switch (a.recipe) {
     case Recipe::kNvfp4:
@@ -505,9 +546,10 @@ cudaError_t launch_finalize(const ForwardArgs& a, uint16_t* unfinalized_rows, cu
 
 cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, const uint8_t* raw,
                                const uint8_t* raw_scale, uint8_t* out, uint8_t* out_scale,
-                               cudaStream_t stream, std::string* why) {
+                               cudaStream_t stream, std::string* why, bool fp8_layout) {
   const ResidentShape rs = resident_shape(recipe, H, I);
   PrepShape p;
+  p.fp8 = fp8_layout && recipe != Recipe::kBf16;
   p.E = E;
   p.fc1 = fc1;
   p.I = I;

@@ -179,6 +179,14 @@ struct ForwardArgs {
   // EP owner side: xq (and ids / topk_weights) were filled from the received rows
   // (launch_ep_unpack), so prepare only routes.
   bool xq_ready = false;
+  // The fp8 MMA path of mxfp4_mxfp8 (MOE_EP_FP8=1 at construction, single GPU; draft,
+  // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
+  // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_kernel.
+  bool fp8 = false;
+  uint8_t* xq8 = nullptr;   // e4m3 [T, H]
+  uint8_t* xref = nullptr;  // [T]
+  uint8_t* h8 = nullptr;    // e4m3 [T*K, I], sorted order
+  uint8_t* href = nullptr;  // [T*K]
 };
 
 // EP source side (W > 1): checks the ids (bad ones go to `error`) and quantizes x into
