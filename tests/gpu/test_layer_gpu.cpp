@@ -648,18 +648,19 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
   cudaStreamDestroy(st);
 }
 
-// A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
-// and unfinalized, against the CPU reference.
-// The fp8 MMA draft of mxfp4_mxfp8 (MOE_EP_FP8=1 at construction; docs/gpu_kernels.md §8): within
+// The fp8 MMA path of mxfp4_mxfp8 (MOE_EP_FP8=1 at construction; docs/gpu_kernels.md §8): within
 // SPEC §7's tolerance of the CPU reference, repeated forwards bitwise, on DSV3 and Qwen3 (H and I
-// multiples of 128). Not yet run on a GPU when written.
+// multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give
+// tiles of most MMA widths the kernel picks: DSV3 1, 7, 40, 128, 160 rows per expert (widths 8,
+// 64, 128, 160), Qwen3 about half of each and 200 (8, 32, 64, 96; 192 + 8).
 TEST(GpuLayer, Fp8DraftMxfp4Mxfp8) {
   SKIP_WITHOUT_GPU();
   setenv("MOE_EP_FP8", "1", 1);
   for (const Shape& s : {kDsv3, kQwen3}) {
     SCOPED_TRACE(s.name);
     const Recipe r = Recipe::kMxfp4Mxfp8;
-    const std::vector<int> tokens = {1, 7, 128, 160};
+    std::vector<int> tokens = {1, 7, 40, 128, 160};
+    if (s.E == kQwen3.E) tokens.push_back(400);
     Master m(s, 21);
     const PackedExperts p = pack(s, r, m, Options{});
     const LayerConfig cfg = make_config(s, r, tokens.back(), true, Options{});
@@ -689,6 +690,8 @@ TEST(GpuLayer, Fp8DraftMxfp4Mxfp8) {
   unsetenv("MOE_EP_FP8");
 }
 
+// A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
+// and unfinalized, against the CPU reference.
 TEST(GpuLayer, SmallForSanitizer) {
   SKIP_WITHOUT_GPU();
   const Shape s{"small", 256, 128, 8, 2};

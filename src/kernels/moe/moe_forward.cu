@@ -15,9 +15,21 @@
 #include "kernels/moe/quant4_device.cuh"
 #include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
+#include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
+
+// The fp8 path's routing tile: up to 192 rows (one MMA width per tile from its rows, 8 to 192:
+// sm90_moe_fp8.cuh). MOE_EP_FP8_TILE=128 caps it at 128 (a benchmark knob).
+int fp8_tile_n() {
+  static const int n = [] {
+    const char* v = std::getenv("MOE_EP_FP8_TILE");
+    return v && std::atoi(v) == 128 ? 128 : 192;
+  }();
+  return n;
+}
+
 namespace {
 
 constexpr int kPrepThreads = 512;
@@ -456,36 +468,54 @@ void set_decode_splitk_override(int fc1_mode, int fc2_mode) {
   g_splitk_override[0].store(valid(fc2_mode), std::memory_order_relaxed);
 }
 
-// x (after prepare) or h (after fc1) folded: one block per row of `cols` bf16 values.
-__global__ void __launch_bounds__(256)
+// x (after prepare) or h (after fc1) folded (fp8_row_reference, fp8_fold): one block of 128
+// threads per row of `cols` bf16 values (a multiple of 8), 16-byte loads, the row's amax, then
+// 8 e4m3 bytes per 16 loaded (the conversion instruction, as fmt::float_to_e4m3: qmath).
+__global__ void __launch_bounds__(128)
     fp8_fold_rows_kernel(const uint16_t* src, int cols, uint8_t* dst, uint8_t* ref) {
   const size_t row = blockIdx.x;
-  const uint16_t* s = src + row * cols;
-  __shared__ float red[8];
+  const uint4* s = reinterpret_cast<const uint4*>(src + row * cols);
+  const int nv = cols / 8;
+  auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+  auto hi = [](uint32_t w) { return __uint_as_float(w & 0xffff0000u); };
   float amax = 0.0f;
-  for (int i = threadIdx.x; i < cols; i += 256) amax = fmaxf(amax, fabsf(fmt::bf16_to_float(s[i])));
+  for (int i = threadIdx.x; i < nv; i += 128) {
+    const uint4 v = s[i];
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fmaxf(fabsf(lo(w[j])), fabsf(hi(w[j]))));
+  }
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  __shared__ float red[4];
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
   __syncthreads();
-  amax = red[0];
-  for (int w = 1; w < 8; ++w) amax = fmaxf(amax, red[w]);
+  amax = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
   const uint8_t r = fp8_row_reference(amax);
   if (threadIdx.x == 0) ref[row] = r;
-  for (int i = threadIdx.x; i < cols; i += 256)
-    dst[row * cols + i] = fp8_fold(fmt::bf16_to_float(s[i]), r);
+  const float inv = fmt::exp2i(127 - int(r));
+  uint2* d = reinterpret_cast<uint2*>(dst + row * cols);
+  for (int i = threadIdx.x; i < nv; i += 128) {
+    const uint4 v = s[i];
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t p[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      p[j] = kernels::qmath::e4m3_pair(fmt::mul_rn(lo(w[j]), inv), fmt::mul_rn(hi(w[j]), inv));
+    d[i] = make_uint2(p[0] | (p[1] << 16), p[2] | (p[3] << 16));
+  }
 }
 
 cudaError_t launch_fp8_fold(const uint16_t* src, int rows, int cols, uint8_t* dst, uint8_t* ref,
                             cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
-  fp8_fold_rows_kernel<<<rows, 256, 0, s>>>(src, cols, dst, ref);
+  fp8_fold_rows_kernel<<<rows, 128, 0, s>>>(src, cols, dst, ref);
   return cudaGetLastError();
 }
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
-  a.tile_n = a.fp8 ? 128 : forward_tile_n(a.recipe, a.tile_n);  // the fp8 draft: tiles of 128
+  a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   if (ev) cudaEventRecord(ev[0], s);
   const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
   switch (a.recipe) {
