@@ -119,9 +119,11 @@ struct Workspace {
   size_t y_dst_off = 0;
 };
 
-// MOE_EP_FP8=1 (read at construction): the draft fp8 MMA path of mxfp4_mxfp8 (weights in the
-// fp8 resident layout, every tile on sm90_moe_fp8_kernel; docs/gpu_kernels.md §8). One GPU only
-// and K dimensions that are multiples of its 128-wide stage; otherwise the switch is ignored.
+// MOE_EP_FP8=1 (read at construction): the fp8 MMA path of mxfp4_mxfp8 (weights in the fp8
+// resident layout, every tile on sm90_moe_fp8_kernel; docs/gpu_kernels.md §8), for prefill:
+// faster from ~512 tokens, slower below, within SPEC §7's tolerance but not bitwise equal to the
+// CPU. One GPU only and K dimensions that are multiples of its 128-wide stage; otherwise the
+// switch is ignored.
 bool fp8_from_env(Recipe r, int W, int H, int I) {
   const char* v = std::getenv("MOE_EP_FP8");
   return v && v[0] == '1' && r == Recipe::kMxfp4Mxfp8 && W == 1 && H % 128 == 0 && I % 128 == 0;

@@ -20,12 +20,12 @@
 
 namespace moe_ep::kern {
 
-// The fp8 path's routing tile: up to 192 rows (one MMA width per tile from its rows, 8 to 192:
-// sm90_moe_fp8.cuh). MOE_EP_FP8_TILE=128 caps it at 128 (a benchmark knob).
+// The fp8 path's routing tile: up to kFp8MaxTile = 160 rows (one MMA width per tile from its
+// rows, 8 to 160: sm90_moe_fp8.cuh). MOE_EP_FP8_TILE=128 caps it at 128 (a benchmark knob).
 int fp8_tile_n() {
   static const int n = [] {
     const char* v = std::getenv("MOE_EP_FP8_TILE");
-    return v && std::atoi(v) == 128 ? 128 : 192;
+    return v && std::atoi(v) == 128 ? 128 : 160;
   }();
   return n;
 }

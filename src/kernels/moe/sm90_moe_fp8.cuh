@@ -1,10 +1,12 @@
-// The fp8 MMA path of mxfp4_mxfp8 in the layer (DRAFT: compiled, not yet run on a GPU;
+// The fp8 MMA path of mxfp4_mxfp8 in the layer (opt-in, MOE_EP_FP8=1 at construction; the
+// prefill path: faster than the bf16 path from ~512 tokens on DSV3, slower below;
 // docs/gpu_kernels.md §8). Same CTA as the m64 kernel (one warpgroup, 64 weight rows = half an
-// M-tile, fc1 gate / up fragments paired through shared memory), 128-token routing tiles,
-// wgmma m64n128k32 e4m3 with A = MXFP4 weights in the fp8 resident layout decoded in registers
-// against per-(row, block) shift tables, B = the folded e4m3 rows of xq8 (fc1, by token) or h8
-// (fc2, sorted), an fp32 promotion per 128-wide K stage with the rows' chunk references, and the
-// columns' fold references applied in the epilogue.
+// M-tile, fc1 gate / up fragments paired through shared memory), routing tiles of up to 160
+// tokens, each at the narrowest MMA width that holds its rows (wgmma m64nNk32 e4m3, N = 8 ..
+// 160), A = MXFP4 weights in the fp8 resident layout decoded in registers against per-(row,
+// block) shift tables, B = the folded e4m3 rows of xq8 (fc1, by token) or h8 (fc2, sorted), an
+// fp32 promotion per 128-wide K stage with the rows' chunk references (the next stage is decoded
+// while a stage's wgmmas run), and the columns' fold references applied in the epilogue.
 #pragma once
 
 #include "kernels/moe/fp8_fragments.h"
@@ -13,7 +15,7 @@
 
 namespace moe_ep::kern {
 
-constexpr int kFp8N = 192;       // most tokens per routing tile (tile_n 128 or 192)
+constexpr int kFp8N = 160;       // most tokens per routing tile (tile_n 128 or 160)
 constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
 constexpr int kFp8WBytes = 2 * kWg3Frags * 512;  // 2 chunks x this CTA's 4 fragments
 constexpr int kFp8SBytes = 2 * kWg3Frags * 32;   // their UE8M0 scales (16 rows x 2 blocks)
@@ -46,7 +48,6 @@ template <> struct Fp8Atom<64> { using T = gmma::MMA_64x64x32_F32E4M3E4M3_RS_TN<
 template <> struct Fp8Atom<96> { using T = gmma::MMA_64x96x32_F32E4M3E4M3_RS_TN<>; };
 template <> struct Fp8Atom<128> { using T = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>; };
 template <> struct Fp8Atom<160> { using T = gmma::MMA_64x160x32_F32E4M3E4M3_RS_TN<>; };
-template <> struct Fp8Atom<192> { using T = gmma::MMA_64x192x32_F32E4M3E4M3_RS_TN<>; };
 
 template <int kN, size_t... I>
 __device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint64_t desc,
@@ -72,7 +73,7 @@ struct Fp8Cta {
 };
 
 // The K loop and epilogue of one tile at MMA width kN >= tile.rows (the smallest of 8, 16, 32,
-// 64, 96, 128, 160, 192 that holds the tile's rows: the MMAs, the B copies and the accumulators
+// 64, 96, 128, 160 that holds the tile's rows: the MMAs, the B copies and the accumulators
 // scale with the rows the tile has; the weight decode, once per tile, does not).
 template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_tile(const ForwardArgs& a, const TileInfo& tile,
@@ -119,20 +120,18 @@ __device__ __forceinline__ void fp8_tile(const ForwardArgs& a, const TileInfo& t
   float acc[kNF * 4], part[kNF * 4];
 #pragma unroll
   for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f, part[i] = 0.0f;
-  uint32_t af[4][4];
 
-#pragma unroll
-  for (int st = 0; st < kStages - 2; ++st) {
-    if (st < stages_k) load_stage(st);
-    cp_async_commit();
-  }
-  for (int st = 0; st < stages_k; ++st) {
+  // Stage st has landed and is visible to every warp; the slot of stage st - 2 (whose wgmmas
+  // have retired) is refilled with stage st + kStages - 2.
+  auto wait_stage = [&](int st) {
     cp_async_wait<kStages - 3>();
     fence_proxy_async_smem();
-    __syncthreads();  // stage st is visible; stage st - 2's slot is free (its wgmmas retired)
+    __syncthreads();
     if (st + kStages - 2 < stages_k) load_stage(st + kStages - 2);
     cp_async_commit();
-
+  };
+  // Stage st's A fragments (4 k32 steps) and the promotion factors of rows g and g + 8.
+  auto decode_stage = [&](int st, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
     const unsigned char* sp = smem + (st % kStages) * kStageBytes;
     // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each.
     const unsigned char* ss = sp + kBBytes + kFp8WBytes + warp * 32;
@@ -142,7 +141,6 @@ __device__ __forceinline__ void fp8_tile(const ForwardArgs& a, const TileInfo& t
         uint32_t(*reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2)) |
         (uint32_t(*reinterpret_cast<const uint16_t*>(ss + 128 + (g + 8) * 2)) << 16);
     const int ref_lo = fp8_chunk_reference(sc_lo), ref_hi = fp8_chunk_reference(sc_hi);
-    const uint64_t desc = sw128_desc(c.smem_base + (st % kStages) * kStageBytes);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const uint4 piece = *reinterpret_cast<const uint4*>(
@@ -152,15 +150,45 @@ __device__ __forceinline__ void fp8_tile(const ForwardArgs& a, const TileInfo& t
       const uint64_t t_hi = c.table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
       fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
       fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
+    }
+    f_lo = fmt::exp2i(ref_lo - 127);
+    f_hi = fmt::exp2i(ref_hi - 127);
+  };
+  // One stage: its 4 wgmmas into `part` are issued, then, while they run, the next stage is
+  // waited for and decoded into `nxt`; then the partial sums are promoted into acc (fp32).
+  float f_lo = 0.0f, f_hi = 0.0f;
+  auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+    const uint64_t desc = sw128_desc(c.smem_base + (st % kStages) * kStageBytes);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
       wgmma_fence();
-      wgmma_fp8<kN>(part, af[s], desc + uint64_t(2 * s), s > 0,
+      wgmma_fp8<kN>(part, cur[s], desc + uint64_t(2 * s), s > 0,
                     std::make_index_sequence<kNF * 4>{});
       wgmma_commit();
     }
+    float n_lo = 0.0f, n_hi = 0.0f;
+    if (st + 1 < stages_k) {
+      wait_stage(st + 1);
+      decode_stage(st + 1, nxt, n_lo, n_hi);
+    }
     wgmma_wait<0>();
-    const float f_lo = fmt::exp2i(ref_lo - 127), f_hi = fmt::exp2i(ref_hi - 127);
 #pragma unroll
     for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
+    f_lo = n_lo;
+    f_hi = n_hi;
+  };
+
+#pragma unroll
+  for (int st = 0; st < kStages - 2; ++st) {
+    if (st < stages_k) load_stage(st);
+    cp_async_commit();
+  }
+  uint32_t af0[4][4], af1[4][4];
+  wait_stage(0);
+  decode_stage(0, af0, f_lo, f_hi);
+  for (int st = 0; st < stages_k; st += 2) {
+    stage(st, af0, af1);
+    if (st + 1 < stages_k) stage(st + 1, af1, af0);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the ring; its smem becomes the epilogue tile
@@ -265,10 +293,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_kernel(const Forward
     fp8_tile<kFc1, 96>(a, tile, c);
   } else if (tile.rows <= 128) {
     fp8_tile<kFc1, 128>(a, tile, c);
-  } else if (tile.rows <= 160) {
-    fp8_tile<kFc1, 160>(a, tile, c);
   } else {
-    fp8_tile<kFc1, 192>(a, tile, c);
+    fp8_tile<kFc1, 160>(a, tile, c);
   }
 }
 
