@@ -2,8 +2,8 @@
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
 #   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
-#                        [benchall] [profile] [epab] [probe]  (default: all but benchall, profile,
-#                        epab, probe)
+#                        [benchall] [profile] [epab] [probe] [fp8]  (default: all but benchall,
+#                        profile, epab, probe, fp8)
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
 #   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
@@ -132,6 +132,20 @@ if has probe; then
     "$BUILD/bench/fp8_gemm_probe" --span $sp >>"$OUT/fp8_probe.log" 2>&1 || status=1
   done
   cat "$OUT/fp8_probe.log"
+fi
+
+if has fp8; then
+  # The opt-in fp8 MMA path of mxfp4_mxfp8 (MOE_EP_FP8=1, docs/gpu_kernels.md §8) against the
+  # default bf16 path, DSV3 and Qwen3, 128 to 4096 tokens, into one log.
+  echo "== fp8 path A/B -> $OUT/fp8_ab.log"
+  for f in 0 1; do
+    for shape in dsv3 qwen3; do
+      echo "# MOE_EP_FP8=$f $shape" >>"$OUT/fp8_ab.log"
+      MOE_EP_FP8=$f "$BUILD/bench/bench_layer" --shape $shape --recipes mxfp4_mxfp8 \
+        --routing uniform --tokens 128,512,2048,4096 >>"$OUT/fp8_ab.log" 2>&1 || status=1
+    done
+  done
+  grep -E "^#|uniform" "$OUT/fp8_ab.log"
 fi
 
 if has profile; then
