@@ -78,8 +78,12 @@ __device__ __forceinline__ int table_index(int d) {
 }
 
 // Grid: E * M / (64 kWG) CTAs, an expert's CTAs fastest.
-template <int kWG>
+// kMode (timing diagnostics; only mode 0 computes the product): bit 0 skips the decode (the
+// resident words go to the MMA as they are), bit 1 the promotion (one accumulator set over all
+// of K, up to 3 wgmma steps in flight as in the bf16 m64 kernel, no per-stage wait).
+template <int kWG, int kMode = 0>
 __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const ProbeArgs a) {
+  constexpr bool kDecode = !(kMode & 1), kPromote = !(kMode & 2);
   constexpr int kThreadsCta = 128 * kWG, kStageBytes = stage_bytes<kWG>();
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t table[kTables];
@@ -149,14 +153,22 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
       const uint4 piece = *reinterpret_cast<const uint4*>(
           sp + kBBytes + (s >> 1) * kWG * kWChunkBytes + wfrag * 512 + lane * 16);
       const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
-      const uint64_t t_lo = table[table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
-      const uint64_t t_hi = table[table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
-      fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
-      fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
+      if constexpr (kDecode) {
+        const uint64_t t_lo = table[table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
+        const uint64_t t_hi = table[table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
+        fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
+        fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
+      } else {
+        af[s][0] = w_lo, af[s][1] = w_hi, af[s][2] = w_lo ^ uint32_t(ref_lo);
+        af[s][3] = w_hi ^ uint32_t(ref_hi);
+      }
       wgmma_fence();
-      wgmma_fp8(tmp, af[s], desc + uint64_t(2 * s), s > 0, std::make_index_sequence<kN / 2>{});
+      wgmma_fp8(tmp, af[s], desc + uint64_t(2 * s), kPromote ? s > 0 : (s > 0 || st > 0),
+                std::make_index_sequence<kN / 2>{});
       wgmma_commit();
+      if constexpr (!kPromote) wgmma_wait<3>();
     }
+    if constexpr (!kPromote) continue;
     // All of the stage's steps, then the promotion; the wgmmas of the SM's other CTA (2 per SM:
     // 182 registers, 81 KB of shared memory each) run meanwhile. Promoting one stage while the
     // next one's wgmmas run inside one warpgroup makes ptxas serialize the wgmmas (C7514: the
@@ -167,6 +179,11 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
     const float f_lo = fmt::exp2i(ref_lo - 127), f_hi = fmt::exp2i(ref_hi - 127);
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = fmaf(tmp[i], (i & 2) ? f_hi : f_lo, acc[i]);
+  }
+  if constexpr (!kPromote) {
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) acc[i] = tmp[i];
   }
   cp_async_wait<0>();
 
@@ -271,9 +288,9 @@ int main(int argc, char** argv) {
   const ProbeArgs pa{dw, ds, dx, dxref, dout, M, K};
   bool ok = true;
   // Each CTA shape (one or two warpgroups per CTA), checked and timed.
-  auto run = [&](auto wg) {
-    constexpr int kWG = decltype(wg)::value;
-    const auto kernel = fp8_probe_kernel<kWG>;
+  auto run = [&](auto wg, auto mode) {
+    constexpr int kWG = decltype(wg)::value, kMode = decltype(mode)::value;
+    const auto kernel = fp8_probe_kernel<kWG, kMode>;
     const int smem = smem_bytes<kWG>();
     const dim3 grid(unsigned(E) * unsigned(M / (kRows * kWG))), block(128 * kWG);
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -330,6 +347,13 @@ int main(int argc, char** argv) {
     std::sort(us.begin(), us.end());
     const double med = us[us.size() / 2];
     const double tflops = 2.0 * E * double(M) * K * kN / (med * 1e-6) / 1e12;
+    if (kMode != 0) {
+      std::printf("fp8_gemm_probe: E %d x M %d x K %d x N %d, 1 warpgroup per CTA, %s%s | median "
+                  "%.1f us (min %.1f), %.0f TFLOP/s (timing only, not checked)\n",
+                  E, M, K, kN, kMode & 1 ? "no decode" : "decode",
+                  kMode & 2 ? ", no promotion" : ", promotion", med, us.front(), tflops);
+      return;
+    }
     std::printf(
         "fp8_gemm_probe: E %d x M %d x K %d x N %d, span %d, %d warpgroup(s) per CTA | median "
         "%.1f us (min %.1f), %.0f TFLOP/s | %d outputs checked: rel L2 %.3e vs the MXFP8 values, "
@@ -337,8 +361,14 @@ int main(int argc, char** argv) {
         E, M, K, kN, span, kWG, med, us.front(), tflops, checked, rel_v, rel_f, worst, nan);
     ok = ok && nan == 0 && rel_v <= 5e-3;
   };
-  run(std::integral_constant<int, 1>{});
-  run(std::integral_constant<int, 2>{});
+  using Z = std::integral_constant<int, 0>;
+  run(std::integral_constant<int, 1>{}, Z{});
+  run(std::integral_constant<int, 2>{}, Z{});
+  if (span == 4) {  // where the time goes: without the decode, the promotion, or both
+    run(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
+    run(std::integral_constant<int, 1>{}, std::integral_constant<int, 2>{});
+    run(std::integral_constant<int, 1>{}, std::integral_constant<int, 3>{});
+  }
   cudaFree(dw);
   cudaFree(ds);
   cudaFree(dx);
