@@ -348,10 +348,11 @@ int main(int argc, char** argv) {
     const double med = us[us.size() / 2];
     const double tflops = 2.0 * E * double(M) * K * kN / (med * 1e-6) / 1e12;
     if (kMode != 0) {
-      std::printf("fp8_gemm_probe: E %d x M %d x K %d x N %d, 1 warpgroup per CTA, %s%s | median "
-                  "%.1f us (min %.1f), %.0f TFLOP/s (timing only, not checked)\n",
-                  E, M, K, kN, kMode & 1 ? "no decode" : "decode",
-                  kMode & 2 ? ", no promotion" : ", promotion", med, us.front(), tflops);
+      std::printf(
+          "fp8_gemm_probe: E %d x M %d x K %d x N %d, 1 warpgroup per CTA, %s%s | median "
+          "%.1f us (min %.1f), %.0f TFLOP/s (timing only, not checked)\n",
+          E, M, K, kN, kMode & 1 ? "no decode" : "decode",
+          kMode & 2 ? ", no promotion" : ", promotion", med, us.front(), tflops);
       return;
     }
     std::printf(

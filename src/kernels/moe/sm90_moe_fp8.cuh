@@ -15,8 +15,8 @@
 
 namespace moe_ep::kern {
 
-constexpr int kFp8N = 160;       // most tokens per routing tile (tile_n 128 or 160)
-constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
+constexpr int kFp8N = 160;                       // most tokens per routing tile (tile_n 128 or 160)
+constexpr int kFp8StageK = 128;                  // K per stage: 4 k32 steps, one promotion
 constexpr int kFp8WBytes = 2 * kWg3Frags * 512;  // 2 chunks x this CTA's 4 fragments
 constexpr int kFp8SBytes = 2 * kWg3Frags * 32;   // their UE8M0 scales (16 rows x 2 blocks)
 // One stage of the ring at MMA width kN: kN B rows of 128 bytes (128-byte swizzle, 1024-byte
@@ -40,14 +40,36 @@ static_assert(fp8_ring_bytes(kFp8N) <= kFp8RingMax, "the widest tile's ring");
 static_assert(2 * (kFp8SmemBytes + 5 * 1024) <= 228 * 1024, "two fp8 CTAs per SM");
 
 // The MMA of a tile of kN tokens: m64 x kN x k32, e4m3 x e4m3 -> f32, A from registers.
-template <int kN> struct Fp8Atom;
-template <> struct Fp8Atom<8> { using T = gmma::MMA_64x8x32_F32E4M3E4M3_RS_TN<>; };
-template <> struct Fp8Atom<16> { using T = gmma::MMA_64x16x32_F32E4M3E4M3_RS_TN<>; };
-template <> struct Fp8Atom<32> { using T = gmma::MMA_64x32x32_F32E4M3E4M3_RS_TN<>; };
-template <> struct Fp8Atom<64> { using T = gmma::MMA_64x64x32_F32E4M3E4M3_RS_TN<>; };
-template <> struct Fp8Atom<96> { using T = gmma::MMA_64x96x32_F32E4M3E4M3_RS_TN<>; };
-template <> struct Fp8Atom<128> { using T = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>; };
-template <> struct Fp8Atom<160> { using T = gmma::MMA_64x160x32_F32E4M3E4M3_RS_TN<>; };
+template <int kN>
+struct Fp8Atom;
+template <>
+struct Fp8Atom<8> {
+  using T = gmma::MMA_64x8x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct Fp8Atom<16> {
+  using T = gmma::MMA_64x16x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct Fp8Atom<32> {
+  using T = gmma::MMA_64x32x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct Fp8Atom<64> {
+  using T = gmma::MMA_64x64x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct Fp8Atom<96> {
+  using T = gmma::MMA_64x96x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct Fp8Atom<128> {
+  using T = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct Fp8Atom<160> {
+  using T = gmma::MMA_64x160x32_F32E4M3E4M3_RS_TN<>;
+};
 
 template <int kN, size_t... I>
 __device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint64_t desc,
@@ -205,8 +227,7 @@ __device__ __forceinline__ void fp8_tile(const ForwardArgs& a, const TileInfo& t
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = nf * 8 + 2 * t4 + (i & 1);
-        xs[col * kFp8XS + slot0 + (i >> 1) * 8] =
-            fmt::round_to_bf16(acc[nf * 4 + i] * c.colf[col]);
+        xs[col * kFp8XS + slot0 + (i >> 1) * 8] = fmt::round_to_bf16(acc[nf * 4 + i] * c.colf[col]);
       }
     }
     __syncthreads();
