@@ -107,8 +107,8 @@ struct Workspace {
   WorkspaceLayout layout;
   DeviceBuffer mem;  // W = 1: layout + scratch; W > 1: scratch only (layout is the window)
   size_t xq_off = 0, h_off = 0, pairs_off = 0, tiles_off = 0, num_tiles_off = 0, counts_off = 0;
-  // Decode split-K partials + counters: 4-bit recipes only (bf16 weights never run the decode
-  // kernel); without them the kernels do not split.
+  // Decode split-K partials + counters: 4-bit recipes on the decode kernel only (bf16 weights
+  // and the fp8 path never run it); without them the kernels do not split.
   bool splitk = false;
   size_t splitk_off = 0, splitk_counters_off = 0;
   size_t xq8_off = 0, xref_off = 0, h8_off = 0, href_off = 0;  // the fp8 path (fp8_)
@@ -251,7 +251,7 @@ class CudaBackend final : public LayerBackend {
     off = al(off + 4);
     ws->counts_off = off;
     off = al(off + size_t(El_) * 4);
-    ws->splitk = recipe_traits(cfg_.recipe.recipe).weights_4bit;
+    ws->splitk = recipe_traits(cfg_.recipe.recipe).weights_4bit && !fp8_;  // decode kernel only
     if (ws->splitk) {
       ws->splitk_off = off;
       off = al(off + kern::splitk_partial_bytes());

@@ -653,7 +653,7 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
 // multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give
 // tiles of most MMA widths the kernel picks: DSV3 1, 7, 40, 128, 160 rows per expert (widths 8,
 // 64, 128, 160), Qwen3 about half of each and 200 (8, 32, 64, 96; 160 + 40 -> 64).
-TEST(GpuLayer, Fp8DraftMxfp4Mxfp8) {
+TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
   SKIP_WITHOUT_GPU();
   setenv("MOE_EP_FP8", "1", 1);
   for (const Shape& s : {kDsv3, kQwen3}) {

@@ -20,7 +20,7 @@
 
 namespace moe_ep::kern {
 
-// The fp8 path's routing tile: up to kFp8MaxTile = 160 rows (one MMA width per tile from its
+// The fp8 path's routing tile: up to kFp8N = 160 rows (one MMA width per tile from its
 // rows, 8 to 160: sm90_moe_fp8.cuh). MOE_EP_FP8_TILE=128 caps it at 128 (a benchmark knob).
 int fp8_tile_n() {
   static const int n = [] {
@@ -534,7 +534,7 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  if (a.fp8) {  // x folded to e4m3 rows for the fp8 GEMM (draft, docs/gpu_kernels.md §8)
+  if (a.fp8) {  // x folded to e4m3 rows for the fp8 GEMM (docs/gpu_kernels.md §8)
     if ((err = launch_fp8_fold(a.xq, a.tokens, a.H, a.xq8, a.xref, s)) != cudaSuccess) return err;
   }
   if (ev) cudaEventRecord(ev[1], s);
