@@ -197,6 +197,187 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Warp-specialized skeleton (timing and correctness, session 5): one CTA per SM of 3 warpgroups.
+// Warpgroup 0 produces (per-thread cp.async of the stage's B rows and the M-tile's weights,
+// completion published on a "full" mbarrier D stages later, after its own cp.async.wait_group
+// and a proxy fence), warpgroups 1 and 2 consume (each the 64 rows of one half of the M-tile
+// against the same B stage: wait full, decode, 4 wgmmas, wait, release the slot on "empty",
+// promote). setmaxnreg moves registers from the producer to the consumers.
+constexpr int kWsStages = 8;                        // ring depth
+constexpr int kWsLag = 2;                           // stages in flight per producer thread
+constexpr int kWsWBytes = 2 * 4096;                 // the M-tile's 8 fragments, 2 chunks
+constexpr int kWsStageBytes = kBBytes + kWsWBytes;  // 24 KB (multiple of 1024)
+constexpr int kWsSmemBytes = kWsStages * kWsStageBytes + 1024;
+
+__device__ __forceinline__ void ws_bar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void ws_bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void ws_bar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+template <int kMode>
+__global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a) {
+  constexpr bool kDecode = !(kMode & 1), kPromote = !(kMode & 2);  // as fp8_probe_kernel
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ uint64_t table[kTables];
+  __shared__ __align__(8) uint64_t full_bar[kWsStages], empty_bar[kWsStages];
+  const int mtiles = a.M / kTileRows;
+  const int e = int(blockIdx.x) / mtiles, mtile = int(blockIdx.x) % mtiles;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t smem_base = smem_addr(smem);
+  const int stages_k = a.K / kStageK, chunks = a.K / kKChunk;
+
+  for (int i = tid; i < kTables; i += 384)
+    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kTableMin);
+  if (tid == 0) {
+    for (int s = 0; s < kWsStages; ++s) {
+      ws_bar_init(&full_bar[s], 128);
+      ws_bar_init(&empty_bar[s], 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const int bc = tid & 7, br0 = tid >> 3;
+    const uint8_t* xsrc = a.x + (size_t(e) * kN + br0) * a.K + bc * 16;
+    const int bdst = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
+    const uint8_t* wsrc = a.w + (size_t(e) * mtiles + mtile) * chunks * 4096 + tid * 16;
+    for (int st = 0; st < stages_k; ++st) {
+      const int slot = st % kWsStages;
+      if (st >= kWsStages) ws_bar_wait(&empty_bar[slot], uint32_t((st / kWsStages) - 1) & 1u);
+      unsigned char* sp = smem + slot * kWsStageBytes;
+#pragma unroll
+      for (int i = 0; i < kN / 16; ++i)
+        cp_async16(sp + bdst + i * 2048, xsrc + size_t(16 * i) * a.K + st * kStageK, true);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        cp_async16(sp + kBBytes + j * 2048 + tid * 16, wsrc + size_t(st) * 8192 + j * 2048, true);
+      cp_async_commit();
+      if (st >= kWsLag) {
+        cp_async_wait<kWsLag>();
+        fence_proxy_async_smem();
+        ws_bar_arrive(&full_bar[(st - kWsLag) % kWsStages]);
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    for (int st = stages_k - kWsLag; st < stages_k; ++st)
+      if (st >= 0) ws_bar_arrive(&full_bar[st % kWsStages]);
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int ctid = tid - 128, half = wg - 1;
+  const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
+  const int wfrag = 4 * half + warp;
+  const int row_lo = mtile * kTileRows + wfrag * 16 + g;
+  const uint8_t* s_lo = a.s + (size_t(e) * a.M + row_lo) * (a.K / 32);
+  const uint8_t* s_hi = s_lo + size_t(8) * (a.K / 32);
+
+  float acc[kN / 2], tmp[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
+  // Stage st's A fragments from its slot (after its full barrier) and the rows' promotion
+  // factors; the scale words come from registers loaded a stage earlier.
+  auto decode = [&](int st, uint32_t sc_lo, uint32_t sc_hi, uint32_t(&af)[4][4], float& f_lo,
+                    float& f_hi) {
+    const int slot = st % kWsStages;
+    const int ref_lo = fp8_chunk_reference(sc_lo), ref_hi = fp8_chunk_reference(sc_hi);
+    ws_bar_wait(&full_bar[slot], uint32_t(st / kWsStages) & 1u);
+    const unsigned char* sp = smem + slot * kWsStageBytes;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint4 piece =
+          *reinterpret_cast<const uint4*>(sp + kBBytes + (s >> 1) * 4096 + wfrag * 512 + lane * 16);
+      const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
+      if constexpr (kDecode) {
+        const uint64_t t_lo = table[table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
+        const uint64_t t_hi = table[table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
+        fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
+        fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
+      } else {
+        af[s][0] = w_lo, af[s][1] = w_hi, af[s][2] = w_lo ^ uint32_t(ref_lo);
+        af[s][3] = w_hi ^ uint32_t(ref_hi);
+      }
+    }
+    f_lo = fmt::exp2i(ref_lo - 127);
+    f_hi = fmt::exp2i(ref_hi - 127);
+  };
+  uint32_t n_lo = 0, n_hi = 0;  // the next stage's scale words
+  auto fetch = [&](int st) {
+    if (st < stages_k) {
+      n_lo = __ldg(reinterpret_cast<const uint32_t*>(s_lo + st * 4));
+      n_hi = __ldg(reinterpret_cast<const uint32_t*>(s_hi + st * 4));
+    }
+  };
+  float f_lo = 0.0f, f_hi = 0.0f;
+  // One stage: its wgmmas, then the next stage's decode while they run, then the wait, the
+  // slot's release and the promotion.
+  auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+    const int slot = st % kWsStages;
+    const uint64_t desc = sw128_desc(smem_base + slot * kWsStageBytes);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      wgmma_fence();
+      wgmma_fp8(tmp, cur[s], desc + uint64_t(2 * s), kPromote ? s > 0 : (s > 0 || st > 0),
+                std::make_index_sequence<kN / 2>{});
+      wgmma_commit();
+    }
+    float g_lo = 0.0f, g_hi = 0.0f;
+    if (st + 1 < stages_k) {
+      decode(st + 1, n_lo, n_hi, nxt, g_lo, g_hi);
+      fetch(st + 2);
+    }
+    wgmma_wait<0>();
+    ws_bar_arrive(&empty_bar[slot]);
+    if constexpr (kPromote) {
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) acc[i] = fmaf(tmp[i], (i & 2) ? f_hi : f_lo, acc[i]);
+    }
+    f_lo = g_lo;
+    f_hi = g_hi;
+  };
+  uint32_t af0[4][4], af1[4][4];
+  fetch(0);
+  {
+    const uint32_t lo = n_lo, hi = n_hi;
+    fetch(1);
+    decode(0, lo, hi, af0, f_lo, f_hi);
+  }
+  for (int st = 0; st < stages_k; st += 2) {
+    stage(st, af0, af1);
+    if (st + 1 < stages_k) stage(st + 1, af1, af0);
+  }
+  if constexpr (!kPromote) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) acc[i] = tmp[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const int col = 8 * (i >> 2) + 2 * t4 + (i & 1);
+    const int row = row_lo + ((i >> 1) & 1) * 8;
+    const float fx = fmt::exp2i(int(a.xref[size_t(e) * kN + col]) - 127);
+    a.out[(size_t(e) * kN + col) * a.M + row] = acc[i] * fx;
+  }
+}
+
 // Weight rows of M-tile mt without fc1's gate / up interleave.
 struct PlainRows {
   int mt;
@@ -288,11 +469,18 @@ int main(int argc, char** argv) {
   const ProbeArgs pa{dw, ds, dx, dxref, dout, M, K};
   bool ok = true;
   // Each CTA shape (one or two warpgroups per CTA), checked and timed.
+  // kWG 3: the warp-specialized skeleton (one producer and two consumer warpgroups).
   auto run = [&](auto wg, auto mode) {
     constexpr int kWG = decltype(wg)::value, kMode = decltype(mode)::value;
-    const auto kernel = fp8_probe_kernel<kWG, kMode>;
-    const int smem = smem_bytes<kWG>();
-    const dim3 grid(unsigned(E) * unsigned(M / (kRows * kWG))), block(128 * kWG);
+    constexpr bool kWs = kWG == 3;
+    void (*kernel)(ProbeArgs);
+    if constexpr (kWs)
+      kernel = fp8_ws_probe_kernel<kMode>;
+    else
+      kernel = fp8_probe_kernel<kWG, kMode>;
+    const int smem = kWs ? kWsSmemBytes : smem_bytes < kWs ? 1 : kWG > ();
+    const dim3 grid(unsigned(E) * unsigned(kWs ? M / kTileRows : M / (kRows * kWG))),
+        block(kWs ? 384 : 128 * kWG);
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CK(cudaMemset(dout, 0xff, size_t(E) * kN * M * 4));
     kernel<<<grid, block, smem>>>(pa);
@@ -349,26 +537,32 @@ int main(int argc, char** argv) {
     const double tflops = 2.0 * E * double(M) * K * kN / (med * 1e-6) / 1e12;
     if (kMode != 0) {
       std::printf(
-          "fp8_gemm_probe: E %d x M %d x K %d x N %d, 1 warpgroup per CTA, %s%s | median "
+          "fp8_gemm_probe: E %d x M %d x K %d x N %d, %s, %s%s | median "
           "%.1f us (min %.1f), %.0f TFLOP/s (timing only, not checked)\n",
-          E, M, K, kN, kMode & 1 ? "no decode" : "decode",
-          kMode & 2 ? ", no promotion" : ", promotion", med, us.front(), tflops);
+          E, M, K, kN, kWs ? "warp-specialized" : "1 warpgroup per CTA",
+          kMode & 1 ? "no decode" : "decode", kMode & 2 ? ", no promotion" : ", promotion", med,
+          us.front(), tflops);
       return;
     }
     std::printf(
-        "fp8_gemm_probe: E %d x M %d x K %d x N %d, span %d, %d warpgroup(s) per CTA | median "
+        "fp8_gemm_probe: E %d x M %d x K %d x N %d, span %d, %d warpgroup(s) per CTA%s | median "
         "%.1f us (min %.1f), %.0f TFLOP/s | %d outputs checked: rel L2 %.3e vs the MXFP8 values, "
         "%.3e vs the folded ones, worst rel %.3e, %d not finite\n",
-        E, M, K, kN, span, kWG, med, us.front(), tflops, checked, rel_v, rel_f, worst, nan);
+        E, M, K, kN, span, kWG, kWs ? " (1 producer + 2 consumers)" : "", med, us.front(), tflops,
+        checked, rel_v, rel_f, worst, nan);
     ok = ok && nan == 0 && rel_v <= 5e-3;
   };
   using Z = std::integral_constant<int, 0>;
   run(std::integral_constant<int, 1>{}, Z{});
   run(std::integral_constant<int, 2>{}, Z{});
+  run(std::integral_constant<int, 3>{}, Z{});
   if (span == 4) {  // where the time goes: without the decode, the promotion, or both
     run(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
     run(std::integral_constant<int, 1>{}, std::integral_constant<int, 2>{});
     run(std::integral_constant<int, 1>{}, std::integral_constant<int, 3>{});
+    run(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{});
+    run(std::integral_constant<int, 3>{}, std::integral_constant<int, 2>{});
+    run(std::integral_constant<int, 3>{}, std::integral_constant<int, 3>{});
   }
   cudaFree(dw);
   cudaFree(ds);
