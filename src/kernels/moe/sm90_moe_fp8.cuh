@@ -11,6 +11,7 @@
 
 #include "kernels/moe/fp8_fragments.h"
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_wgmma.cuh"
 
 namespace moe_ep::kern {
@@ -94,6 +95,69 @@ struct Fp8Cta {
   int mtile, half;
 };
 
+// The epilogue of one 64-row half M-tile (the m64 kernel's, with the columns' fold factors):
+// acc[nf * 4 + i] is row warp * 16 + g + (i >> 1) * 8 of the half and column nf * 8 + 2 t4 +
+// (i & 1); `tid` 0..127 is the thread in the half's warpgroup, `smem` its staging area (kFp8N
+// columns), `sync` a barrier over that warpgroup.
+template <bool kFc1, int kNF, class Sync>
+__device__ __forceinline__ void fp8_epilogue(const ForwardArgs& a, const TileInfo& tile,
+                                             const Fp8Cta& c, const float (&acc)[kNF * 4],
+                                             unsigned char* smem, int mtile, int half, int tid,
+                                             Sync sync) {
+  constexpr Recipe R = Recipe::kMxfp4Mxfp8;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+
+  // acc[nf * 4 + i]: row warp * 16 + g + (i >> 1) * 8 of the CTA's 64, column nf * 8 + 2 t4 +
+  // (i & 1); the same as the m64 kernel's, so its epilogue follows (with the column factors).
+  const int rows = tile.rows;
+  if constexpr (kFc1) {
+    float* xs = reinterpret_cast<float*>(smem);
+    const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+      if (nf * 8 >= rows) break;  // warp-uniform
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        xs[col * kFp8XS + slot0 + (i >> 1) * 8] = fmt::round_to_bf16(acc[nf * 4 + i] * c.colf[col]);
+      }
+    }
+    sync();
+    for (int it = tid; it < rows * kWg3HCols; it += 128) {
+      const int col = it / kWg3HCols, j = it % kWg3HCols;
+      float* x = xs + col * kFp8XS;
+      float hv = fmt::swiglu(x[j], x[kWg3HCols + j], a.swiglu_limit);
+      if (a.weight_in_fc1) hv = fmt::mul_rn(hv, c.tw_of[col]);
+      x[j] = hv;
+    }
+    sync();
+    store_h_rows<R, kWg3HCols, kFp8XS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid, 128);
+  } else {
+    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+      if (nf * 8 >= rows) break;  // warp-uniform
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        const int row = warp * 16 + g + (i >> 1) * 8;
+        ys[col * kFp8YS + row] = fmt::float_to_bf16(acc[nf * 4 + i] * c.colf[col]);
+      }
+    }
+    sync();
+    const int row0 = mtile * kTileRows + half * kWg3Rows;
+    for (int it = tid; it < rows * 8; it += 128) {
+      const int col = it >> 3, p = it & 7;
+      if (row0 + p * 8 >= a.H) continue;
+      const int pair = c.pair_of[col];
+      uint16_t* dst = a.y_dst != nullptr ? a.y_dst[pair] : a.y_rows + size_t(pair) * a.H;
+      *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
+          *reinterpret_cast<const uint4*>(ys + col * kFp8YS + p * 8);
+    }
+    if (a.y_dst_fence) __threadfence_system();
+  }
+}
+
 // The K loop and epilogue of one tile at MMA width kN >= tile.rows (the smallest of 8, 16, 32,
 // 64, 96, 128, 160 that holds the tile's rows: the MMAs, the B copies and the accumulators
 // scale with the rows the tile has; the weight decode, once per tile, does not).
@@ -106,7 +170,7 @@ __device__ __forceinline__ void fp8_tile(const ForwardArgs& a, const TileInfo& t
   constexpr int kStages = fp8_stages(kN), kStageBytes = fp8_stage_bytes(kN);
   constexpr int kBBytes = fp8_bbytes(kN);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t4 = lane & 3;
+  const int g = lane >> 2;
   unsigned char* smem = c.smem;
   const int mtile = c.mtile, half = c.half;
 
@@ -214,57 +278,7 @@ __device__ __forceinline__ void fp8_tile(const ForwardArgs& a, const TileInfo& t
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the ring; its smem becomes the epilogue tile
-
-  // acc[nf * 4 + i]: row warp * 16 + g + (i >> 1) * 8 of the CTA's 64, column nf * 8 + 2 t4 +
-  // (i & 1); the same as the m64 kernel's, so its epilogue follows (with the column factors).
-  const int rows = tile.rows;
-  if constexpr (kFc1) {
-    float* xs = reinterpret_cast<float*>(smem);
-    const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        xs[col * kFp8XS + slot0 + (i >> 1) * 8] = fmt::round_to_bf16(acc[nf * 4 + i] * c.colf[col]);
-      }
-    }
-    __syncthreads();
-    for (int it = tid; it < rows * kWg3HCols; it += kThreads) {
-      const int col = it / kWg3HCols, j = it % kWg3HCols;
-      float* x = xs + col * kFp8XS;
-      float hv = fmt::swiglu(x[j], x[kWg3HCols + j], a.swiglu_limit);
-      if (a.weight_in_fc1) hv = fmt::mul_rn(hv, c.tw_of[col]);
-      x[j] = hv;
-    }
-    __syncthreads();
-    store_h_rows<R, kWg3HCols, kFp8XS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid,
-                                       kThreads);
-  } else {
-    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        const int row = warp * 16 + g + (i >> 1) * 8;
-        ys[col * kFp8YS + row] = fmt::float_to_bf16(acc[nf * 4 + i] * c.colf[col]);
-      }
-    }
-    __syncthreads();
-    const int row0 = mtile * kTileRows + half * kWg3Rows;
-    for (int it = tid; it < rows * 8; it += kThreads) {
-      const int col = it >> 3, p = it & 7;
-      if (row0 + p * 8 >= a.H) continue;
-      const int pair = c.pair_of[col];
-      uint16_t* dst = a.y_dst != nullptr ? a.y_dst[pair] : a.y_rows + size_t(pair) * a.H;
-      *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
-          *reinterpret_cast<const uint4*>(ys + col * kFp8YS + p * 8);
-    }
-    if (a.y_dst_fence) __threadfence_system();
-  }
+  fp8_epilogue<kFc1, kNF>(a, tile, c, acc, smem, mtile, half, tid, [] { __syncthreads(); });
 }
 
 // Grid: one CTA per (routing tile, half M-tile), half M-tile fastest.
@@ -319,12 +333,230 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_kernel(const Forward
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The warp-specialized fp8 kernel (default; MOE_EP_FP8_WS=0 selects sm90_moe_fp8_kernel above):
+// one CTA per (routing tile, M-tile) of three warpgroups. Warpgroup 0 produces: per stage its
+// threads copy the kN B rows (128-byte swizzle), the M-tile's 8 weight fragments and their
+// scales of two K-chunks with cp.async, and each publishes its copies on the stage's "full"
+// mbarrier kFp8WsLag stages later, after its own cp.async.wait_group and a proxy fence (so the
+// wgmmas, which read through the async proxy, see them). Warpgroups 1 and 2 consume the two
+// 64-row halves of the M-tile against the same B stage: wait full, the 4 wgmmas, the next
+// stage's decode while they run, wait, release the slot on its "empty" mbarrier, promote.
+// setmaxnreg gives the consumers the producer's registers. Measured in bench/fp8_gemm_probe
+// first (docs/gpu_kernels.md §8: the skeleton alone 61 % -> 72 % of the fp8 ceiling).
+constexpr int kFp8WsThreads = 384;
+constexpr int kFp8WsWBytes = 2 * kTileFrags * 512;  // the M-tile's fragments of 2 K-chunks
+constexpr int kFp8WsSBytes = 2 * kTileFrags * 32;   // their scales
+constexpr int kFp8WsLag = 2;                        // stages in flight per producer thread
+constexpr int fp8_ws_stage_bytes(int n) {
+  return (fp8_bbytes(n) + kFp8WsWBytes + kFp8WsSBytes + 1023) / 1024 * 1024;
+}
+constexpr int kFp8WsRing = 200 * 1024;
+constexpr int fp8_ws_stages(int n) {
+  return kFp8WsRing / fp8_ws_stage_bytes(n) < 8 ? kFp8WsRing / fp8_ws_stage_bytes(n) : 8;
+}
+constexpr int kFp8WsSmemBytes = kFp8WsRing + 1024;
+constexpr int kFp8WsEpiBytes = kFp8N * kFp8XS * 4;  // one half's staging (fc1 is the larger)
+static_assert(2 * kFp8WsEpiBytes <= kFp8WsRing && fp8_ws_stages(kFp8N) >= kFp8WsLag + 2, "ring");
+
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+template <bool kFc1, int kN>
+__device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo& tile,
+                                            const Fp8Cta& c, uint64_t* full, uint64_t* empty) {
+  constexpr Recipe R = Recipe::kMxfp4Mxfp8;
+  constexpr int kNF = kN / 8;
+  constexpr int kBPasses = (kN + 15) / 16;
+  constexpr int kStages = fp8_ws_stages(kN), kStageBytes = fp8_ws_stage_bytes(kN);
+  constexpr int kBBytes = fp8_bbytes(kN);
+  const int tid = threadIdx.x, wg = tid >> 7;
+  unsigned char* smem = c.smem;
+  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, c.mtile);
+  const int stages_k = ms.chunks / 2;
+
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const int bc = tid & 7, br0 = tid >> 3;
+    const int bdst = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
+    const int live = tile.rows;
+    for (int st = 0; st < stages_k; ++st) {
+      const int slot = st % kStages;
+      if (st >= kStages) mbar_wait(&empty[slot], uint32_t(st / kStages - 1) & 1u);
+      unsigned char* sp = smem + slot * kStageBytes;
+#pragma unroll
+      for (int i = 0; i < kBPasses; ++i) {
+        const int row = br0 + 16 * i;
+        if (kN % 16 == 0 || row < kN)
+          cp_async16(sp + bdst + i * 2048, c.brow_ptr[row] + bc * 16 + st * kFp8StageK, row < live);
+      }
+#pragma unroll
+      for (int j = 0; j < kFp8WsWBytes / (16 * 128); ++j)
+        cp_async16(sp + kBBytes + (j * 128 + tid) * 16,
+                   ms.w + size_t(2 * st) * (kTileFrags * 512) + (j * 128 + tid) * 16, true);
+      if (tid < kFp8WsSBytes / 16)
+        cp_async16(sp + kBBytes + kFp8WsWBytes + tid * 16,
+                   ms.s + size_t(2 * st) * (kTileFrags * 32) + tid * 16, true);
+      cp_async_commit();
+      if (st >= kFp8WsLag) {
+        cp_async_wait<kFp8WsLag>();
+        fence_proxy_async_smem();
+        mbar_arrive(&full[(st - kFp8WsLag) % kStages]);
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    for (int st = stages_k - kFp8WsLag; st < stages_k; ++st)
+      if (st >= 0) mbar_arrive(&full[st % kStages]);
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int ctid = tid & 127, half = wg - 1;  // the thread in its warpgroup
+  const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2;
+  const int wfrag = 4 * half + warp;  // this warp's fragment of the M-tile
+  float acc[kNF * 4], part[kNF * 4];
+#pragma unroll
+  for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f, part[i] = 0.0f;
+
+  // Stage st's A fragments and the promotion factors of rows g and g + 8 (after its full
+  // barrier).
+  auto decode_stage = [&](int st, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
+    const int slot = st % kStages;
+    mbar_wait(&full[slot], uint32_t(st / kStages) & 1u);
+    const unsigned char* sp = smem + slot * kStageBytes;
+    // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each.
+    const unsigned char* ss = sp + kBBytes + kFp8WsWBytes + wfrag * 32;
+    constexpr int kSC = kTileFrags * 32;  // the next chunk's scales
+    const uint32_t sc_lo = uint32_t(*reinterpret_cast<const uint16_t*>(ss + g * 2)) |
+                           (uint32_t(*reinterpret_cast<const uint16_t*>(ss + kSC + g * 2)) << 16);
+    const uint32_t sc_hi =
+        uint32_t(*reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2)) |
+        (uint32_t(*reinterpret_cast<const uint16_t*>(ss + kSC + (g + 8) * 2)) << 16);
+    const int ref_lo = fp8_chunk_reference(sc_lo), ref_hi = fp8_chunk_reference(sc_hi);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint4 piece = *reinterpret_cast<const uint4*>(
+          sp + kBBytes + (s >> 1) * (kTileFrags * 512) + wfrag * 512 + lane * 16);
+      const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
+      const uint64_t t_lo = c.table[fp8_table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
+      const uint64_t t_hi = c.table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
+      fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
+      fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
+    }
+    f_lo = fmt::exp2i(ref_lo - 127);
+    f_hi = fmt::exp2i(ref_hi - 127);
+  };
+  float f_lo = 0.0f, f_hi = 0.0f;
+  auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+    const int slot = st % kStages;
+    const uint64_t desc = sw128_desc(c.smem_base + slot * kStageBytes);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      wgmma_fence();
+      wgmma_fp8<kN>(part, cur[s], desc + uint64_t(2 * s), s > 0,
+                    std::make_index_sequence<kNF * 4>{});
+      wgmma_commit();
+    }
+    float n_lo = 0.0f, n_hi = 0.0f;
+    if (st + 1 < stages_k) decode_stage(st + 1, nxt, n_lo, n_hi);
+    wgmma_wait<0>();
+    mbar_arrive(&empty[slot]);
+#pragma unroll
+    for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
+    f_lo = n_lo;
+    f_hi = n_hi;
+  };
+  uint32_t af0[4][4], af1[4][4];
+  decode_stage(0, af0, f_lo, f_hi);
+  for (int st = 0; st < stages_k; st += 2) {
+    stage(st, af0, af1);
+    if (st + 1 < stages_k) stage(st + 1, af1, af0);
+  }
+  named_barrier(1, 256);  // both halves are done with the ring: it becomes their staging
+  fp8_epilogue<kFc1, kNF>(a, tile, c, acc, smem + half * kFp8WsEpiBytes, c.mtile, half, ctid,
+                          [half] { named_barrier(2 + half, 128); });
+}
+
+// Grid: one CTA per (routing tile, M-tile), M-tile fastest.
+template <bool kFc1>
+__global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const ForwardArgs a) {
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ uint64_t table[kFp8Tables];
+  __shared__ const uint8_t* brow_ptr[kFp8N];
+  __shared__ int pair_of[kFp8N];
+  __shared__ float tw_of[kFp8N];
+  __shared__ float colf[kFp8N];
+  __shared__ __align__(8) uint64_t full[8], empty[8];
+
+  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
+  const int mtile = int(blockIdx.x % unsigned(mtiles));
+  const int tile_idx = int(blockIdx.x / unsigned(mtiles));
+  if (tile_idx >= *a.num_tiles) return;
+  const TileInfo tile = a.tiles[tile_idx];
+  const int tid = threadIdx.x;
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+
+  for (int i = tid; i < kFp8Tables; i += kFp8WsThreads)
+    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kFp8TableMin);
+  const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
+  for (int n = tid; n < kFp8N; n += kFp8WsThreads) {
+    const TileColumn col = tile_column<kFc1>(a, tile, n);
+    brow_ptr[n] = bsrc + col.brow;
+    pair_of[n] = col.pair;
+    tw_of[n] = col.tw;
+    int ref = 127;
+    if (n < tile.rows) ref = kFc1 ? a.xref[col.pair / a.K] : a.href[tile.start + n];
+    colf[n] = fmt::exp2i(ref - 127);
+  }
+  if (tid == 0) {
+    for (int s = 0; s < 8; ++s) {
+      mbar_init(&full[s], 128);   // the producer's threads
+      mbar_init(&empty[s], 256);  // the consumers' threads
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const Fp8Cta c{table, brow_ptr, pair_of, tw_of, colf, smem, smem_addr(smem), mtile, 0};
+  if (tile.rows <= 8) {
+    fp8_ws_tile<kFc1, 8>(a, tile, c, full, empty);
+  } else if (tile.rows <= 16) {
+    fp8_ws_tile<kFc1, 16>(a, tile, c, full, empty);
+  } else if (tile.rows <= 32) {
+    fp8_ws_tile<kFc1, 32>(a, tile, c, full, empty);
+  } else if (tile.rows <= 64) {
+    fp8_ws_tile<kFc1, 64>(a, tile, c, full, empty);
+  } else if (tile.rows <= 96) {
+    fp8_ws_tile<kFc1, 96>(a, tile, c, full, empty);
+  } else if (tile.rows <= 128) {
+    fp8_ws_tile<kFc1, 128>(a, tile, c, full, empty);
+  } else {
+    fp8_ws_tile<kFc1, 160>(a, tile, c, full, empty);
+  }
+}
+
+// MOE_EP_FP8_WS=0 (benchmark knob, read once per process): the one-warpgroup kernel instead.
+inline bool fp8_warp_specialized() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOE_EP_FP8_WS");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
 template <bool kFc1>
 cudaError_t launch_fp8_gemm(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, a.tile_n);
-  const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
+  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   if (tiles == 0) return cudaSuccess;
-  sm90_moe_fp8_kernel<kFc1><<<unsigned(tiles) * unsigned(halves), kThreads, kFp8SmemBytes, s>>>(a);
+  if (fp8_warp_specialized())
+    sm90_moe_fp8_ws_kernel<kFc1>
+        <<<unsigned(tiles) * unsigned(mtiles), kFp8WsThreads, kFp8WsSmemBytes, s>>>(a);
+  else
+    sm90_moe_fp8_kernel<kFc1>
+        <<<unsigned(tiles) * unsigned(2 * mtiles), kThreads, kFp8SmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
@@ -341,7 +573,9 @@ inline cudaError_t launch_fp8_gemms(const ForwardArgs& a, cudaStream_t s, cudaEv
 
 inline cudaError_t set_fp8_attributes() {
   return first_error({set_max_smem(sm90_moe_fp8_kernel<true>, kFp8SmemBytes),
-                      set_max_smem(sm90_moe_fp8_kernel<false>, kFp8SmemBytes)});
+                      set_max_smem(sm90_moe_fp8_kernel<false>, kFp8SmemBytes),
+                      set_max_smem(sm90_moe_fp8_ws_kernel<true>, kFp8WsSmemBytes),
+                      set_max_smem(sm90_moe_fp8_ws_kernel<false>, kFp8WsSmemBytes)});
 }
 
 }  // namespace moe_ep::kern
