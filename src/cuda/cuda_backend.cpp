@@ -120,7 +120,7 @@ struct Workspace {
 };
 
 // MOE_EP_FP8=1 (read at construction): the fp8 MMA path of mxfp4_mxfp8 (weights in the fp8
-// resident layout, every tile on sm90_moe_fp8_kernel; docs/gpu_kernels.md §8), for prefill:
+// resident layout, every tile on sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for prefill:
 // faster from ~512 tokens, slower below, within SPEC §7's tolerance but not bitwise equal to the
 // CPU. One GPU only and K dimensions that are multiples of its 128-wide stage; otherwise the
 // switch is ignored.

@@ -1,12 +1,13 @@
 // The fp8 MMA path of mxfp4_mxfp8 in the layer (opt-in, MOE_EP_FP8=1 at construction; the
 // prefill path: faster than the bf16 path from ~512 tokens on DSV3, slower below;
-// docs/gpu_kernels.md §8). Same CTA as the m64 kernel (one warpgroup, 64 weight rows = half an
-// M-tile, fc1 gate / up fragments paired through shared memory), routing tiles of up to 160
-// tokens, each at the narrowest MMA width that holds its rows (wgmma m64nNk32 e4m3, N = 8 ..
-// 160), A = MXFP4 weights in the fp8 resident layout decoded in registers against per-(row,
-// block) shift tables, B = the folded e4m3 rows of xq8 (fc1, by token) or h8 (fc2, sorted), an
-// fp32 promotion per 128-wide K stage with the rows' chunk references (the next stage is decoded
-// while a stage's wgmmas run), and the columns' fold references applied in the epilogue.
+// docs/gpu_kernels.md §8). sm90_moe_fp8_ws_kernel: one CTA per (routing tile of up to 160
+// tokens, M-tile), a producer warpgroup and two consumer warpgroups (the m64 kernel's 64-row
+// halves, fc1 gate / up fragments paired through shared memory), wgmma m64nNk32 e4m3 at the
+// narrowest N that holds the tile's rows, A = MXFP4 weights in the fp8 resident layout decoded in
+// registers against per-(row, block) shift tables, B = the folded e4m3 rows of xq8 (fc1, by
+// token) or h8 (fc2, sorted), an fp32 promotion per 128-wide K stage with the rows' chunk
+// references (the next stage is decoded while a stage's wgmmas run), and the columns' fold
+// references applied in the epilogue.
 #pragma once
 
 #include "kernels/moe/fp8_fragments.h"
@@ -16,29 +17,14 @@
 
 namespace moe_ep::kern {
 
-constexpr int kFp8N = 160;                       // most tokens per routing tile (tile_n 128 or 160)
-constexpr int kFp8StageK = 128;                  // K per stage: 4 k32 steps, one promotion
-constexpr int kFp8WBytes = 2 * kWg3Frags * 512;  // 2 chunks x this CTA's 4 fragments
-constexpr int kFp8SBytes = 2 * kWg3Frags * 32;   // their UE8M0 scales (16 rows x 2 blocks)
-// One stage of the ring at MMA width kN: kN B rows of 128 bytes (128-byte swizzle, 1024-byte
-// aligned), then the weights and their scales. Four stages (two loaded ahead) where they fit in
-// the ring of two CTAs per SM (up to kN = 160), three (one ahead) above.
+constexpr int kFp8N = 160;       // most tokens per routing tile (tile_n 128 or 160)
+constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
+// kN B rows of 128 bytes per stage (128-byte swizzle, 1024-byte aligned).
 constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; }
-constexpr int fp8_stage_bytes(int n) {
-  return (fp8_bbytes(n) + kFp8WBytes + kFp8SBytes + 1023) / 1024 * 1024;
-}
-constexpr int kFp8RingMax = 4 * fp8_stage_bytes(160);
-constexpr int fp8_stages(int n) { return 4 * fp8_stage_bytes(n) <= kFp8RingMax ? 4 : 3; }
-constexpr int fp8_ring_bytes(int n) { return fp8_stages(n) * fp8_stage_bytes(n); }
 constexpr int kFp8TableMin = -12;  // below: every shifted E2M1 value rounds to 0 in E4M3
 constexpr int kFp8Tables = kFp8ShiftMax - kFp8TableMin + 2;  // entry 0: all zero
 constexpr int kFp8XS = kWg3Rows + 4;                         // fc1 exchange row (fp32)
 constexpr int kFp8YS = kWg3Rows + 8;                         // fc2 y row (bf16)
-constexpr int kFp8EpiBytes = kFp8N * kFp8XS * 4;
-constexpr int cmax(int x, int y) { return x > y ? x : y; }
-constexpr int kFp8SmemBytes = cmax(kFp8RingMax, kFp8EpiBytes) + 1024;
-static_assert(fp8_ring_bytes(kFp8N) <= kFp8RingMax, "the widest tile's ring");
-static_assert(2 * (kFp8SmemBytes + 5 * 1024) <= 228 * 1024, "two fp8 CTAs per SM");
 
 // The MMA of a tile of kN tokens: m64 x kN x k32, e4m3 x e4m3 -> f32, A from registers.
 template <int kN>
@@ -92,7 +78,7 @@ struct Fp8Cta {
   const float* colf;
   unsigned char* smem;
   uint32_t smem_base;
-  int mtile, half;
+  int mtile;
 };
 
 // The epilogue of one 64-row half M-tile (the m64 kernel's, with the columns' fold factors):
@@ -158,192 +144,19 @@ __device__ __forceinline__ void fp8_epilogue(const ForwardArgs& a, const TileInf
   }
 }
 
-// The K loop and epilogue of one tile at MMA width kN >= tile.rows (the smallest of 8, 16, 32,
-// 64, 96, 128, 160 that holds the tile's rows: the MMAs, the B copies and the accumulators
-// scale with the rows the tile has; the weight decode, once per tile, does not).
-template <bool kFc1, int kN>
-__device__ __forceinline__ void fp8_tile(const ForwardArgs& a, const TileInfo& tile,
-                                         const Fp8Cta& c) {
-  constexpr Recipe R = Recipe::kMxfp4Mxfp8;
-  constexpr int kNF = kN / 8;
-  constexpr int kBPasses = (kN + 15) / 16;  // 16 B rows per pass of the CTA's 128 threads
-  constexpr int kStages = fp8_stages(kN), kStageBytes = fp8_stage_bytes(kN);
-  constexpr int kBBytes = fp8_bbytes(kN);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2;
-  unsigned char* smem = c.smem;
-  const int mtile = c.mtile, half = c.half;
-
-  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
-  const int stages_k = ms.chunks / 2;
-  const uint8_t* wsrc = ms.w + half * (kWg3Frags * 512) + tid * 16;
-  const uint8_t* ssrc = ms.s + half * (kWg3Frags * 32) + (tid & 7) * 16;
-
-  const int bc = tid & 7, br0 = tid >> 3;
-  const int bdst = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
-  const int live_rows = tile.rows;
-  const uint8_t* bptr[kBPasses];
-#pragma unroll
-  for (int i = 0; i < kBPasses; ++i)
-    bptr[i] = br0 + 16 * i < kN ? c.brow_ptr[br0 + 16 * i] + bc * 16 : nullptr;
-
-  auto load_stage = [&](int st) {
-    unsigned char* sp = smem + (st % kStages) * kStageBytes;
-#pragma unroll
-    for (int i = 0; i < kBPasses; ++i)
-      if (kN % 16 == 0 || br0 + 16 * i < kN)
-        cp_async16(sp + bdst + i * 2048, bptr[i] + st * kFp8StageK, br0 + 16 * i < live_rows);
-#pragma unroll
-    for (int ch = 0; ch < 2; ++ch) {
-      cp_async16(sp + kBBytes + ch * (kWg3Frags * 512) + tid * 16,
-                 wsrc + size_t(2 * st + ch) * (kTileFrags * 512), true);
-      if (tid < 8)
-        cp_async16(sp + kBBytes + kFp8WBytes + ch * (kWg3Frags * 32) + tid * 16,
-                   ssrc + size_t(2 * st + ch) * (kTileFrags * 32), true);
-    }
-  };
-
-  float acc[kNF * 4], part[kNF * 4];
-#pragma unroll
-  for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f, part[i] = 0.0f;
-
-  // Stage st has landed and is visible to every warp; the slot of stage st - 2 (whose wgmmas
-  // have retired) is refilled with stage st + kStages - 2.
-  auto wait_stage = [&](int st) {
-    cp_async_wait<kStages - 3>();
-    fence_proxy_async_smem();
-    __syncthreads();
-    if (st + kStages - 2 < stages_k) load_stage(st + kStages - 2);
-    cp_async_commit();
-  };
-  // Stage st's A fragments (4 k32 steps) and the promotion factors of rows g and g + 8.
-  auto decode_stage = [&](int st, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
-    const unsigned char* sp = smem + (st % kStages) * kStageBytes;
-    // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each.
-    const unsigned char* ss = sp + kBBytes + kFp8WBytes + warp * 32;
-    const uint32_t sc_lo = uint32_t(*reinterpret_cast<const uint16_t*>(ss + g * 2)) |
-                           (uint32_t(*reinterpret_cast<const uint16_t*>(ss + 128 + g * 2)) << 16);
-    const uint32_t sc_hi =
-        uint32_t(*reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2)) |
-        (uint32_t(*reinterpret_cast<const uint16_t*>(ss + 128 + (g + 8) * 2)) << 16);
-    const int ref_lo = fp8_chunk_reference(sc_lo), ref_hi = fp8_chunk_reference(sc_hi);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint4 piece = *reinterpret_cast<const uint4*>(
-          sp + kBBytes + (s >> 1) * (kWg3Frags * 512) + warp * 512 + lane * 16);
-      const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
-      const uint64_t t_lo = c.table[fp8_table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
-      const uint64_t t_hi = c.table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
-      fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
-      fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
-    }
-    f_lo = fmt::exp2i(ref_lo - 127);
-    f_hi = fmt::exp2i(ref_hi - 127);
-  };
-  // One stage: its 4 wgmmas into `part` are issued, then, while they run, the next stage is
-  // waited for and decoded into `nxt`; then the partial sums are promoted into acc (fp32).
-  float f_lo = 0.0f, f_hi = 0.0f;
-  auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
-    const uint64_t desc = sw128_desc(c.smem_base + (st % kStages) * kStageBytes);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      wgmma_fence();
-      wgmma_fp8<kN>(part, cur[s], desc + uint64_t(2 * s), s > 0,
-                    std::make_index_sequence<kNF * 4>{});
-      wgmma_commit();
-    }
-    float n_lo = 0.0f, n_hi = 0.0f;
-    if (st + 1 < stages_k) {
-      wait_stage(st + 1);
-      decode_stage(st + 1, nxt, n_lo, n_hi);
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
-    f_lo = n_lo;
-    f_hi = n_hi;
-  };
-
-#pragma unroll
-  for (int st = 0; st < kStages - 2; ++st) {
-    if (st < stages_k) load_stage(st);
-    cp_async_commit();
-  }
-  uint32_t af0[4][4], af1[4][4];
-  wait_stage(0);
-  decode_stage(0, af0, f_lo, f_hi);
-  for (int st = 0; st < stages_k; st += 2) {
-    stage(st, af0, af1);
-    if (st + 1 < stages_k) stage(st + 1, af1, af0);
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the ring; its smem becomes the epilogue tile
-  fp8_epilogue<kFc1, kNF>(a, tile, c, acc, smem, mtile, half, tid, [] { __syncthreads(); });
-}
-
-// Grid: one CTA per (routing tile, half M-tile), half M-tile fastest.
-template <bool kFc1>
-__global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_kernel(const ForwardArgs a) {
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t table[kFp8Tables];
-  __shared__ const uint8_t* brow_ptr[kFp8N];
-  __shared__ int pair_of[kFp8N];
-  __shared__ float tw_of[kFp8N];
-  __shared__ float colf[kFp8N];  // 2^(fold reference - 127) of each column
-
-  const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
-  const int m64 = int(blockIdx.x % unsigned(halves));
-  const int tile_idx = int(blockIdx.x / unsigned(halves));
-  if (tile_idx >= *a.num_tiles) return;
-  const int mtile = m64 >> 1, half = m64 & 1;
-  if (!kFc1 && mtile * kTileRows + half * kWg3Rows >= a.H) return;
-  const TileInfo tile = a.tiles[tile_idx];
-  const int tid = threadIdx.x;
-  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
-
-  for (int i = tid; i < kFp8Tables; i += kThreads)
-    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kFp8TableMin);
-  const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
-  for (int n = tid; n < kFp8N; n += kThreads) {
-    const TileColumn col = tile_column<kFc1>(a, tile, n);
-    brow_ptr[n] = bsrc + col.brow;  // one byte per element: the bf16 element offset is the byte one
-    pair_of[n] = col.pair;
-    tw_of[n] = col.tw;
-    int ref = 127;
-    if (n < tile.rows) ref = kFc1 ? a.xref[col.pair / a.K] : a.href[tile.start + n];
-    colf[n] = fmt::exp2i(ref - 127);
-  }
-  __syncthreads();
-
-  const Fp8Cta c{table, brow_ptr, pair_of, tw_of, colf, smem, smem_addr(smem), mtile, half};
-  if (tile.rows <= 8) {
-    fp8_tile<kFc1, 8>(a, tile, c);
-  } else if (tile.rows <= 16) {
-    fp8_tile<kFc1, 16>(a, tile, c);
-  } else if (tile.rows <= 32) {
-    fp8_tile<kFc1, 32>(a, tile, c);
-  } else if (tile.rows <= 64) {
-    fp8_tile<kFc1, 64>(a, tile, c);
-  } else if (tile.rows <= 96) {
-    fp8_tile<kFc1, 96>(a, tile, c);
-  } else if (tile.rows <= 128) {
-    fp8_tile<kFc1, 128>(a, tile, c);
-  } else {
-    fp8_tile<kFc1, 160>(a, tile, c);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
-// The warp-specialized fp8 kernel (default; MOE_EP_FP8_WS=0 selects sm90_moe_fp8_kernel above):
-// one CTA per (routing tile, M-tile) of three warpgroups. Warpgroup 0 produces: per stage its
-// threads copy the kN B rows (128-byte swizzle), the M-tile's 8 weight fragments and their
-// scales of two K-chunks with cp.async, and each publishes its copies on the stage's "full"
+// The fp8 kernel: one CTA per (routing tile, M-tile) of three warpgroups, each tile at the
+// narrowest MMA width that holds its rows (N = 8, 16, 32, 64, 96, 128, 160: the MMAs, B copies
+// and accumulators scale with the rows, the weight decode does not). Warpgroup 0 produces: per
+// stage its threads copy the kN B rows (128-byte swizzle), the M-tile's 8 weight fragments and
+// their scales of two K-chunks with cp.async, and each publishes its copies on the stage's "full"
 // mbarrier kFp8WsLag stages later, after its own cp.async.wait_group and a proxy fence (so the
 // wgmmas, which read through the async proxy, see them). Warpgroups 1 and 2 consume the two
 // 64-row halves of the M-tile against the same B stage: wait full, the 4 wgmmas, the next
 // stage's decode while they run, wait, release the slot on its "empty" mbarrier, promote.
 // setmaxnreg gives the consumers the producer's registers. Measured in bench/fp8_gemm_probe
-// first (docs/gpu_kernels.md §8: the skeleton alone 61 % -> 72 % of the fp8 ceiling).
+// first (docs/gpu_kernels.md §8: the skeleton alone 61 % -> 72 % of the fp8 ceiling, against
+// one warpgroup per CTA that copied its own stages; that kernel was removed, 9 % slower).
 constexpr int kFp8WsThreads = 384;
 constexpr int kFp8WsWBytes = 2 * kTileFrags * 512;  // the M-tile's fragments of 2 K-chunks
 constexpr int kFp8WsSBytes = 2 * kTileFrags * 32;   // their scales
@@ -519,7 +332,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
   }
   __syncthreads();
 
-  const Fp8Cta c{table, brow_ptr, pair_of, tw_of, colf, smem, smem_addr(smem), mtile, 0};
+  const Fp8Cta c{table, brow_ptr, pair_of, tw_of, colf, smem, smem_addr(smem), mtile};
   if (tile.rows <= 8) {
     fp8_ws_tile<kFc1, 8>(a, tile, c, full, empty);
   } else if (tile.rows <= 16) {
@@ -537,26 +350,13 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
   }
 }
 
-// MOE_EP_FP8_WS=0 (benchmark knob, read once per process): the one-warpgroup kernel instead.
-inline bool fp8_warp_specialized() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOE_EP_FP8_WS");
-    return !(v && v[0] == '0');
-  }();
-  return on;
-}
-
 template <bool kFc1>
 cudaError_t launch_fp8_gemm(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, a.tile_n);
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   if (tiles == 0) return cudaSuccess;
-  if (fp8_warp_specialized())
-    sm90_moe_fp8_ws_kernel<kFc1>
-        <<<unsigned(tiles) * unsigned(mtiles), kFp8WsThreads, kFp8WsSmemBytes, s>>>(a);
-  else
-    sm90_moe_fp8_kernel<kFc1>
-        <<<unsigned(tiles) * unsigned(2 * mtiles), kThreads, kFp8SmemBytes, s>>>(a);
+  sm90_moe_fp8_ws_kernel<kFc1>
+      <<<unsigned(tiles) * unsigned(mtiles), kFp8WsThreads, kFp8WsSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
@@ -572,9 +372,7 @@ inline cudaError_t launch_fp8_gemms(const ForwardArgs& a, cudaStream_t s, cudaEv
 }
 
 inline cudaError_t set_fp8_attributes() {
-  return first_error({set_max_smem(sm90_moe_fp8_kernel<true>, kFp8SmemBytes),
-                      set_max_smem(sm90_moe_fp8_kernel<false>, kFp8SmemBytes),
-                      set_max_smem(sm90_moe_fp8_ws_kernel<true>, kFp8WsSmemBytes),
+  return first_error({set_max_smem(sm90_moe_fp8_ws_kernel<true>, kFp8WsSmemBytes),
                       set_max_smem(sm90_moe_fp8_ws_kernel<false>, kFp8WsSmemBytes)});
 }
 
