@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/moe/fp8_fragments.h"
+#include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_wgmma.cuh"
 
 namespace {
@@ -210,25 +211,6 @@ constexpr int kWsWBytes = 2 * 4096;                 // the M-tile's 8 fragments,
 constexpr int kWsStageBytes = kBBytes + kWsWBytes;  // 24 KB (multiple of 1024)
 constexpr int kWsSmemBytes = kWsStages * kWsStageBytes + 1024;
 
-__device__ __forceinline__ void ws_bar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
-               : "memory");
-}
-__device__ __forceinline__ void ws_bar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void ws_bar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
 template <int kMode>
 __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a) {
   constexpr bool kDecode = !(kMode & 1), kPromote = !(kMode & 2);  // as fp8_probe_kernel
@@ -246,10 +228,10 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
     table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kTableMin);
   if (tid == 0) {
     for (int s = 0; s < kWsStages; ++s) {
-      ws_bar_init(&full_bar[s], 128);
-      ws_bar_init(&empty_bar[s], 256);
+      mbar_init(&full_bar[s], 128);
+      mbar_init(&empty_bar[s], 256);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -261,7 +243,7 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
     const uint8_t* wsrc = a.w + (size_t(e) * mtiles + mtile) * chunks * 4096 + tid * 16;
     for (int st = 0; st < stages_k; ++st) {
       const int slot = st % kWsStages;
-      if (st >= kWsStages) ws_bar_wait(&empty_bar[slot], uint32_t((st / kWsStages) - 1) & 1u);
+      if (st >= kWsStages) mbar_wait(&empty_bar[slot], uint32_t((st / kWsStages) - 1) & 1u);
       unsigned char* sp = smem + slot * kWsStageBytes;
 #pragma unroll
       for (int i = 0; i < kN / 16; ++i)
@@ -273,13 +255,13 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
       if (st >= kWsLag) {
         cp_async_wait<kWsLag>();
         fence_proxy_async_smem();
-        ws_bar_arrive(&full_bar[(st - kWsLag) % kWsStages]);
+        mbar_arrive(&full_bar[(st - kWsLag) % kWsStages]);
       }
     }
     cp_async_wait<0>();
     fence_proxy_async_smem();
     for (int st = stages_k - kWsLag; st < stages_k; ++st)
-      if (st >= 0) ws_bar_arrive(&full_bar[st % kWsStages]);
+      if (st >= 0) mbar_arrive(&full_bar[st % kWsStages]);
     return;
   }
 
@@ -300,7 +282,7 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
                     float& f_hi) {
     const int slot = st % kWsStages;
     const int ref_lo = fp8_chunk_reference(sc_lo), ref_hi = fp8_chunk_reference(sc_hi);
-    ws_bar_wait(&full_bar[slot], uint32_t(st / kWsStages) & 1u);
+    mbar_wait(&full_bar[slot], uint32_t(st / kWsStages) & 1u);
     const unsigned char* sp = smem + slot * kWsStageBytes;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
@@ -346,7 +328,7 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
       fetch(st + 2);
     }
     wgmma_wait<0>();
-    ws_bar_arrive(&empty_bar[slot]);
+    mbar_arrive(&empty_bar[slot]);
     if constexpr (kPromote) {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) acc[i] = fmaf(tmp[i], (i & 2) ? f_hi : f_lo, acc[i]);

@@ -26,43 +26,17 @@ constexpr int kFp8Tables = kFp8ShiftMax - kFp8TableMin + 2;  // entry 0: all zer
 constexpr int kFp8XS = kWg3Rows + 4;                         // fc1 exchange row (fp32)
 constexpr int kFp8YS = kWg3Rows + 8;                         // fc2 y row (bf16)
 
-// The MMA of a tile of kN tokens: m64 x kN x k32, e4m3 x e4m3 -> f32, A from registers.
+// The MMA of a tile of kN tokens: m64 x kN x k32, e4m3 x e4m3 -> f32, A from registers (CuTe's
+// own selector, as WgmmaRsOp for bf16; kN = 160 is one of the extended shapes).
 template <int kN>
-struct Fp8Atom;
-template <>
-struct Fp8Atom<8> {
-  using T = gmma::MMA_64x8x32_F32E4M3E4M3_RS_TN<>;
-};
-template <>
-struct Fp8Atom<16> {
-  using T = gmma::MMA_64x16x32_F32E4M3E4M3_RS_TN<>;
-};
-template <>
-struct Fp8Atom<32> {
-  using T = gmma::MMA_64x32x32_F32E4M3E4M3_RS_TN<>;
-};
-template <>
-struct Fp8Atom<64> {
-  using T = gmma::MMA_64x64x32_F32E4M3E4M3_RS_TN<>;
-};
-template <>
-struct Fp8Atom<96> {
-  using T = gmma::MMA_64x96x32_F32E4M3E4M3_RS_TN<>;
-};
-template <>
-struct Fp8Atom<128> {
-  using T = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
-};
-template <>
-struct Fp8Atom<160> {
-  using T = gmma::MMA_64x160x32_F32E4M3E4M3_RS_TN<>;
-};
+using Fp8RsOp = decltype(gmma::rs_op_selector<cute::float_e4m3_t, cute::float_e4m3_t, float,
+                                              cute::Shape<cute::_64, cute::Int<kN>, cute::_32>>());
 
 template <int kN, size_t... I>
 __device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint64_t desc,
                                           bool accumulate, std::index_sequence<I...>) {
-  Fp8Atom<kN>::T::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
-                      accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
+  Fp8RsOp<kN>::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
+                   accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
 }
 
 __device__ __forceinline__ int fp8_table_index(int d) {
