@@ -46,6 +46,7 @@ _CONFIG_FIELDS = (
     "combine_dtype",
     "has_expert_bias",
     "has_custom_swiglu_alpha_beta",
+    "fp8_mma",
 )
 
 
@@ -97,6 +98,7 @@ def unsupported_reasons(
     combine_dtype="bfloat16",
     has_expert_bias=False,
     has_custom_swiglu_alpha_beta=False,
+    fp8_mma=False,
 ):
     """Every human-readable reason why this configuration cannot run on `backend`
     ('cpu', 'cuda' or 'auto'); an empty list when it can."""
@@ -151,6 +153,7 @@ class MoeEpLayer:
         combine_dtype="bfloat16",
         has_expert_bias=False,
         has_custom_swiglu_alpha_beta=False,
+        fp8_mma=False,
         fc1_alpha=None,
         fc2_alpha=None,
         fc1_norm_const=None,

@@ -179,6 +179,7 @@ struct Spec {
   float input_norm_const = 1.0f;
   std::string activation_dtype = "bfloat16", combine_dtype = "bfloat16";
   bool has_expert_bias = false, has_custom_swiglu_alpha_beta = false;
+  bool fp8_mma = false;
 
   LayerConfig to_config() const {
     LayerConfig c;
@@ -199,6 +200,7 @@ struct Spec {
     c.recipe.combine_dtype = parse_dtype(combine_dtype);
     c.recipe.has_expert_bias = has_expert_bias;
     c.recipe.has_custom_swiglu_alpha_beta = has_custom_swiglu_alpha_beta;
+    c.recipe.fp8_mma = fp8_mma;
     return c;
   }
 };
@@ -310,7 +312,8 @@ NB_MODULE(_moe_ep, m) {
       .def_rw("activation_dtype", &Spec::activation_dtype)
       .def_rw("combine_dtype", &Spec::combine_dtype)
       .def_rw("has_expert_bias", &Spec::has_expert_bias)
-      .def_rw("has_custom_swiglu_alpha_beta", &Spec::has_custom_swiglu_alpha_beta);
+      .def_rw("has_custom_swiglu_alpha_beta", &Spec::has_custom_swiglu_alpha_beta)
+      .def_rw("fp8_mma", &Spec::fp8_mma);
 
   m.def(
       "_unsupported_reasons",

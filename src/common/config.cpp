@@ -89,6 +89,9 @@ std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_siz
   if (rc.has_expert_bias) r.push_back("expert bias is not supported");
   if (rc.has_custom_swiglu_alpha_beta)
     r.push_back("custom SwiGLU alpha/beta is not supported (only the SPEC §3 activation)");
+  if (rc.fp8_mma && rc.recipe != Recipe::kMxfp4Mxfp8)
+    r.push_back(std::string("fp8_mma is for the mxfp4_mxfp8 recipe, not ") +
+                recipe_name(rc.recipe));
   const RecipeTraits t = recipe_traits(rc.recipe);
   if (t.weight_block && f.hidden_size % t.weight_block == 0 &&
       rc.intermediate_size % t.weight_block != 0)

@@ -119,10 +119,11 @@ struct Workspace {
   size_t y_dst_off = 0;
 };
 
-// MOE_EP_FP8=1 (read at construction): the fp8 MMA path of mxfp4_mxfp8 (weights in the fp8
-// resident layout, every tile on sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for prefill:
-// faster from ~512 tokens, slower below, within SPEC §7's tolerance but not bitwise equal to the
-// CPU. One GPU only and K dimensions that are multiples of its 128-wide stage; otherwise the
+// RecipeConfig::fp8_mma (validated by cuda_backend_unsupported_reasons), or MOE_EP_FP8=1 (read
+// at construction, ignored where it does not apply): the fp8 MMA path of mxfp4_mxfp8 (weights in
+// the fp8 resident layout, every tile on sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for
+// prefill: faster from ~512 tokens, slower below, within SPEC §7's tolerance but not bitwise equal
+// to the CPU. One GPU only and K dimensions that are multiples of its 128-wide stage; otherwise the
 // switch is ignored.
 bool fp8_from_env(Recipe r, int W, int H, int I) {
   const char* v = std::getenv("MOE_EP_FP8");
@@ -140,7 +141,7 @@ class CudaBackend final : public LayerBackend {
     rank_ = boot.rank;
     El_ = cfg.fleet.num_experts / boot.world_size;
     rs_ = kern::resident_shape(cfg.recipe.recipe, H, I);
-    fp8_ = fp8_from_env(cfg.recipe.recipe, W_, H, I);
+    fp8_ = cfg.recipe.fp8_mma || fp8_from_env(cfg.recipe.recipe, W_, H, I);
     check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, boot.device),
           "reading the SM count");
     try {
@@ -777,6 +778,16 @@ std::vector<std::string> cuda_backend_unsupported_reasons(const LayerConfig& con
       r.push_back("CUDA device " + std::to_string(dev) + " (" + prop.name + ") is sm_" +
                   std::to_string(prop.major * 10 + prop.minor) +
                   "; the kernels are built for sm_90a (Hopper)");
+  }
+  if (config.recipe.fp8_mma) {
+    if (world_size != 1)
+      r.push_back("fp8_mma runs on one GPU (W = 1), not W = " + std::to_string(world_size));
+    for (const auto& [name, v] :
+         {std::pair{"hidden size H", config.fleet.hidden_size},
+          std::pair{"intermediate size I", config.recipe.intermediate_size}})
+      if (v % 128 != 0)
+        r.push_back(std::string("fp8_mma needs ") + name + " = " + std::to_string(v) +
+                    " to be a multiple of 128");
   }
   if (world_size >= 1 && config.fleet.num_experts / world_size > kMaxLocalExperts)
     r.push_back("E_local = " + std::to_string(config.fleet.num_experts / world_size) +

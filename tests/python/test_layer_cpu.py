@@ -374,6 +374,28 @@ def test_unsupported_configuration(bf16_pack):
         make_layer(bf16_pack, count=E // 2)  # weights for 4 experts, config says 8 on W = 1
 
 
+def test_fp8_mma_option():
+    # Refused for another recipe on every backend, each reason naming it; on the CPU backend the
+    # mxfp4_mxfp8 layer computes the recipe exactly with or without it.
+    kw = dict(num_experts=8, max_tokens_per_rank=16, hidden_size=H, intermediate_size=I, top_k=2)
+    reasons = moe_ep.unsupported_reasons(recipe="nvfp4", fp8_mma=True, **kw)
+    assert len(reasons) == 1 and "fp8_mma" in reasons[0] and "nvfp4" in reasons[0]
+    assert moe_ep.unsupported_reasons(recipe="mxfp4_mxfp8", fp8_mma=True, **kw) == []
+    cuda = moe_ep.unsupported_reasons(recipe="mxfp4_mxfp8", fp8_mma=True, world_size=2,
+                                      backend="cuda", **kw)
+    if not any("no CUDA backend" in r for r in cuda):
+        assert any("fp8_mma" in r and "W = 2" in r for r in cuda)
+    pack = moe_ep.pack_expert_weights("mxfp4_mxfp8", *master_weights(5))
+    x, ids, w = inputs(9, seed=6)
+    with make_layer(pack, "mxfp4_mxfp8", backend="cpu") as plain, make_layer(
+        pack, "mxfp4_mxfp8", backend="cpu", fp8_mma=True
+    ) as opted:
+        assert np.array_equal(plain(x, ids, w), opted(x, ids, w))
+    with pytest.raises(moe_ep.UnsupportedError, match="fp8_mma"):
+        make_layer(moe_ep.pack_expert_weights("nvfp4", *master_weights(5)), "nvfp4",
+                   fp8_mma=True)
+
+
 def test_error_classes_follow_the_library_codes():
     names = moe_ep._moe_ep._error_code_names()
     classes = {c.code: c for c in (moe_ep.InvalidArgumentError, moe_ep.CapacityError,

@@ -642,6 +642,42 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   EXPECT_TRUE(any(unsupported_reasons(k, 1), {"9", "8"}));
 }
 
+// fp8_mma: another recipe is refused on every backend; on the CUDA backend also W > 1 and H or I
+// not a multiple of 128, each reason naming its value (the CUDA reasons need no GPU).
+TEST(Config, Fp8MmaReasons) {
+  auto any = [](const std::vector<std::string>& rs, std::vector<std::string> parts) {
+    for (const auto& r : rs) {
+      bool all = true;
+      for (const auto& p : parts) all = all && contains(r, p);
+      if (all) return true;
+    }
+    return false;
+  };
+  LayerConfig ok = make_config(Recipe::kMxfp4Mxfp8, 8, 16, 256, 128, 2);
+  ok.recipe.fp8_mma = true;
+  EXPECT_TRUE(unsupported_reasons(ok, 1).empty())
+      << ::testing::PrintToString(unsupported_reasons(ok, 1));
+  LayerConfig nv = ok;
+  nv.recipe.recipe = Recipe::kNvfp4;
+  const auto rn = unsupported_reasons(nv, 1);
+  ASSERT_EQ(rn.size(), 1u) << ::testing::PrintToString(rn);
+  EXPECT_TRUE(any(rn, {"fp8_mma", "nvfp4"})) << ::testing::PrintToString(rn);
+
+  const auto rc = unsupported_reasons(ok, 1, Backend::kCUDA);
+  if (any(rc, {"no CUDA backend"})) GTEST_SKIP() << "this build has no CUDA backend";
+  EXPECT_FALSE(any(rc, {"fp8_mma"})) << ::testing::PrintToString(rc);
+  LayerConfig bad = ok;
+  bad.fleet.hidden_size = 192;
+  bad.recipe.intermediate_size = 320;
+  const auto rb = unsupported_reasons(bad, 2, Backend::kCUDA);
+  EXPECT_TRUE(any(rb, {"fp8_mma", "W = 2"})) << ::testing::PrintToString(rb);
+  EXPECT_TRUE(any(rb, {"fp8_mma", "H = 192", "128"})) << ::testing::PrintToString(rb);
+  EXPECT_TRUE(any(rb, {"fp8_mma", "I = 320", "128"})) << ::testing::PrintToString(rb);
+  LayerConfig off = bad;
+  off.recipe.fp8_mma = false;
+  EXPECT_FALSE(any(unsupported_reasons(off, 2, Backend::kCUDA), {"fp8_mma"}));
+}
+
 // Construction with a bad configuration fails on every rank (nobody waits) with every reason.
 TEST(Config, ConstructionRejectsWithEveryReasonOnEveryRank) {
   const int W = 2;
