@@ -648,24 +648,29 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
   cudaStreamDestroy(st);
 }
 
-// The fp8 MMA path of mxfp4_mxfp8 (MOE_EP_FP8=1 at construction; docs/gpu_kernels.md §8): within
+// The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1; docs/gpu_kernels.md §8): within
 // SPEC §7's tolerance of the CPU reference, repeated forwards bitwise, on DSV3 and Qwen3 (H and I
 // multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give
 // tiles of most MMA widths the kernel picks: DSV3 1, 7, 40, 128, 160 rows per expert (widths 8,
 // 64, 128, 160), Qwen3 about half of each and 200 (8, 32, 64, 96; 160 + 40 -> 64).
+// DSV3 turns the path on through RecipeConfig::fp8_mma, Qwen3 through MOE_EP_FP8=1; the default
+// path of this recipe is bitwise equal to the CPU, so a nonzero error shows the fp8 path ran.
 TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
   SKIP_WITHOUT_GPU();
-  setenv("MOE_EP_FP8", "1", 1);
   for (const Shape& s : {kDsv3, kQwen3}) {
     SCOPED_TRACE(s.name);
+    const bool by_env = s.E == kQwen3.E;
     const Recipe r = Recipe::kMxfp4Mxfp8;
     std::vector<int> tokens = {1, 7, 40, 128, 160};
     if (s.E == kQwen3.E) tokens.push_back(400);
     Master m(s, 21);
     const PackedExperts p = pack(s, r, m, Options{});
-    const LayerConfig cfg = make_config(s, r, tokens.back(), true, Options{});
+    LayerConfig cfg = make_config(s, r, tokens.back(), true, Options{});
+    cfg.recipe.fp8_mma = !by_env;
     auto cpu = make_layer(Backend::kCPU, cfg, p);
-    auto gpu = make_layer(Backend::kCUDA, cfg, p);
+    if (by_env) setenv("MOE_EP_FP8", "1", 1);
+    auto gpu = make_layer(Backend::kCUDA, cfg, p);  // the switch is read here
+    if (by_env) unsetenv("MOE_EP_FP8");
     gpu->warmup();
     for (int T : tokens) {
       SCOPED_TRACE("T = " + std::to_string(T));
@@ -682,12 +687,12 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
       std::string why;
       const double err = rel_l2(got, ref, &why);
       EXPECT_LE(err, 5e-3) << why;
+      EXPECT_GT(err, 0.0) << "bitwise equal to the CPU: the fp8 path did not run";
       EXPECT_TRUE(again.host() == got) << "repeated forward is not bitwise identical";
       std::printf("[ fp8-vs-cpu ] %-8s T=%-5d rel_l2=%.3e\n", s.name, T, err);
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
-  unsetenv("MOE_EP_FP8");
 }
 
 // A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
