@@ -1,6 +1,7 @@
-// Building blocks of the fp8 MMA path for mxfp4_mxfp8 (docs/gpu_kernels.md §8; not used by a
-// kernel yet): MXFP4 weights decoded to E4M3 with a power-of-two shift per (row, 32-wide block),
-// straight into the A fragment of mma.sync m16n8k32 / wgmma m64nNk32 e4m3.
+// Building blocks of the fp8 MMA path for mxfp4_mxfp8 (docs/gpu_kernels.md §8; used by the
+// weight preprocessing, the fold kernel and sm90_moe_fp8_ws_kernel): MXFP4 weights decoded to
+// E4M3 with a power-of-two shift per (row, 32-wide block), straight into the A fragment of
+// mma.sync m16n8k32 / wgmma m64nNk32 e4m3.
 //
 // A fragment of one warp and k32 step: lane (g = lane / 4, t = lane % 4) holds rows g and g + 8;
 // its registers a0 / a1 / a2 / a3 are rows g / g+8 / g / g+8 at k = 4t..4t+3 (a0, a1) and
