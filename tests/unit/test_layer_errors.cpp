@@ -585,6 +585,16 @@ TEST(Lifetime, PropertiesAsVllmReadsThem) {
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+// Whether one of the reasons mentions every part.
+bool any(const std::vector<std::string>& rs, const std::vector<std::string>& parts) {
+  for (const auto& r : rs) {
+    bool all = true;
+    for (const auto& p : parts) all = all && contains(r, p);
+    if (all) return true;
+  }
+  return false;
+}
+
 TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   LayerConfig good = make_config(Recipe::kNvfp4, 8, 16, 256, 128, 2);
   EXPECT_TRUE(unsupported_reasons(good, 2).empty());
@@ -597,14 +607,6 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   LayerConfig three = make_config(Recipe::kBf16, 6, 16, 100, 90, 2);
   const auto r3 = unsupported_reasons(three, 4);
   ASSERT_EQ(r3.size(), 3u) << ::testing::PrintToString(r3);
-  auto any = [](const std::vector<std::string>& rs, std::vector<std::string> parts) {
-    for (const auto& r : rs) {
-      bool all = true;
-      for (const auto& p : parts) all = all && contains(r, p);
-      if (all) return true;
-    }
-    return false;
-  };
   EXPECT_TRUE(any(r3, {"6", "4"})) << "E = 6 vs W = 4: " << ::testing::PrintToString(r3);
   EXPECT_TRUE(any(r3, {"100", "64"})) << "H = 100: " << ::testing::PrintToString(r3);
   EXPECT_TRUE(any(r3, {"90", "64"})) << "I = 90: " << ::testing::PrintToString(r3);
@@ -645,14 +647,6 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
 // fp8_mma: another recipe is refused on every backend; on the CUDA backend also W > 1 and H or I
 // not a multiple of 128, each reason naming its value (the CUDA reasons need no GPU).
 TEST(Config, Fp8MmaReasons) {
-  auto any = [](const std::vector<std::string>& rs, std::vector<std::string> parts) {
-    for (const auto& r : rs) {
-      bool all = true;
-      for (const auto& p : parts) all = all && contains(r, p);
-      if (all) return true;
-    }
-    return false;
-  };
   LayerConfig ok = make_config(Recipe::kMxfp4Mxfp8, 8, 16, 256, 128, 2);
   ok.recipe.fp8_mma = true;
   EXPECT_TRUE(unsupported_reasons(ok, 1).empty())
