@@ -119,15 +119,29 @@ struct Workspace {
   size_t y_dst_off = 0;
 };
 
-// RecipeConfig::fp8_mma (validated by cuda_backend_unsupported_reasons), or MOE_EP_FP8=1 (read
-// at construction, ignored where it does not apply): the fp8 MMA path of mxfp4_mxfp8 (weights in
-// the fp8 resident layout, every tile on sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for
-// prefill: faster from ~512 tokens, slower below, within SPEC §7's tolerance but not bitwise equal
-// to the CPU. One GPU only and K dimensions that are multiples of its 128-wide stage; otherwise the
-// switch is ignored.
-bool fp8_from_env(Recipe r, int W, int H, int I) {
+// The fp8 MMA path of mxfp4_mxfp8 (weights in the fp8 resident layout, every tile on
+// sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for prefill: faster from ~512 tokens, slower
+// below, within SPEC §7's tolerance but not bitwise equal to the CPU. Why it cannot run this
+// configuration (empty: it can): one GPU only, K dimensions multiples of its 128-wide stage.
+std::vector<std::string> fp8_mma_reasons(const LayerConfig& c, int world_size) {
+  std::vector<std::string> r;
+  if (world_size != 1)
+    r.push_back("fp8_mma runs on one GPU (W = 1), not W = " + std::to_string(world_size));
+  for (const auto& [name, v] : {std::pair{"hidden size H", c.fleet.hidden_size},
+                                std::pair{"intermediate size I", c.recipe.intermediate_size}})
+    if (v % 128 != 0)
+      r.push_back(std::string("fp8_mma needs ") + name + " = " + std::to_string(v) +
+                  " to be a multiple of 128");
+  return r;
+}
+
+// RecipeConfig::fp8_mma (refused by cuda_backend_unsupported_reasons where it cannot run), or
+// MOE_EP_FP8=1 read at construction (ignored where it cannot).
+bool fp8_path(const LayerConfig& c, int world_size) {
+  if (c.recipe.fp8_mma) return true;
   const char* v = std::getenv("MOE_EP_FP8");
-  return v && v[0] == '1' && r == Recipe::kMxfp4Mxfp8 && W == 1 && H % 128 == 0 && I % 128 == 0;
+  return v && v[0] == '1' && c.recipe.recipe == Recipe::kMxfp4Mxfp8 &&
+         fp8_mma_reasons(c, world_size).empty();
 }
 
 class CudaBackend final : public LayerBackend {
@@ -141,7 +155,7 @@ class CudaBackend final : public LayerBackend {
     rank_ = boot.rank;
     El_ = cfg.fleet.num_experts / boot.world_size;
     rs_ = kern::resident_shape(cfg.recipe.recipe, H, I);
-    fp8_ = cfg.recipe.fp8_mma || fp8_from_env(cfg.recipe.recipe, W_, H, I);
+    fp8_ = fp8_path(cfg, W_);
     check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, boot.device),
           "reading the SM count");
     try {
@@ -735,7 +749,7 @@ class CudaBackend final : public LayerBackend {
   int num_sms_ = 1;
   std::string weight_error_;  // W > 1: this rank's weight rejection, agreed on collectively
   kern::ResidentShape rs_{};
-  bool fp8_ = false;  // the fp8 MMA draft for mxfp4_mxfp8 (MOE_EP_FP8=1; docs/gpu_kernels.md §8)
+  bool fp8_ = false;  // the fp8 MMA path of mxfp4_mxfp8 (fp8_path)
   DeviceBuffer w1_, w2_, s1_, s2_, fc1_alpha_, fc2_alpha_, fc1_nc_;
   kern::DeviceError* err_host_ = nullptr;
   kern::DeviceError* err_dev_ = nullptr;
@@ -779,16 +793,8 @@ std::vector<std::string> cuda_backend_unsupported_reasons(const LayerConfig& con
                   std::to_string(prop.major * 10 + prop.minor) +
                   "; the kernels are built for sm_90a (Hopper)");
   }
-  if (config.recipe.fp8_mma) {
-    if (world_size != 1)
-      r.push_back("fp8_mma runs on one GPU (W = 1), not W = " + std::to_string(world_size));
-    for (const auto& [name, v] :
-         {std::pair{"hidden size H", config.fleet.hidden_size},
-          std::pair{"intermediate size I", config.recipe.intermediate_size}})
-      if (v % 128 != 0)
-        r.push_back(std::string("fp8_mma needs ") + name + " = " + std::to_string(v) +
-                    " to be a multiple of 128");
-  }
+  if (config.recipe.fp8_mma)
+    for (auto& why : fp8_mma_reasons(config, world_size)) r.push_back(std::move(why));
   if (world_size >= 1 && config.fleet.num_experts / world_size > kMaxLocalExperts)
     r.push_back("E_local = " + std::to_string(config.fleet.num_experts / world_size) +
                 " local experts exceed the CUDA backend's limit " +
