@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/moe/moe_params.h"
+#include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
@@ -30,19 +31,6 @@ namespace moe_ep::kern {
 constexpr int kFp8ShiftMax = 6;   // largest d: 6 * 2^6 = 384 <= 448
 constexpr int kFp8ShiftMin = -8;  // smallest d with every value exact
 constexpr int kFp8ChunkBlocks = 4;
-
-// Byte permute: byte i of the result is byte (sel >> 4i) & 7 of {hi:lo} (the sign-replicate bit
-// 3 of each selector nibble is never set here).
-MOE_EP_HD uint32_t fp8_prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
-#ifdef __CUDA_ARCH__
-  return __byte_perm(lo, hi, sel);
-#else
-  const uint64_t v = (uint64_t(hi) << 32) | lo;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) r |= uint32_t((v >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
-  return r;
-#endif
-}
 
 // The 8 E4M3 bytes of the E2M1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} times 2^d, d <= 6 (low
 // word = magnitudes 0..3, high word = 4..7).
@@ -67,8 +55,8 @@ MOE_EP_HD int fp8_chunk_reference(uint32_t scales) {
 // a0 (bytes 0..3) and a2 (bytes 0..3) of one row from its word and its block's table.
 MOE_EP_HD void fp8_decode_word(uint32_t w, uint64_t table, uint32_t& a0, uint32_t& a2) {
   const uint32_t lo = uint32_t(table), hi = uint32_t(table >> 32);
-  a0 = fp8_prmt(lo, hi, w & 0x7777u) | ((w << 4) & 0x80808080u);
-  a2 = fp8_prmt(lo, hi, (w >> 16) & 0x7777u) | (w & 0x80808080u);
+  a0 = kernels::qmath::byte_perm(lo, hi, w & 0x7777u) | ((w << 4) & 0x80808080u);
+  a2 = kernels::qmath::byte_perm(lo, hi, (w >> 16) & 0x7777u) | (w & 0x80808080u);
 }
 
 // The word of 8 E2M1 codes (bit 3 = sign): codes[0..3] go to a0's bytes 0..3, codes[4..7] to
