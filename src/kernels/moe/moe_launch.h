@@ -47,15 +47,16 @@ cudaError_t set_gemm_attributes_bf16();
 // Checkpoint-layout weights of `num_experts` experts (device memory) -> the resident layout
 // (moe_params.h). `fc1` picks the gate/up interleave (rows = 2I) or fc2 (rows = H, padded).
 // Scale bytes are checked: NaN (E4M3 0x7F/0xFF, UE8M0 0xFF) and UE8M0 above 191 (2^64) are
-// reported in `*why` (empty when all are fine). Synchronizes.
-// The fp8 draft's fold (docs/gpu_kernels.md §8): each of `rows` bf16 rows of `cols` values to
-// e4m3 bytes against one power of two per row (fp8_row_reference, fp8_fold).
-cudaError_t launch_fp8_fold(const uint16_t* src, int rows, int cols, uint8_t* dst, uint8_t* ref,
-                            cudaStream_t s);
-
+// reported in `*why` (empty when all are fine). `fp8_layout`: 4-bit words in the fp8 path's
+// layout (fp8_resident_piece). Synchronizes.
 cudaError_t preprocess_weights(Recipe recipe, bool fc1, int num_experts, int H, int I,
                                const uint8_t* raw, const uint8_t* raw_scale, uint8_t* out,
                                uint8_t* out_scale, cudaStream_t stream, std::string* why,
                                bool fp8_layout = false);
+
+// The fp8 path's fold (docs/gpu_kernels.md §8): each of `rows` bf16 rows of `cols` values to
+// e4m3 bytes against one power of two per row (fp8_row_reference, fp8_fold).
+cudaError_t launch_fp8_fold(const uint16_t* src, int rows, int cols, uint8_t* dst, uint8_t* ref,
+                            cudaStream_t s);
 
 }  // namespace moe_ep::kern

@@ -179,9 +179,9 @@ struct ForwardArgs {
   // EP owner side: xq (and ids / topk_weights) were filled from the received rows
   // (launch_ep_unpack), so prepare only routes.
   bool xq_ready = false;
-  // The fp8 MMA path of mxfp4_mxfp8 (MOE_EP_FP8=1 at construction, single GPU; draft,
+  // The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1 at construction, single GPU;
   // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
-  // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_kernel.
+  // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_ws_kernel.
   bool fp8 = false;
   uint8_t* xq8 = nullptr;   // e4m3 [T, H]
   uint8_t* xref = nullptr;  // [T]

@@ -1,11 +1,12 @@
-// Grouped GEMMs (fc1, fc2; tile_n 16 mma.sync and 128 wgmma) of the mxfp4_mxfp8 recipe.
+// Grouped GEMMs (fc1, fc2; tile_n 16 mma.sync and 128 wgmma, or the fp8 path) of the
+// mxfp4_mxfp8 recipe.
 #include "kernels/moe/sm90_moe_fp8.cuh"
 #include "kernels/moe/sm90_moe_gemm_impl.cuh"
 
 namespace moe_ep::kern {
 
 cudaError_t launch_gemms_mxfp4_mxfp8(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  if (a.fp8) return launch_fp8_gemms(a, s, ev);  // draft, docs/gpu_kernels.md §8
+  if (a.fp8) return launch_fp8_gemms(a, s, ev);  // docs/gpu_kernels.md §8
   return launch_gemms<Recipe::kMxfp4Mxfp8>(a, s, ev);
 }
 
