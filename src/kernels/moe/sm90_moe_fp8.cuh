@@ -62,14 +62,10 @@ struct Fp8Cta {
 template <bool kFc1, int kNF, class Sync>
 __device__ __forceinline__ void fp8_epilogue(const ForwardArgs& a, const TileInfo& tile,
                                              const Fp8Cta& c, const float (&acc)[kNF * 4],
-                                             unsigned char* smem, int mtile, int half, int tid,
-                                             Sync sync) {
+                                             unsigned char* smem, int half, int tid, Sync sync) {
   constexpr Recipe R = Recipe::kMxfp4Mxfp8;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-
-  // acc[nf * 4 + i]: row warp * 16 + g + (i >> 1) * 8 of the CTA's 64, column nf * 8 + 2 t4 +
-  // (i & 1); the same as the m64 kernel's, so its epilogue follows (with the column factors).
-  const int rows = tile.rows;
+  const int rows = tile.rows, mtile = c.mtile;
   if constexpr (kFc1) {
     float* xs = reinterpret_cast<float*>(smem);
     const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
@@ -262,7 +258,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     if (st + 1 < stages_k) stage(st + 1, af1, af0);
   }
   named_barrier(1, 256);  // both halves are done with the ring: it becomes their staging
-  fp8_epilogue<kFc1, kNF>(a, tile, c, acc, smem + half * kFp8WsEpiBytes, c.mtile, half, ctid,
+  fp8_epilogue<kFc1, kNF>(a, tile, c, acc, smem + half * kFp8WsEpiBytes, half, ctid,
                           [half] { named_barrier(2 + half, 128); });
 }
 
