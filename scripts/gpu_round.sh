@@ -2,8 +2,8 @@
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
 #   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
-#                        [benchall] [profile] [epab] [probe] [fp8]  (default: all but benchall,
-#                        profile, epab, probe, fp8)
+#                        [benchall] [profile] [epab] [probe] [fp8] [stream]  (default: all
+#                        but benchall, profile, epab, probe, fp8, stream)
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
 #   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
@@ -132,6 +132,16 @@ if has probe; then
     "$BUILD/bench/fp8_gemm_probe" --span $sp >>"$OUT/fp8_probe.log" 2>&1 || status=1
   done
   cat "$OUT/fp8_probe.log"
+fi
+
+if has stream; then
+  # The decode GEMM's weight stream alone (bench/stream_probe.cu, docs/gpu_kernels.md §6) and
+  # the layer at the same token counts for comparison.
+  echo "== weight stream probe"
+  "$BUILD/bench/stream_probe" >"$OUT/stream_probe.log" 2>&1 || status=1
+  "$BUILD/bench/bench_layer" --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1,128 \
+    >>"$OUT/stream_probe.log" 2>&1 || status=1
+  grep -vE "^\[moe-ep\]" "$OUT/stream_probe.log"
 fi
 
 if has fp8; then

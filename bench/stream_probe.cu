@@ -1,0 +1,247 @@
+// Probe of the decode GEMM's weight stream (docs/gpu_kernels.md §6), outside the layer: the
+// same producer (one warp: per ring slot one bulk copy of the M-tile's weights, one of its
+// scales, one per live B row, completing on the slot's full mbarrier) and consumers that only
+// wait, optionally read the slot and spend a fixed number of integer instructions per chunk,
+// then release it. It says how fast the stream structure itself goes at the 1-token and
+// 128-token DSV3 fc1 shapes, with 1, 2 or 4 K-chunks per slot and 2 or 4 CTAs per SM, so the
+// kernel's own time can be split into "stream" and "consumers". Not the layer.
+//   stream_probe [--iters N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/moe/sm90_moe_decode.cuh"
+
+namespace {
+
+using namespace moe_ep::kern;
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+constexpr int kW = 4096;     // weight bytes of one 64-wide K-chunk of a 128-row M-tile
+constexpr int kS = 512;      // its scale bytes (nvfp4: 128 rows x 4)
+constexpr int kBRow = 144;   // one B row of a chunk in the slot (64 bf16 + 16 bytes padding)
+constexpr int kBCopy = 128;  // bytes copied per live B row and chunk
+constexpr int kCWarps = 4;   // consumer warps
+constexpr int kThreads = 32 * (kCWarps + 1);
+
+struct Args {
+  const uint8_t* w;  // [ctas][chunks][kW]
+  const uint8_t* s;  // [ctas][chunks][kS]
+  const uint8_t* b;  // [8 rows][chunks][kBCopy]
+  int chunks;        // per CTA (a multiple of the chunks per slot)
+  int stages;
+  int brows;  // live B rows copied per slot (1..8)
+  int read;   // consumers read their share of the slot's weights
+  int work;   // dependent-chain iterations (4 IMAD each) per chunk per consumer warp
+  uint32_t* sink;
+};
+
+template <int kCps>
+constexpr int slot_bytes() {
+  return kCps * (kW + kS + 8 * kBRow);
+}
+
+template <int kCps, bool kHint>
+__global__ void __launch_bounds__(kThreads) stream_kernel(Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) uint64_t full[32], empty[32];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < a.stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kCWarps * 32);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  constexpr int kSlot = slot_bytes<kCps>();
+  const int slots = a.chunks / kCps;
+  const uint8_t* w = a.w + size_t(blockIdx.x) * a.chunks * kW;
+  const uint8_t* s = a.s + size_t(blockIdx.x) * a.chunks * kS;
+  if (warp == kCWarps) {
+    uint64_t policy = 0;
+    if constexpr (kHint)
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    const uint32_t tx = uint32_t(kCps * (kW + kS + a.brows * kBCopy));
+    int slot = 0;
+    uint32_t phase = 0;
+    for (int c = 0; c < slots; ++c) {
+      if (c >= a.stages) mbar_wait(&empty[slot], phase ^ 1);
+      unsigned char* st = smem + slot * kSlot;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&full[slot], tx);
+        if constexpr (kHint) {
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+              " [%0], [%1], %2, [%3], %4;\n" ::"r"(smem_addr(st)),
+              "l"(w + size_t(c) * kCps * kW), "r"(kCps * kW), "r"(smem_addr(&full[slot])),
+              "l"(policy)
+              : "memory");
+        } else {
+          bulk_load(st, w + size_t(c) * kCps * kW, kCps * kW, &full[slot]);
+        }
+        bulk_load(st + kCps * kW, s + size_t(c) * kCps * kS, kCps * kS, &full[slot]);
+      }
+      if (lane < a.brows)
+        bulk_load(st + kCps * (kW + kS) + lane * kCps * kBRow,
+                  a.b + (size_t(lane) * a.chunks + size_t(c) * kCps) * kBCopy, kCps * kBCopy,
+                  &full[slot]);
+      if (++slot == a.stages) {
+        slot = 0;
+        phase ^= 1;
+      }
+    }
+  } else {
+    uint32_t acc = 0, x0 = tid, x1 = tid + 1, x2 = tid + 2, x3 = tid + 3;
+    const uint32_t zero = uint32_t(a.stages) >> 8;
+    int slot = 0;
+    uint32_t phase = 0;
+    for (int c = 0; c < slots; ++c) {
+      const uint32_t st = smem_addr(smem + slot * kSlot);
+      mbar_wait(&full[slot], phase);
+      uint32_t dep = 0;
+      if (a.read) {
+#pragma unroll
+        for (int k = 0; k < kCps; ++k) {
+          const uint4 v = lds128(st + k * kW + warp * 1024 + lane * 16);
+          const uint4 u = lds128(st + k * kW + warp * 1024 + 512 + lane * 16);
+          dep ^= v.x ^ v.w ^ u.y ^ u.z;
+        }
+      }
+      mbar_arrive_after(smem_addr(&empty[slot]), dep & zero);
+      acc ^= dep;
+      for (int i = 0; i < a.work * kCps; ++i) {
+        x0 = x0 * 0x9E3779B9u + acc;
+        x1 = x1 * 0x85EBCA6Bu + x0;
+        x2 = x2 * 0xC2B2AE35u + x1;
+        x3 = x3 * 0x27D4EB2Fu + x2;
+      }
+      if (++slot == a.stages) {
+        slot = 0;
+        phase ^= 1;
+      }
+    }
+    if ((acc ^ x3) == 0x12345678u) a.sink[blockIdx.x] = acc;  // keeps the loads and the work
+  }
+}
+
+struct Case {
+  const char* name;
+  int ctas, chunks, cps, per_sm, brows, read, work;
+  bool hint;
+};
+
+template <int kCps, bool kHint>
+float run_case(const Case& c, const Args& base, int iters, int* stages_out) {
+  auto kernel = stream_kernel<kCps, kHint>;
+  const int slot = slot_bytes<kCps>();
+  const int stages = std::min(24, (228 * 1024 / c.per_sm - 2048) / slot);
+  *stages_out = stages;
+  const int smem = stages * slot;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  Args a = base;
+  a.chunks = c.chunks;
+  a.stages = stages;
+  a.brows = c.brows;
+  a.read = c.read;
+  a.work = c.work;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> t;
+  for (int i = 0; i < iters + 2; ++i) {
+    CK(cudaEventRecord(e0));
+    kernel<<<c.ctas, kThreads, smem>>>(a);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 2) t.push_back(ms * 1000.0f);
+  }
+  CK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return t[t.size() / 2];
+}
+
+template <bool kHint>
+float dispatch(const Case& c, const Args& a, int iters, int* stages) {
+  switch (c.cps) {
+    case 1:
+      return run_case<1, kHint>(c, a, iters, stages);
+    case 2:
+      return run_case<2, kHint>(c, a, iters, stages);
+    default:
+      return run_case<4, kHint>(c, a, iters, stages);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 20;
+  for (int i = 1; i + 1 < argc; i += 2)
+    if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[i + 1]);
+  // DSV3 fc1 (K = 7168: 112 chunks per M-tile): 1 token = 8 experts x 32 M-tiles = 256 CTAs; 128
+  // tokens = all 256 experts = 8192 CTAs. fc2 at 1 token: 8 experts x 56 M-tiles, 32 chunks.
+  const Case cases[] = {
+      {"t1 fc1 1x18 rows1", 256, 112, 1, 2, 1, 0, 0, false},
+      {"t1 fc1 1x18 rows1 read", 256, 112, 1, 2, 1, 1, 0, false},
+      {"t1 fc1 1x18 rows1 read work40", 256, 112, 1, 2, 1, 1, 40, false},
+      {"t1 fc1 1x18 rows1 read work40 hint", 256, 112, 1, 2, 1, 1, 40, true},
+      {"t1 fc1 1x8 (4/SM ring) rows1 read", 256, 112, 1, 4, 1, 1, 0, false},
+      {"t1 fc1 2/slot rows1 read", 256, 112, 2, 2, 1, 1, 0, false},
+      {"t1 fc1 2/slot rows1 read work40", 256, 112, 2, 2, 1, 1, 40, false},
+      {"t1 fc1 4/slot rows1 read", 256, 112, 4, 2, 1, 1, 0, false},
+      {"t1 fc1 4/slot rows1 read work40", 256, 112, 4, 2, 1, 1, 40, false},
+      {"t1 fc1 1x18 rows8 read", 256, 112, 1, 2, 8, 1, 0, false},
+      {"t1 fc2 1x18 rows1 read", 448, 32, 1, 2, 1, 1, 0, false},
+      {"t1 fc2 2/slot rows1 read", 448, 32, 2, 2, 1, 1, 0, false},
+      {"t128 fc1 1x8 rows8 read", 8192, 112, 1, 4, 8, 1, 0, false},
+      {"t128 fc1 1x8 rows8 read work40", 8192, 112, 1, 4, 8, 1, 40, false},
+      {"t128 fc1 1x8 rows8 read work40 hint", 8192, 112, 1, 4, 8, 1, 40, true},
+      {"t128 fc1 2/slot rows8 read", 8192, 112, 2, 4, 8, 1, 0, false},
+      {"t128 fc1 2/slot rows8 read work40", 8192, 112, 2, 4, 8, 1, 40, false},
+      {"t128 fc1 1x18 (2/SM) rows8 read work40", 8192, 112, 1, 2, 8, 1, 40, false},
+  };
+  size_t max_w = 0;
+  for (const Case& c : cases) max_w = std::max(max_w, size_t(c.ctas) * c.chunks * kW);
+  uint8_t *w, *s, *b;
+  uint32_t* sink;
+  CK(cudaMalloc(&w, max_w));
+  CK(cudaMalloc(&s, max_w / (kW / kS)));
+  CK(cudaMalloc(&b, 8 * 112 * kBCopy));
+  CK(cudaMalloc(&sink, 8192 * 4));
+  CK(cudaMemset(w, 1, max_w));
+  CK(cudaMemset(s, 2, max_w / (kW / kS)));
+  CK(cudaMemset(b, 3, 8 * 112 * kBCopy));
+  Args a{};
+  a.w = w;
+  a.s = s;
+  a.b = b;
+  a.sink = sink;
+  std::printf("%-42s %6s %6s %10s %10s\n", "case", "stages", "slotKB", "median_us", "TB/s");
+  for (const Case& c : cases) {
+    int stages = 0;
+    const float us =
+        c.hint ? dispatch<true>(c, a, iters, &stages) : dispatch<false>(c, a, iters, &stages);
+    const double bytes = double(c.ctas) * c.chunks * (kW + kS + c.brows * kBCopy);
+    const double slot_kb = c.cps * (kW + kS + 8 * kBRow) / 1024.0;
+    std::printf("%-42s %6d %6.2f %10.1f %10.2f\n", c.name, stages, slot_kb, us,
+                bytes / (us * 1e-6) / 1e12);
+  }
+  return 0;
+}
