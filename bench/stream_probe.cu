@@ -49,7 +49,7 @@ struct Args {
 };
 
 template <int kCps>
-constexpr int slot_bytes() {
+__host__ __device__ constexpr int slot_bytes() {
   return kCps * (kW + kS + 8 * kBRow);
 }
 
