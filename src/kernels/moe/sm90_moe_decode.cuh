@@ -140,21 +140,26 @@ cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
 
 // ---------------------------------------------------------------------------------------------
 
-template <Recipe R, int kN, int kFW>
+// kCps K-chunks per ring slot (1 or 2): a slot holds the weights of kCps consecutive chunks
+// (one bulk copy), then their scales (one), then per B row its kCps * 64 values (one per row).
+template <Recipe R, int kN, int kFW, int kCps = 1>
 struct DecodeConfig {
   using RT = RecipeKernelTraits<R>;
+  static_assert(kCps == 1 || kCps == 2, "one or two K-chunks per ring slot");
   static constexpr int kCWarps = kTileFrags / kFW;     // consumer warps
   static constexpr int kThreads = 32 * (kCWarps + 1);  // + the producer warp
   static constexpr int kNF = kN / 8;
-  static constexpr int kBRow = kKChunk + 8;  // bf16 per B row (16 bytes of padding)
-  static constexpr int kWBytes = kTileFrags * RT::kFragBytes;
-  static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;
+  static constexpr int kBRow = kCps * kKChunk + 8;  // bf16 per B row (16 bytes of padding)
+  static constexpr int kWBytes = kTileFrags * RT::kFragBytes;   // per chunk
+  static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;  // per chunk
+  static constexpr int kSOff = kCps * kWBytes;                  // the slot's scales
+  static constexpr int kBOff = kCps * (kWBytes + kSBytes);      // the slot's B rows
   static constexpr int kBBytes = kN * kBRow * 2;
-  static constexpr int kStageBytes = kWBytes + kSBytes + kBBytes;
+  static constexpr int kStageBytes = kBOff + kBBytes;
   // Static shared memory (tables, barriers) stays under 8 KB; 227 KB per CTA at most.
   static constexpr int kMaxStages =
       (227 * 1024 - 8 * 1024) / kStageBytes < 24 ? (227 * 1024 - 8 * 1024) / kStageBytes : 24;
-  static constexpr int kMinStages = RT::kFourBit ? 4 : 3;
+  static constexpr int kMinStages = kCps == 2 ? 2 : RT::kFourBit ? 4 : 3;
   static constexpr int kGuStride = 17;  // fp32 per (frag, column) row of the fc1 g/u tile
   static constexpr int kHS = kFc1TileH + 4;
   static constexpr int kFc1EpiBytes = (kTileFrags * kN * kGuStride + kN * kHS) * 4;
@@ -195,9 +200,9 @@ struct PipeOps {
   uint32_t lo[kFW][kSW], hi[kFW][kSW];  // rows g and g + 8 of each fragment
 };
 
-template <Recipe R, int kN, int kFW>
+template <Recipe R, int kN, int kFW, int kCps>
 struct PipeConsumer {
-  using C = DecodeConfig<R, kN, kFW>;
+  using C = DecodeConfig<R, kN, kFW, kCps>;
   using RT = typename C::RT;
   using Ops = PipeOps<R, kN, kFW>;
   static constexpr int kNF = C::kNF, kSW = Ops::kSW;
@@ -212,19 +217,34 @@ struct PipeConsumer {
   uint32_t phase;
   uint32_t pending;  // empty barrier of the last chunk loaded
 
+  // Chunks come in pairs (even, odd) in the loop below, so whether a chunk opens its slot
+  // (wait for it) and closes it (move to the next slot, release it after the loads) is known
+  // at compile time: with one chunk per slot each chunk does both; with two, the even chunk
+  // opens and the odd one closes.
+  template <bool kOdd>
+  static constexpr bool kOpens = kCps == 1 || !kOdd;
+  template <bool kOdd>
+  static constexpr bool kCloses = kCps == 1 || kOdd;
+  template <bool kOdd>
+  static constexpr uint32_t kSub = kCps == 2 && kOdd ? 1 : 0;  // the chunk's place in its slot
+
+  template <bool kOdd>
   __device__ __forceinline__ void load(Ops& o, int chunk) {
-    mbar_wait(full0 + bar, phase);
+    if constexpr (kOpens<kOdd>) mbar_wait(full0 + bar, phase);
+    const uint32_t sw = st + kSub<kOdd> * C::kWBytes;     // the chunk's weights
+    const uint32_t ss = st + kSub<kOdd> * C::kSBytes;     // + s_off: its scales
+    const uint32_t sb = st + kSub<kOdd> * (kKChunk * 2);  // + b_off: its B columns
     // Scale bytes first: their table round trip is the longest chain of the chunk.
     const uint32_t tbl = tbl0 + (chunk & 1) * tbl_step;
     // Each lane converts 4 (nvfp4, 2 fragments) or 2 scale bytes; with one mxfp4 fragment (16
     // rows of 2 bytes) only lanes 0..15 have any.
     if constexpr (RT::kNvScale && kFW == 2) {
-      const uint32_t v = lds32(st + s_off);
+      const uint32_t v = lds32(ss + s_off);
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tbl + t_off),
                    "r"(lds32(lut | ((v << 2) & 0x3fc))), "r"(lds32(lut | ((v >> 6) & 0x3fc))),
                    "r"(lds32(lut | ((v >> 14) & 0x3fc))), "r"(lds32(lut | ((v >> 22) & 0x3fc))));
     } else if (RT::kNvScale || kFW == 2 || s_lane) {
-      const uint32_t v = lds16(st + s_off);
+      const uint32_t v = lds16(ss + s_off);
       asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(tbl + t_off),
                    "r"(lds32(lut | ((v << 2) & 0x3fc))), "r"(lds32(lut | ((v >> 6) & 0x3fc))));
     }
@@ -234,18 +254,18 @@ struct PipeConsumer {
 #pragma unroll
         for (int nf = 0; nf < kNF; nf += 2) {
           uint32_t r[4];
-          ldsm_x4(r, st + b_off + (nf * 8 * C::kBRow + s * 16) * 2);
+          ldsm_x4(r, sb + b_off + (nf * 8 * C::kBRow + s * 16) * 2);
           o.b[s][nf][0] = r[0];
           o.b[s][nf][1] = r[1];
           o.b[s][nf + 1][0] = r[2];
           o.b[s][nf + 1][1] = r[3];
         }
       } else {
-        ldsm_x2(o.b[s][0][0], o.b[s][0][1], st + b_off + s * 32);
+        ldsm_x2(o.b[s][0][0], o.b[s][0][1], sb + b_off + s * 32);
       }
     }
 #pragma unroll
-    for (int f = 0; f < kFW; ++f) o.w[f] = lds128(st + w_off + f * RT::kFragBytes);
+    for (int f = 0; f < kFW; ++f) o.w[f] = lds128(sw + w_off + f * RT::kFragBytes);
     __syncwarp();
 #pragma unroll
     for (int f = 0; f < kFW; ++f) {
@@ -259,24 +279,38 @@ struct PipeConsumer {
         o.hi[f][0] = h.x, o.hi[f][1] = h.y;
       }
     }
-    pending = empty0 + bar;
-    bar += 8;
-    st += C::kStageBytes;
-    if (st == ring_end) {
-      st = ring;
-      bar = 0;
-      phase ^= 1;
+    if constexpr (kCloses<kOdd>) {
+      pending = empty0 + bar;
+      bar += 8;
+      st += C::kStageBytes;
+      if (st == ring_end) {
+        st = ring;
+        bar = 0;
+        phase ^= 1;
+      }
     }
   }
 
-  // Releases the slot of the last chunk loaded into `o`, once every load from it has returned.
-  __device__ __forceinline__ void release(const Ops& o) {
+  static __device__ __forceinline__ uint32_t loaded(const Ops& o) {
     uint32_t dep = o.w[0].x ^ o.w[kFW - 1].x;
 #pragma unroll
     for (int s = 0; s < 4; ++s)
 #pragma unroll
       for (int nf = 0; nf < kNF; nf += 2) dep ^= o.b[s][nf][0];
-    mbar_arrive_after(pending, dep & zero);
+    return dep;
+  }
+
+  // Releases the slot of the chunk just loaded into `o` if that chunk closes it, once every
+  // load from the slot has returned: the chunk's own (`o`) and, with two chunks per slot, its
+  // even partner's (`prev`, whose MMAs ran before this point in program order but whose
+  // registers the arrive would not otherwise depend on).
+  template <bool kOdd>
+  __device__ __forceinline__ void release(const Ops& o, const Ops& prev) {
+    if constexpr (kCloses<kOdd>) {
+      uint32_t dep = loaded(o);
+      if constexpr (kCps == 2) dep ^= loaded(prev);
+      mbar_arrive_after(pending, dep & zero);
+    }
   }
 
   // k16 steps s0 .. s1 - 1 of the chunk in `o`.
@@ -306,24 +340,29 @@ struct PipeConsumer {
   // chunk c + 1 comes after half of chunk c: waiting before it (more overlap of its loads with
   // chunk c's math, less slack when its data comes late) measured 7 % slower for mxfp4 at 8-128
   // tokens (docs/gpu_kernels.md §6).
+  // kOdd: whether `next` is odd (chunk indices count from this CTA's first chunk, which opens
+  // slot 0).
+  template <bool kOdd>
   __device__ __forceinline__ void step(const Ops& x, Ops& y, int next, float (&acc)[kFW][kNF][4]) {
     compute<0, 2>(x, acc);
-    load(y, next);
+    load<kOdd>(y, next);
     compute<2, 4>(x, acc);
-    release(y);
+    release<kOdd>(y, x);
   }
 
+  // With two chunks per slot and an odd chunk count, the last slot holds one chunk and is never
+  // released: nothing waits for it (the producer is done, the epilogue syncs the CTA first).
   __device__ __forceinline__ void run(int chunks, float (&acc)[kFW][kNF][4]) {
     Ops a, b;
-    load(a, 0);
-    release(a);
+    load<false>(a, 0);
+    release<false>(a, a);
     int c = 0;
     for (; c + 2 < chunks; c += 2) {
-      step(a, b, c + 1, acc);
-      step(b, a, c + 2, acc);
+      step<true>(a, b, c + 1, acc);
+      step<false>(b, a, c + 2, acc);
     }
     if (c + 1 < chunks) {
-      step(a, b, c + 1, acc);
+      step<true>(a, b, c + 1, acc);
       compute<0, 4>(b, acc);
     } else {
       compute<0, 4>(a, acc);
@@ -405,10 +444,11 @@ __device__ __forceinline__ bool splitk_last(const ForwardArgs& a, float (&acc)[k
 // kPipe: the pipelined consumer (PipeConsumer), else the plain loop below. splits > 1: this CTA
 // computes K-chunks [split * chunks / splits, (split + 1) * chunks / splits) of its M-tile
 // (split = blockIdx.z) and splitk_last combines the splits.
-template <Recipe R, int kN, int kFW, bool kFc1, bool kPipe>
+template <Recipe R, int kN, int kFW, bool kFc1, bool kPipe, int kCps>
 __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stages,
                                             const int splits) {
-  using C = DecodeConfig<R, kN, kFW>;
+  static_assert(kPipe || kCps == 1, "the plain loop takes one chunk per slot");
+  using C = DecodeConfig<R, kN, kFW, kCps>;
   using RT = typename C::RT;
   constexpr int kNF = C::kNF, kCW = C::kCWarps;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -452,7 +492,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   }
   // Ring slot s: weights at s * kStageBytes, then scales, then the B rows.
   const uint32_t ring = smem_addr(smem);
-  constexpr uint32_t kSOff = C::kWBytes, kBOff = C::kWBytes + C::kSBytes;
+  constexpr uint32_t kSOff = C::kSOff, kBOff = C::kBOff;
   // B rows past tile.rows are never copied: zero them once in every slot (their columns are
   // computed and dropped; zeros keep them finite).
   {
@@ -486,20 +526,22 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       else
         brow = a.h + int64_t(tile.start + lane) * a.I + c0 * kKChunk;
     }
-    const uint32_t tx = uint32_t(C::kWBytes + C::kSBytes + rows * kKChunk * 2);
+    const int slots = (chunks + kCps - 1) / kCps;
     int slot = 0;
     uint32_t phase = 0;
-    for (int c = 0; c < chunks; ++c) {
-      if (c >= stages) mbar_wait(&empty_bar[slot], phase ^ 1);
+    for (int i = 0; i < slots; ++i) {
+      const int c = i * kCps, n = kCps == 1 ? 1 : min(kCps, chunks - c);  // chunks in the slot
+      if (i >= stages) mbar_wait(&empty_bar[slot], phase ^ 1);
       unsigned char* st = smem + slot * C::kStageBytes;
       if (lane == 0) {
-        mbar_arrive_expect_tx(&full_bar[slot], tx);
-        bulk_load(st, wbase + size_t(c) * C::kWBytes, C::kWBytes, &full_bar[slot]);
+        mbar_arrive_expect_tx(&full_bar[slot],
+                              uint32_t(n * (C::kWBytes + C::kSBytes + rows * kKChunk * 2)));
+        bulk_load(st, wbase + size_t(c) * C::kWBytes, n * C::kWBytes, &full_bar[slot]);
         if constexpr (RT::kFourBit)
-          bulk_load(st + kSOff, sbase + size_t(c) * C::kSBytes, C::kSBytes, &full_bar[slot]);
+          bulk_load(st + kSOff, sbase + size_t(c) * C::kSBytes, n * C::kSBytes, &full_bar[slot]);
       }
       if (lane < rows)
-        bulk_load(st + kBOff + lane * C::kBRow * 2, brow + c * kKChunk, kKChunk * 2,
+        bulk_load(st + kBOff + lane * C::kBRow * 2, brow + c * kKChunk, n * kKChunk * 2,
                   &full_bar[slot]);
       if (++slot == stages) {
         slot = 0;
@@ -507,7 +549,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       }
     }
   } else if constexpr (kPipe) {
-    PipeConsumer<R, kN, kFW> pc;
+    PipeConsumer<R, kN, kFW, kCps> pc;
     const int lm_row = (lane & 7) + (kNF >= 2 ? ((lane >> 4) << 3) : 0);
     const int lm_col = ((lane >> 3) & 1) * 8;
     pc.ring = ring;
@@ -721,16 +763,16 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
 template <Recipe R, int kN, int kFW, bool kFc1>
 __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
     sm90_moe_decode_kernel(const ForwardArgs a, const int stages, const int splits) {
-  decode_gemm<R, kN, kFW, kFc1, false>(a, stages, splits);
+  decode_gemm<R, kN, kFW, kFc1, false, 1>(a, stages, splits);
 }
 
 // The pipelined consumer (default). Up to 96 registers: the two operand sets fit without
 // ptxas recomputing per-lane offsets in the loop, and 4 CTAs of 160 threads (2 of 288) still
 // fit an SM.
-template <Recipe R, int kN, int kFW, bool kFc1>
+template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
 __global__ void __maxnreg__(96)
     sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages, const int splits) {
-  decode_gemm<R, kN, kFW, kFc1, true>(a, stages, splits);
+  decode_gemm<R, kN, kFW, kFc1, true, kCps>(a, stages, splits);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -807,9 +849,9 @@ int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, in
 }
 
 // Ring depth: as deep as the shared memory of per_sm CTAs allows.
-template <Recipe R, int kN, int kFW>
+template <Recipe R, int kN, int kFW, int kCps>
 int decode_stages(int per_sm) {
-  using C = DecodeConfig<R, kN, kFW>;
+  using C = DecodeConfig<R, kN, kFW, kCps>;
   constexpr int kSmemPerSm = 228 * 1024, kStatic = 8 * 1024;  // static smem + reserve, rounded
   const int stages = (kSmemPerSm / per_sm - kStatic) / C::kStageBytes;
   return std::max(C::kMinStages, std::min({C::kMaxStages, decode_max_stages(), stages}));
@@ -829,6 +871,28 @@ inline bool decode_pipelined() {
   return on;
 }
 
+// MOE_EP_DECODE_CPS=1|2 (benchmark knob, read once per process): K-chunks per ring slot of the
+// pipelined consumer (the plain loop always takes one).
+inline int decode_chunks_per_slot() {
+  static const int n = [] {
+    const char* v = std::getenv("MOE_EP_DECODE_CPS");
+    return v && v[0] == '1' && !v[1] ? 1 : 2;
+  }();
+  return n;
+}
+
+template <Recipe R, int kN, bool kFc1, int kCps>
+cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, int mtiles,
+                              int splits, int per_sm) {
+  using C = DecodeConfig<R, kN, 2, kCps>;
+  const int stages = decode_stages<R, kN, 2, kCps>(per_sm);
+  const auto kernel = kCps == 1 && !decode_pipelined()
+                          ? sm90_moe_decode_kernel<R, kN, 2, kFc1>
+                          : sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
+  return launch_pdl(kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads), C::smem_bytes(stages),
+                    s, a, stages, splits);
+}
+
 template <Recipe R, int kN, bool kFc1>
 cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kN);
@@ -838,12 +902,9 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int splits = decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks);
   note_decode_splits(kFc1, splits);
   const int per_sm = decode_ctas_per_sm<kN>(a, mtiles, splits);
-  const int stages = decode_stages<R, kN, 2>(per_sm);
-  using C = DecodeConfig<R, kN, 2>;
-  const auto kernel = decode_pipelined() ? sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1>
-                                         : sm90_moe_decode_kernel<R, kN, 2, kFc1>;
-  return launch_pdl(kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads), C::smem_bytes(stages),
-                    s, a, stages, splits);
+  if (decode_pipelined() && decode_chunks_per_slot() == 2)
+    return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, splits, per_sm);
+  return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, splits, per_sm);
 }
 
 // MOE_EP_DECODE_OLD=1 (benchmark knob): tile_n 16 through sm90_moe_gemm_kernel instead.
@@ -864,9 +925,12 @@ cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_
 
 template <Recipe R, int kN, bool kFc1>
 cudaError_t set_decode_attr() {
-  const int bytes = DecodeConfig<R, kN, 2>::smem_bytes(DecodeConfig<R, kN, 2>::kMaxStages);
-  return first_error({set_max_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1>, bytes)});
+  using C1 = DecodeConfig<R, kN, 2, 1>;
+  using C2 = DecodeConfig<R, kN, 2, 2>;
+  const int bytes1 = C1::smem_bytes(C1::kMaxStages), bytes2 = C2::smem_bytes(C2::kMaxStages);
+  return first_error({set_max_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes1),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 1>, bytes1),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 2>, bytes2)});
 }
 
 template <Recipe R>
