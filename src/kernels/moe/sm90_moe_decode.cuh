@@ -140,12 +140,12 @@ cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
 
 // ---------------------------------------------------------------------------------------------
 
-// kCps K-chunks per ring slot (1 or 2): a slot holds the weights of kCps consecutive chunks
+// kCps K-chunks per ring slot (1, 2 or 4): a slot holds the weights of kCps consecutive chunks
 // (one bulk copy), then their scales (one), then per B row its kCps * 64 values (one per row).
 template <Recipe R, int kN, int kFW, int kCps = 1>
 struct DecodeConfig {
   using RT = RecipeKernelTraits<R>;
-  static_assert(kCps == 1 || kCps == 2, "one or two K-chunks per ring slot");
+  static_assert(kCps == 1 || kCps == 2 || kCps == 4, "1, 2 or 4 K-chunks per ring slot");
   static constexpr int kCWarps = kTileFrags / kFW;     // consumer warps
   static constexpr int kThreads = 32 * (kCWarps + 1);  // + the producer warp
   static constexpr int kNF = kN / 8;
@@ -159,7 +159,7 @@ struct DecodeConfig {
   // Static shared memory (tables, barriers) stays under 8 KB; 227 KB per CTA at most.
   static constexpr int kMaxStages =
       (227 * 1024 - 8 * 1024) / kStageBytes < 24 ? (227 * 1024 - 8 * 1024) / kStageBytes : 24;
-  static constexpr int kMinStages = kCps == 2 ? 2 : RT::kFourBit ? 4 : 3;
+  static constexpr int kMinStages = kCps > 1 ? 2 : RT::kFourBit ? 4 : 3;
   static constexpr int kGuStride = 17;  // fp32 per (frag, column) row of the fc1 g/u tile
   static constexpr int kHS = kFc1TileH + 4;
   static constexpr int kFc1EpiBytes = (kTileFrags * kN * kGuStride + kN * kHS) * 4;
@@ -217,23 +217,25 @@ struct PipeConsumer {
   uint32_t phase;
   uint32_t pending;  // empty barrier of the last chunk loaded
 
-  // Chunks come in pairs (even, odd) in the loop below, so whether a chunk opens its slot
-  // (wait for it) and closes it (move to the next slot, release it after the loads) is known
-  // at compile time: with one chunk per slot each chunk does both; with two, the even chunk
-  // opens and the odd one closes.
-  template <bool kOdd>
-  static constexpr bool kOpens = kCps == 1 || !kOdd;
-  template <bool kOdd>
-  static constexpr bool kCloses = kCps == 1 || kOdd;
-  template <bool kOdd>
-  static constexpr uint32_t kSub = kCps == 2 && kOdd ? 1 : 0;  // the chunk's place in its slot
+  // The loop below is unrolled by kU (a multiple of kCps) and kJ = chunk % kU is known at
+  // compile time, so is the chunk's place in its slot, kSub: the chunk with kSub 0 opens the
+  // slot (waits for it), the one with kSub kCps - 1 closes it (moves to the next slot and
+  // releases it once its own loads have returned; the slot's earlier chunks were read by MMAs
+  // that come before the release in program order).
+  static constexpr int kU = kCps > 2 ? kCps : 2;
+  template <int kJ>
+  static constexpr uint32_t kSub = kJ % kCps;
+  template <int kJ>
+  static constexpr bool kOpens = kSub<kJ> == 0;
+  template <int kJ>
+  static constexpr bool kCloses = kSub<kJ> == kCps - 1;
 
-  template <bool kOdd>
+  template <int kJ>
   __device__ __forceinline__ void load(Ops& o, int chunk) {
-    if constexpr (kOpens<kOdd>) mbar_wait(full0 + bar, phase);
-    const uint32_t sw = st + kSub<kOdd> * C::kWBytes;     // the chunk's weights
-    const uint32_t ss = st + kSub<kOdd> * C::kSBytes;     // + s_off: its scales
-    const uint32_t sb = st + kSub<kOdd> * (kKChunk * 2);  // + b_off: its B columns
+    if constexpr (kOpens<kJ>) mbar_wait(full0 + bar, phase);
+    const uint32_t sw = st + kSub<kJ> * C::kWBytes;     // the chunk's weights
+    const uint32_t ss = st + kSub<kJ> * C::kSBytes;     // + s_off: its scales
+    const uint32_t sb = st + kSub<kJ> * (kKChunk * 2);  // + b_off: its B columns
     // Scale bytes first: their table round trip is the longest chain of the chunk.
     const uint32_t tbl = tbl0 + (chunk & 1) * tbl_step;
     // Each lane converts 4 (nvfp4, 2 fragments) or 2 scale bytes; with one mxfp4 fragment (16
@@ -279,7 +281,7 @@ struct PipeConsumer {
         o.hi[f][0] = h.x, o.hi[f][1] = h.y;
       }
     }
-    if constexpr (kCloses<kOdd>) {
+    if constexpr (kCloses<kJ>) {
       pending = empty0 + bar;
       bar += 8;
       st += C::kStageBytes;
@@ -301,14 +303,14 @@ struct PipeConsumer {
   }
 
   // Releases the slot of the chunk just loaded into `o` if that chunk closes it, once every
-  // load from the slot has returned: the chunk's own (`o`) and, with two chunks per slot, its
-  // even partner's (`prev`, whose MMAs ran before this point in program order but whose
-  // registers the arrive would not otherwise depend on).
-  template <bool kOdd>
+  // load from the slot has returned: the chunk's own (`o`) and its predecessor's (`prev`, in
+  // the same slot when kCps > 1; its MMAs, asm volatile like the arrive, come first in program
+  // order, which already orders them, and the extra dependence costs a few LOP3).
+  template <int kJ>
   __device__ __forceinline__ void release(const Ops& o, const Ops& prev) {
-    if constexpr (kCloses<kOdd>) {
+    if constexpr (kCloses<kJ>) {
       uint32_t dep = loaded(o);
-      if constexpr (kCps == 2) dep ^= loaded(prev);
+      if constexpr (kCps > 1) dep ^= loaded(prev);
       mbar_arrive_after(pending, dep & zero);
     }
   }
@@ -340,32 +342,58 @@ struct PipeConsumer {
   // chunk c + 1 comes after half of chunk c: waiting before it (more overlap of its loads with
   // chunk c's math, less slack when its data comes late) measured 7 % slower for mxfp4 at 8-128
   // tokens (docs/gpu_kernels.md §6).
-  // kOdd: whether `next` is odd (chunk indices count from this CTA's first chunk, which opens
-  // slot 0).
-  template <bool kOdd>
+  // kJ = next % kU (chunk indices count from this CTA's first chunk, which opens slot 0).
+  template <int kJ>
   __device__ __forceinline__ void step(const Ops& x, Ops& y, int next, float (&acc)[kFW][kNF][4]) {
     compute<0, 2>(x, acc);
-    load<kOdd>(y, next);
+    load<kJ>(y, next);
     compute<2, 4>(x, acc);
-    release<kOdd>(y, x);
+    release<kJ>(y, x);
   }
 
-  // With two chunks per slot and an odd chunk count, the last slot holds one chunk and is never
+  // When kCps does not divide the chunk count, the last slot is partly filled and never
   // released: nothing waits for it (the producer is done, the epilogue syncs the CTA first).
   __device__ __forceinline__ void run(int chunks, float (&acc)[kFW][kNF][4]) {
     Ops a, b;
-    load<false>(a, 0);
-    release<false>(a, a);
+    load<0>(a, 0);
+    release<0>(a, a);
     int c = 0;
-    for (; c + 2 < chunks; c += 2) {
-      step<true>(a, b, c + 1, acc);
-      step<false>(b, a, c + 2, acc);
-    }
-    if (c + 1 < chunks) {
-      step<true>(a, b, c + 1, acc);
-      compute<0, 4>(b, acc);
+    if constexpr (kU == 2) {
+      for (; c + 2 < chunks; c += 2) {
+        step<1>(a, b, c + 1, acc);
+        step<0>(b, a, c + 2, acc);
+      }
+      if (c + 1 < chunks) {
+        step<1>(a, b, c + 1, acc);
+        compute<0, 4>(b, acc);
+      } else {
+        compute<0, 4>(a, acc);
+      }
     } else {
-      compute<0, 4>(a, acc);
+      static_assert(kU == 4, "unrolled by 2 or 4");
+      for (; c + 4 < chunks; c += 4) {
+        step<1>(a, b, c + 1, acc);
+        step<2>(b, a, c + 2, acc);
+        step<3>(a, b, c + 3, acc);
+        step<0>(b, a, c + 4, acc);
+      }
+      const int r = chunks - 1 - c;  // chunks left after c: 0 .. 3
+      if (r == 0) {
+        compute<0, 4>(a, acc);
+        return;
+      }
+      step<1>(a, b, c + 1, acc);
+      if (r == 1) {
+        compute<0, 4>(b, acc);
+        return;
+      }
+      step<2>(b, a, c + 2, acc);
+      if (r == 2) {
+        compute<0, 4>(a, acc);
+        return;
+      }
+      step<3>(a, b, c + 3, acc);
+      compute<0, 4>(b, acc);
     }
   }
 };
@@ -871,14 +899,20 @@ inline bool decode_pipelined() {
   return on;
 }
 
-// MOE_EP_DECODE_CPS=1|2 (benchmark knob, read once per process): K-chunks per ring slot of the
-// pipelined consumer (the plain loop always takes one).
-inline int decode_chunks_per_slot() {
+// MOE_EP_DECODE_CPS=1|2|4 (benchmark knob, read once per process): K-chunks per ring slot of
+// the pipelined consumer (the plain loop always takes one); unset = the policy below.
+inline int decode_forced_cps() {
   static const int n = [] {
-    const char* v = std::getenv("MOE_EP_DECODE_CPS");
-    return v && v[0] == '1' && !v[1] ? 1 : 2;
+    const int k = decode_env_int("MOE_EP_DECODE_CPS", 1, 4);
+    return k == 3 ? 0 : k;
   }();
   return n;
+}
+// K-chunks per ring slot for per_sm CTAs per SM: fewer, larger copies and half or a quarter of
+// the barrier waits per byte (docs/gpu_kernels.md §6).
+inline int decode_chunks_per_slot(int per_sm) {
+  if (const int f = decode_forced_cps()) return f;
+  return per_sm <= 2 ? 4 : 2;
 }
 
 template <Recipe R, int kN, bool kFc1, int kCps>
@@ -902,8 +936,9 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int splits = decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks);
   note_decode_splits(kFc1, splits);
   const int per_sm = decode_ctas_per_sm<kN>(a, mtiles, splits);
-  if (decode_pipelined() && decode_chunks_per_slot() == 2)
-    return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, splits, per_sm);
+  const int cps = decode_pipelined() ? decode_chunks_per_slot(per_sm) : 1;
+  if (cps == 4) return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
+  if (cps == 2) return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, splits, per_sm);
   return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, splits, per_sm);
 }
 
@@ -927,10 +962,14 @@ template <Recipe R, int kN, bool kFc1>
 cudaError_t set_decode_attr() {
   using C1 = DecodeConfig<R, kN, 2, 1>;
   using C2 = DecodeConfig<R, kN, 2, 2>;
-  const int bytes1 = C1::smem_bytes(C1::kMaxStages), bytes2 = C2::smem_bytes(C2::kMaxStages);
-  return first_error({set_max_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes1),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 1>, bytes1),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 2>, bytes2)});
+  using C4 = DecodeConfig<R, kN, 2, 4>;
+  const int bytes1 = C1::smem_bytes(C1::kMaxStages);
+  return first_error(
+      {set_max_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes1),
+       set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 1>, bytes1),
+       set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 2>, C2::smem_bytes(C2::kMaxStages)),
+       set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 4>,
+                    C4::smem_bytes(C4::kMaxStages))});
 }
 
 template <Recipe R>
