@@ -728,10 +728,11 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       }
     }
   }
-  if (splits > 1 &&
-      !splitk_last<kFW, kNF, kCW * 32>(a, acc, splits, split, tile_idx * gridDim.y + mtile, tid,
-                                       warp < kCW, &last_split))
-    return;         // another split of this M-tile runs the epilogue
+  if constexpr (kN == 8)  // the split-K slots hold tile 8's accumulators (tile 16 never splits)
+    if (splits > 1 &&
+        !splitk_last<kFW, kNF, kCW * 32>(a, acc, splits, split, tile_idx * gridDim.y + mtile, tid,
+                                         warp < kCW, &last_split))
+      return;       // another split of this M-tile runs the epilogue
   __syncthreads();  // every stage was consumed; the pipeline smem becomes the epilogue tile
 
   const int e = tile.expert;
@@ -908,11 +909,11 @@ inline int decode_forced_cps() {
   }();
   return n;
 }
-// K-chunks per ring slot for per_sm CTAs per SM: fewer, larger copies and half or a quarter of
-// the barrier waits per byte (docs/gpu_kernels.md §6).
-inline int decode_chunks_per_slot(int per_sm) {
-  if (const int f = decode_forced_cps()) return f;
-  return per_sm <= 2 ? 4 : 2;
+// K-chunks per ring slot: 4 (fewer, larger copies and a quarter of the barrier waits per byte;
+// measured against 1 and 2 in docs/gpu_kernels.md §6).
+inline int decode_chunks_per_slot() {
+  const int f = decode_forced_cps();
+  return f ? f : 4;
 }
 
 template <Recipe R, int kN, bool kFc1, int kCps>
@@ -933,13 +934,17 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   if (tiles == 0) return cudaSuccess;
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   const int chunks = kFc1 ? a.rs.fc1_chunks : a.rs.fc2_chunks;
-  const int splits = decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks);
+  const int splits = kN == 8 ? decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks) : 1;
   note_decode_splits(kFc1, splits);
   const int per_sm = decode_ctas_per_sm<kN>(a, mtiles, splits);
-  const int cps = decode_pipelined() ? decode_chunks_per_slot(per_sm) : 1;
-  if (cps == 4) return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
-  if (cps == 2) return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, splits, per_sm);
-  return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, splits, per_sm);
+  if constexpr (kN == 16) {  // MOE_EP_DECODE16 (benchmark knob): only the 4-chunk slots
+    return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
+  } else {
+    const int cps = decode_pipelined() ? decode_chunks_per_slot() : 1;
+    if (cps == 4) return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
+    if (cps == 2) return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, splits, per_sm);
+    return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, splits, per_sm);
+  }
 }
 
 // MOE_EP_DECODE_OLD=1 (benchmark knob): tile_n 16 through sm90_moe_gemm_kernel instead.
@@ -951,11 +956,21 @@ inline bool decode_use_old_kernel() {
   return old;
 }
 
-// fc1 then fc2 on tiles of 8 tokens (tile_n 16 runs on sm90_moe_gemm_kernel, §6).
-template <Recipe R>
+// MOE_EP_DECODE16=1 (benchmark knob, read once per process): tile_n 16 on this kernel
+// (4-chunk slots, no split) instead of sm90_moe_gemm_kernel.
+inline bool decode_tile16() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOE_EP_DECODE16");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
+// fc1 then fc2 on tiles of kN (8; 16 with MOE_EP_DECODE16=1) tokens.
+template <Recipe R, int kN = 8>
 cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  return launch_fc1_fc2([&] { return launch_decode<R, 8, true>(a, s); },
-                        [&] { return launch_decode<R, 8, false>(a, s); }, s, ev);
+  return launch_fc1_fc2([&] { return launch_decode<R, kN, true>(a, s); },
+                        [&] { return launch_decode<R, kN, false>(a, s); }, s, ev);
 }
 
 template <Recipe R, int kN, bool kFc1>
@@ -974,7 +989,11 @@ cudaError_t set_decode_attr() {
 
 template <Recipe R>
 cudaError_t set_decode_attributes() {
-  return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>()});
+  using C16 = DecodeConfig<R, 16, 2, 4>;
+  const int bytes16 = C16::smem_bytes(C16::kMaxStages);
+  return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>(),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, true, 4>, bytes16),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, false, 4>, bytes16)});
 }
 
 }  // namespace moe_ep::kern

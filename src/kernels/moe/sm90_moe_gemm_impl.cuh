@@ -52,6 +52,8 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
   // (4-bit weights, more than 120 rows on average) runs the m64 wgmma kernel, 128 the v2 one.
   if constexpr (R != Recipe::kBf16)
     if (a.tile_n == 8 && !decode_use_old_kernel()) return launch_decode_gemms<R>(a, s, ev);
+  if constexpr (R != Recipe::kBf16)
+    if (a.tile_n == 16 && decode_tile16()) return launch_decode_gemms<R, 16>(a, s, ev);
   if (a.tile_n == 16)
     return launch_fc1_fc2([&] { return launch_gemm<R, 16, true>(a, s); },
                           [&] { return launch_gemm<R, 16, false>(a, s); }, s, ev);
