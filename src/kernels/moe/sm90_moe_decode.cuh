@@ -2,9 +2,11 @@
 // sm90_moe_gemm_kernel (same fragments, same decode, same k order per column, so the same bits),
 // with a cheaper weight stream and consumer loop for the few-token case:
 //  - one producer warp feeds a ring of stages with 1-D bulk copies (cp.async.bulk, TMA): per
-//    stage one copy of the M-tile's contiguous 4 KB of weights, one of its scales and one per
-//    live token row, all completing on the stage's "full" mbarrier; consumers release a stage on
-//    its "empty" mbarrier. No per-thread address math, no CTA barrier per chunk.
+//    stage one copy of the M-tile's contiguous weights of 4 K-chunks (16 KB), one of their scales
+//    and one per live token row, all completing on the stage's "full" mbarrier; consumers
+//    release a stage on its "empty" mbarrier. No per-thread address math, no CTA barrier per
+//    chunk. Four chunks per stage instead of one: DSV3 nvfp4 1 / 128 tokens 90.6 -> 76 /
+//    2204 -> 1805 us (fewer, larger copies, a quarter of the barrier round trips).
 //  - the scale bytes of a stage are converted once per warp into a small table of bf16x2
 //    multipliers (one lookup per byte instead of four lanes repeating it), read back with two
 //    16-byte loads per fragment.
@@ -937,7 +939,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int splits = kN == 8 ? decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks) : 1;
   note_decode_splits(kFc1, splits);
   const int per_sm = decode_ctas_per_sm<kN>(a, mtiles, splits);
-  if constexpr (kN == 16) {  // MOE_EP_DECODE16 (benchmark knob): only the 4-chunk slots
+  if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
   } else {
     const int cps = decode_pipelined() ? decode_chunks_per_slot() : 1;
@@ -956,17 +958,19 @@ inline bool decode_use_old_kernel() {
   return old;
 }
 
-// MOE_EP_DECODE16=1 (benchmark knob, read once per process): tile_n 16 on this kernel
-// (4-chunk slots, no split) instead of sm90_moe_gemm_kernel.
+// Tile_n 16 (5-24 rows per expert) runs this kernel too (4-chunk slots, no split): with the
+// 4-chunk slots it measured faster than sm90_moe_gemm_kernel (DSV3 nvfp4 256 / 512 tokens
+// 2448 -> 2144 / 3447 -> 3055 us; docs/gpu_kernels.md §6). MOE_EP_DECODE16=0 (benchmark knob,
+// read once per process) sends tile_n 16 back to sm90_moe_gemm_kernel.
 inline bool decode_tile16() {
   static const bool on = [] {
     const char* v = std::getenv("MOE_EP_DECODE16");
-    return v && v[0] == '1';
+    return !(v && v[0] == '0');
   }();
   return on;
 }
 
-// fc1 then fc2 on tiles of kN (8; 16 with MOE_EP_DECODE16=1) tokens.
+// fc1 then fc2 on tiles of kN (8 or 16) tokens.
 template <Recipe R, int kN = 8>
 cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
   return launch_fc1_fc2([&] { return launch_decode<R, kN, true>(a, s); },
