@@ -706,8 +706,9 @@ TEST(GpuLayer, SmallForSanitizer) {
     auto cpu = make_layer(Backend::kCPU, make_config(s, r, 128, true, Options{}), p);
     auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 128, true, Options{}), p);
     auto unf = make_layer(Backend::kCUDA, make_config(s, r, 128, false, Options{}), p);
-    // T = 5: a decode kernel (tile_n 8); T = 120: 30 rows per expert, the wgmma kernel.
-    for (int T : {5, 120}) {
+    // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16; T = 120: 30
+    // rows per expert, the wgmma kernel.
+    for (int T : {5, 40, 120}) {
       SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
       DeviceInputs d(h);
