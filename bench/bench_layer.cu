@@ -31,21 +31,13 @@
 
 #include "cuda/comm/nccl_comm.h"
 #include "cuda/stage_timing.h"
+#include "cuda_check.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_params.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
 
 using namespace moe_ep;
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 namespace {
 

@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda_check.h"
 #include "kernels/moe/fp8_fragments.h"
 #include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_wgmma.cuh"
@@ -27,15 +28,6 @@ namespace {
 
 using namespace moe_ep;
 using namespace moe_ep::kern;
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 constexpr int kN = 128;                // tokens per CTA
 constexpr int kRows = 64;              // weight rows per CTA: 4 warps x 16

@@ -14,20 +14,12 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda_check.h"
 #include "kernels/moe/sm90_moe_decode.cuh"
 
 namespace {
 
 using namespace moe_ep::kern;
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 constexpr int kW = 4096;     // weight bytes of one 64-wide K-chunk of a 128-row M-tile
 constexpr int kS = 512;      // its scale bytes (nvfp4: 128 rows x 4)
