@@ -648,6 +648,57 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
   cudaStreamDestroy(st);
 }
 
+// The decode GEMM's ring slots of 1, 2 or 4 K-chunks (docs/gpu_kernels.md §6, session 6) give
+// the same bits: each column sums its k in the same order. gpt-oss's H = I = 2880 are 45
+// K-chunks, so 2- and 4-chunk slots end on a partly filled slot, and 3 forced splits (15 chunks
+// each) end the 4-chunk loop after two of a slot's four chunks.
+struct CpsOverride {
+  explicit CpsOverride(int cps) { kern::set_decode_cps_override(cps); }
+  ~CpsOverride() { kern::set_decode_cps_override(0); }
+};
+
+TEST(GpuLayer, DecodeSlotChunksSameBits) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kGptOss;
+  const kern::ResidentShape rs = kern::resident_shape(Recipe::kNvfp4, s.H, s.I);
+  ASSERT_EQ(rs.fc1_chunks, 45);
+  ASSERT_EQ(rs.fc2_chunks, 45);
+  Master m(s, 27);
+  const Device dev{DeviceKind::kCUDA, 0};
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 8, true, Options{}), p);
+    gpu->warmup();
+    for (int T : {1, 7}) {
+      ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 8) << "not the decode kernel";
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 80 + T);
+      DeviceInputs d(h);
+      for (int splits : {1, 3}) {
+        SplitKOverride split(splits, splits);
+        std::vector<uint16_t> ref;
+        for (int cps : {1, 2, 4}) {
+          SCOPED_TRACE("T = " + std::to_string(T) + ", splits " + std::to_string(splits) +
+                       ", chunks per slot " + std::to_string(cps));
+          CpsOverride c(cps);
+          PoisonedOut out(size_t(T) * s.H);
+          gpu->forward(device_view(d, h),
+                       TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
+          const std::vector<uint16_t> got = out.host();
+          EXPECT_EQ(kern::last_decode_cps(), cps);
+          EXPECT_EQ(kern::last_decode_splits(true), splits);
+          if (cps == 1) {
+            ref = got;
+          } else {
+            EXPECT_TRUE(got == ref) << "differs from one chunk per slot";
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1; docs/gpu_kernels.md §8): within
 // SPEC §7's tolerance of the CPU reference, repeated forwards bitwise, on DSV3 and Qwen3 (H and I
 // multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give

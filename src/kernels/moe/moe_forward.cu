@@ -437,7 +437,16 @@ int forward_tile_n(Recipe r, int chosen) {
 namespace {
 std::atomic<int> g_splitk_override[2] = {kSplitKFromEnv, kSplitKFromEnv};  // fc2, fc1
 std::atomic<int> g_last_splits[2] = {1, 1};                                // fc2, fc1
+std::atomic<int> g_cps_override{0};
+std::atomic<int> g_last_cps{0};
 }  // namespace
+
+void set_decode_cps_override(int cps) {
+  g_cps_override.store(cps == 1 || cps == 2 || cps == 4 ? cps : 0, std::memory_order_relaxed);
+}
+int decode_cps_override() { return g_cps_override.load(std::memory_order_relaxed); }
+void note_decode_cps(int cps) { g_last_cps.store(cps, std::memory_order_relaxed); }
+int last_decode_cps() { return g_last_cps.load(std::memory_order_relaxed); }
 
 void note_decode_splits(bool fc1, int splits) {
   g_last_splits[fc1].store(splits, std::memory_order_relaxed);

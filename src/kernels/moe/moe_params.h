@@ -126,6 +126,13 @@ void set_decode_splitk_override(int fc1_mode, int fc2_mode);
 void note_decode_splits(bool fc1, int splits);
 int last_decode_splits(bool fc1);
 
+// K-chunks per ring slot of the tile-8 decode GEMM set by a test (1, 2 or 4; 0 clears it and
+// the default or MOE_EP_DECODE_CPS applies), and the count the last tile-8 decode launch used.
+void set_decode_cps_override(int cps);
+int decode_cps_override();
+void note_decode_cps(int cps);
+int last_decode_cps();
+
 // Error word in host-mapped memory that a forward sets when it sees a bad input it could not
 // reject on the host (an expert id out of range). The first error wins.
 struct DeviceError {

@@ -912,8 +912,10 @@ inline int decode_forced_cps() {
   return n;
 }
 // K-chunks per ring slot: 4 (fewer, larger copies and a quarter of the barrier waits per byte;
-// measured against 1 and 2 in docs/gpu_kernels.md §6).
+// measured against 1 and 2 in docs/gpu_kernels.md §6), unless a test's override or the knob
+// says otherwise.
 inline int decode_chunks_per_slot() {
+  if (const int o = decode_cps_override()) return o;
   const int f = decode_forced_cps();
   return f ? f : 4;
 }
@@ -943,6 +945,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
   } else {
     const int cps = decode_pipelined() ? decode_chunks_per_slot() : 1;
+    note_decode_cps(cps);
     if (cps == 4) return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
     if (cps == 2) return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, splits, per_sm);
     return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, splits, per_sm);
