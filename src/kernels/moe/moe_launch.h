@@ -22,7 +22,7 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t stream,
                            cudaEvent_t* stage_events = nullptr);
 
 // The tile width launch_forward runs for `chosen` (choose_tile_n's): bf16 weights have no
-// tile 8, and the benchmark knobs MOE_EP_TILE_N / MOE_EP_DECODE_OLD (moe_forward.cu) apply.
+// tile 8, and the benchmark knobs MOE_EP_TILE_N / MOE_EP_WGMMA_V (moe_forward.cu) apply.
 int forward_tile_n(Recipe recipe, int chosen);
 
 // Only the last stage of launch_forward: finalize (args.out set) or the unfinalized triple

@@ -952,15 +952,6 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   }
 }
 
-// MOE_EP_DECODE_OLD=1 (benchmark knob): tile_n 16 through sm90_moe_gemm_kernel instead.
-inline bool decode_use_old_kernel() {
-  static const bool old = [] {
-    const char* v = std::getenv("MOE_EP_DECODE_OLD");
-    return v && v[0] == '1';
-  }();
-  return old;
-}
-
 // Tile_n 16 (5-24 rows per expert) runs this kernel too (4-chunk slots, no split): with the
 // 4-chunk slots it measured faster than sm90_moe_gemm_kernel (DSV3 nvfp4 256 / 512 tokens
 // 2448 -> 2144 / 3447 -> 3055 us; docs/gpu_kernels.md §6). MOE_EP_DECODE16=0 (benchmark knob,

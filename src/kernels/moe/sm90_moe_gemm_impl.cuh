@@ -51,7 +51,7 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
   // keep the tile_n 16 path here (launch_forward maps their tile_n 8 to 16). Tile_n 256 (4-bit
   // weights, more than 120 rows on average) runs the m64 wgmma kernel, 128 the v2 one.
   if constexpr (R != Recipe::kBf16)
-    if (a.tile_n == 8 && !decode_use_old_kernel()) return launch_decode_gemms<R>(a, s, ev);
+    if (a.tile_n == 8) return launch_decode_gemms<R>(a, s, ev);
   if constexpr (R != Recipe::kBf16)
     if (a.tile_n == 16 && decode_tile16()) return launch_decode_gemms<R, 16>(a, s, ev);
   if (a.tile_n == 16)
