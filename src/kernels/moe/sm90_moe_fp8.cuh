@@ -55,65 +55,6 @@ struct Fp8Cta {
   int mtile;
 };
 
-// The epilogue of one 64-row half M-tile (the m64 kernel's, with the columns' fold factors):
-// acc[nf * 4 + i] is row warp * 16 + g + (i >> 1) * 8 of the half and column nf * 8 + 2 t4 +
-// (i & 1); `tid` 0..127 is the thread in the half's warpgroup, `smem` its staging area (kFp8N
-// columns), `sync` a barrier over that warpgroup.
-template <bool kFc1, int kNF, class Sync>
-__device__ __forceinline__ void fp8_epilogue(const ForwardArgs& a, const TileInfo& tile,
-                                             const Fp8Cta& c, const float (&acc)[kNF * 4],
-                                             unsigned char* smem, int half, int tid, Sync sync) {
-  constexpr Recipe R = Recipe::kMxfp4Mxfp8;
-  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int rows = tile.rows, mtile = c.mtile;
-  if constexpr (kFc1) {
-    float* xs = reinterpret_cast<float*>(smem);
-    const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        xs[col * kFp8XS + slot0 + (i >> 1) * 8] = fmt::round_to_bf16(acc[nf * 4 + i] * c.colf[col]);
-      }
-    }
-    sync();
-    for (int it = tid; it < rows * kWg3HCols; it += 128) {
-      const int col = it / kWg3HCols, j = it % kWg3HCols;
-      float* x = xs + col * kFp8XS;
-      float hv = fmt::swiglu(x[j], x[kWg3HCols + j], a.swiglu_limit);
-      if (a.weight_in_fc1) hv = fmt::mul_rn(hv, c.tw_of[col]);
-      x[j] = hv;
-    }
-    sync();
-    store_h_rows<R, kWg3HCols, kFp8XS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid, 128);
-  } else {
-    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        const int row = warp * 16 + g + (i >> 1) * 8;
-        ys[col * kFp8YS + row] = fmt::float_to_bf16(acc[nf * 4 + i] * c.colf[col]);
-      }
-    }
-    sync();
-    const int row0 = mtile * kTileRows + half * kWg3Rows;
-    for (int it = tid; it < rows * 8; it += 128) {
-      const int col = it >> 3, p = it & 7;
-      if (row0 + p * 8 >= a.H) continue;
-      const int pair = c.pair_of[col];
-      uint16_t* dst = a.y_dst != nullptr ? a.y_dst[pair] : a.y_rows + size_t(pair) * a.H;
-      *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
-          *reinterpret_cast<const uint4*>(ys + col * kFp8YS + p * 8);
-    }
-    if (a.y_dst_fence) __threadfence_system();
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The fp8 kernel: one CTA per (routing tile, M-tile) of three warpgroups, each tile at the
 // narrowest MMA width that holds its rows (N = 8, 16, 32, 64, 96, 128, 160: the MMAs, B copies
@@ -258,8 +199,16 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     if (st + 1 < stages_k) stage(st + 1, af1, af0);
   }
   named_barrier(1, 256);  // both halves are done with the ring: it becomes their staging
-  fp8_epilogue<kFc1, kNF>(a, tile, c, acc, smem + half * kFp8WsEpiBytes, half, ctid,
-                          [half] { named_barrier(2 + half, 128); });
+  // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,
+  // as epilogue_value does for this recipe's default path).
+  const float* colf = c.colf;
+  m64_epilogue<Recipe::kMxfp4Mxfp8, kFc1, kNF, kFp8XS, kFp8YS>(
+      a, tile, c.mtile, half, acc, smem + half * kFp8WsEpiBytes, c.tw_of, c.pair_of, ctid,
+      [colf](float v, int col) {
+        const float f = v * colf[col];
+        return kFc1 ? fmt::round_to_bf16(f) : f;
+      },
+      [half] { named_barrier(2 + half, 128); });
 }
 
 // Grid: one CTA per (routing tile, M-tile), M-tile fastest.

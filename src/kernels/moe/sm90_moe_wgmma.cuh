@@ -345,6 +345,72 @@ struct Wgmma3Config {
   static constexpr int kSmemBytes = (kRingBytes > kEpiBytes ? kRingBytes : kEpiBytes) + 1024;
 };
 
+// The epilogue of one 64-row half M-tile (the m64 kernel's, and the fp8 path's with the
+// columns' fold factors): acc[nf * 4 + i] is row warp * 16 + g + (i >> 1) * 8 of the half and
+// column nf * 8 + 2 t4 + (i & 1); `value(acc, col)` the fp32 the recipe stages (fc1: the gate or
+// up value before SwiGLU; fc2: y before its bf16 rounding). `tid` 0..127 is the thread in the
+// half's warpgroup, `smem` its staging area (at least kXS fp32 or kYS bf16 per column), `sync` a
+// barrier over that warpgroup.
+template <Recipe R, bool kFc1, int kNF, int kXS, int kYS, class Value, class Sync>
+__device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
+                                             int half, const float (&acc)[kNF * 4],
+                                             unsigned char* smem, const float* tw_of,
+                                             const int* pair_of, int tid, Value value, Sync sync) {
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int rows = tile.rows;
+  if constexpr (kFc1) {
+    // Scaled gate/up values to xs [col][kXS]: gate of h column j (0..31) at j, up at 32 + j
+    // (warp w holds fragment 4*half + w: gate (w even) or up (w odd) of h columns
+    // (w >> 1) * 16 + 0..15), then h in place of the gate values.
+    float* xs = reinterpret_cast<float*>(smem);
+    const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+      if (nf * 8 >= rows) break;  // warp-uniform
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        xs[col * kXS + slot0 + (i >> 1) * 8] = value(acc[nf * 4 + i], col);
+      }
+    }
+    sync();
+    // Each thread reads the gate slot it overwrites, and nobody writes the up slots: no race.
+    for (int it = tid; it < rows * kWg3HCols; it += 128) {
+      const int col = it / kWg3HCols, j = it % kWg3HCols;
+      float* x = xs + col * kXS;
+      float hv = fmt::swiglu(x[j], x[kWg3HCols + j], a.swiglu_limit);
+      if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+      x[j] = hv;
+    }
+    sync();
+    store_h_rows<R, kWg3HCols, kXS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid, 128);
+  } else {
+    // y tile [col][kYS] bf16, then 16-byte row stores to y_rows[t*K+k] (or y_dst).
+    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+      if (nf * 8 >= rows) break;  // warp-uniform
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        const int row = warp * 16 + g + (i >> 1) * 8;
+        ys[col * kYS + row] = fmt::float_to_bf16(value(acc[nf * 4 + i], col));
+      }
+    }
+    sync();
+    const int row0 = mtile * kTileRows + half * kWg3Rows;
+    for (int it = tid; it < rows * 8; it += 128) {
+      const int col = it >> 3, p = it & 7;
+      if (row0 + p * 8 >= a.H) continue;
+      const int pair = pair_of[col];
+      uint16_t* dst = a.y_dst != nullptr ? a.y_dst[pair] : a.y_rows + size_t(pair) * a.H;
+      *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
+          *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
+    }
+    if (a.y_dst_fence) __threadfence_system();
+  }
+}
+
 // Grid: one CTA per (routing tile, half M-tile), half M-tile fastest (the CTAs of one tile run
 // together and share its activation rows in L2).
 template <Recipe R, bool kFc1>
@@ -367,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
   if (!kFc1 && mtile * kTileRows + half * kWg3Rows >= a.H) return;
   const TileInfo tile = a.tiles[tile_idx];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t4 = lane & 3;
+  const int g = lane >> 2;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
 
   const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
@@ -518,62 +584,10 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
   __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
 
   // acc[nf*4 + i]: row warp*16 + g + (i>>1)*8 of the CTA's 64, column nf*8 + 2*t4 + (i&1).
-  const int e = tile.expert;
-  if constexpr (kFc1) {
-    // Scaled gate/up values to xs [col][kXS]: gate of h column j (0..31) at j, up at 32 + j
-    // (warp w holds fragment 4*half + w: gate (w even) or up (w odd) of h columns
-    // (w >> 1) * 16 + 0..15), then h in place of the gate values.
-    float* xs = reinterpret_cast<float*>(smem);
-    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
-    const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        xs[col * C::kXS + slot0 + (i >> 1) * 8] = epilogue_value<R, true>(acc[nf * 4 + i], alpha);
-      }
-    }
-    __syncthreads();
-    // Each thread reads the gate slot it overwrites, and nobody writes the up slots: no race.
-    for (int it = tid; it < rows * kWg3HCols; it += kThreads) {
-      const int col = it / kWg3HCols, j = it % kWg3HCols;
-      float* x = xs + col * C::kXS;
-      float hv = fmt::swiglu(x[j], x[kWg3HCols + j], a.swiglu_limit);
-      if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
-      x[j] = hv;
-    }
-    __syncthreads();
-    store_h_rows<R, kWg3HCols, C::kXS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid,
-                                       kThreads);
-  } else {
-    // y tile [col][kYS] bf16, then 16-byte row stores to y_rows[t*K+k] (or y_dst).
-    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
-    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        const int row = warp * 16 + g + (i >> 1) * 8;
-        ys[col * C::kYS + row] =
-            fmt::float_to_bf16(epilogue_value<R, false>(acc[nf * 4 + i], alpha));
-      }
-    }
-    __syncthreads();
-    const int row0 = mtile * kTileRows + half * kWg3Rows;
-    for (int it = tid; it < rows * 8; it += kThreads) {
-      const int col = it >> 3, p = it & 7;
-      if (row0 + p * 8 >= a.H) continue;
-      const int pair = pair_of[col];
-      uint16_t* dst = a.y_dst != nullptr ? a.y_dst[pair] : a.y_rows + size_t(pair) * a.H;
-      *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
-          *reinterpret_cast<const uint4*>(ys + col * C::kYS + p * 8);
-    }
-    if (a.y_dst_fence) __threadfence_system();
-  }
+  const float alpha = R == Recipe::kNvfp4 ? (kFc1 ? a.fc1_alpha : a.fc2_alpha)[tile.expert] : 1.0f;
+  m64_epilogue<R, kFc1, kNF, C::kXS, C::kYS>(
+      a, tile, mtile, half, acc, smem, tw_of, pair_of, tid,
+      [alpha](float v, int) { return epilogue_value<R, kFc1>(v, alpha); }, [] { __syncthreads(); });
 }
 
 }  // namespace moe_ep::kern
