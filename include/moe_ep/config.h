@@ -53,8 +53,9 @@ struct RecipeConfig {
   DType activation_dtype = DType::kBF16;
   DType combine_dtype = DType::kBF16;
   // mxfp4_mxfp8 on the CUDA backend: run the expert GEMMs on fp8 tensor cores (weights kept in an
-  // fp8-ready layout, activations folded to one power of two per row). Faster from ~512 tokens
-  // per step (prefill), slower below; within SPEC §7's tolerance, not bitwise equal to the CPU
+  // fp8-ready layout, activations folded to one power of two per row). For prefill: faster at
+  // 2048 and 4096 tokens per step on DeepSeek-V3, slower at 512 and below (H200, session 6);
+  // within SPEC §7's tolerance, not bitwise equal to the CPU
   // reference as the default path is. Needs W = 1 and H, I multiples of 128. The CPU backend
   // computes the recipe exactly either way. (MOE_EP_FP8=1 in the environment turns it on where
   // it applies.) docs/gpu_kernels.md §8.

@@ -120,9 +120,10 @@ struct Workspace {
 };
 
 // The fp8 MMA path of mxfp4_mxfp8 (weights in the fp8 resident layout, every tile on
-// sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for prefill: faster from ~512 tokens, slower
-// below, within SPEC §7's tolerance but not bitwise equal to the CPU. Why it cannot run this
-// configuration (empty: it can): one GPU only, K dimensions multiples of its 128-wide stage.
+// sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for prefill: faster at 2048 and 4096 tokens
+// on DSV3, slower at 512 and below, within SPEC §7's tolerance but not bitwise equal to the CPU.
+// Why it cannot run this configuration (empty: it can): one GPU only, K dimensions multiples of its
+// 128-wide stage.
 std::vector<std::string> fp8_mma_reasons(const LayerConfig& c, int world_size) {
   std::vector<std::string> r;
   if (world_size != 1)
