@@ -587,7 +587,7 @@ cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, con
                                cudaStream_t stream, std::string* why, bool fp8_layout) {
   const ResidentShape rs = resident_shape(recipe, H, I);
   PrepShape p;
-  p.fp8 = fp8_layout && recipe != Recipe::kBf16;
+  p.fp8 = fp8_layout;  // the kernel applies it to 4-bit weights only
   p.E = E;
   p.fc1 = fc1;
   p.I = I;
