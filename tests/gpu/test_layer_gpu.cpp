@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -719,9 +720,12 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
     LayerConfig cfg = make_config(s, r, tokens.back(), true, Options{});
     cfg.recipe.fp8_mma = !by_env;
     auto cpu = make_layer(Backend::kCPU, cfg, p);
+    const char* before = std::getenv("MOE_EP_FP8");
+    const std::string saved = before ? before : "";
     if (by_env) setenv("MOE_EP_FP8", "1", 1);
-    auto gpu = make_layer(Backend::kCUDA, cfg, p);  // the switch is read here
-    if (by_env) unsetenv("MOE_EP_FP8");
+    auto gpu = make_layer(Backend::kCUDA, cfg, p);                 // the switch is read here
+    if (by_env && before) setenv("MOE_EP_FP8", saved.c_str(), 1);  // as the caller had it
+    if (by_env && !before) unsetenv("MOE_EP_FP8");
     gpu->warmup();
     for (int T : tokens) {
       SCOPED_TRACE("T = " + std::to_string(T));
