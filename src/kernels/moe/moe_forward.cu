@@ -429,7 +429,7 @@ int forward_tile_n(Recipe r, int chosen) {
   int n = forced ? forced : chosen;
   if (n == 8 && r == Recipe::kBf16) n = 16;
   if (n == 256 && (r == Recipe::kBf16 || wgmma_version() == 2)) n = 128;
-  if (n == 128 && r != Recipe::kBf16 && wgmma_version() >= 3) n = 256;
+  if (n == 128 && r != Recipe::kBf16 && wgmma_version() == 3) n = 256;
   return n;
 }
 

@@ -84,14 +84,12 @@ inline int choose_tile_n(int tokens, int top_k, int local_experts) {
 
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
 // follows choose_tile_n; 2 runs tiles of 256 as 128 on the v2 kernel; 3 runs tiles of 128 as
-// 256 on the m64 kernel (4-bit weights); 4 runs tiles of 128 and 256 as 256 on the kernel that
-// decodes the weights into shared memory once per CTA (sm90_moe_wgmma_ws.cuh, 4-bit weights).
-// launch_forward applies it (forward_tile_n).
+// 256 on the m64 kernel (4-bit weights). launch_forward applies it (forward_tile_n).
 inline int wgmma_version() {
   static const int v = [] {
     const char* e = std::getenv("MOE_EP_WGMMA_V");
     const int n = e != nullptr ? std::atoi(e) : 0;
-    return n == 2 || n == 3 || n == 4 ? n : 0;
+    return n == 2 || n == 3 ? n : 0;
   }();
   return v;
 }

@@ -61,10 +61,7 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
-// Spins until the mbarrier at shared address `addr` completes phase `parity`. (With a
-// suspend-time hint, which parks the waiting warp with NANOSLEEP.SYNCS until the phase
-// completes, the decode GEMM measured 3-4 % slower at 8-32 tokens and the warp-specialized
-// prefill GEMM no faster: docs/gpu_kernels.md §10, session 7.)
+// Spins until the mbarrier at shared address `addr` completes phase `parity`.
 __device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
   uint32_t done;
   do {

@@ -8,7 +8,6 @@
 #include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
 #include "kernels/moe/sm90_moe_wgmma.cuh"
-#include "kernels/moe/sm90_moe_wgmma_ws.cuh"
 
 namespace moe_ep::kern {
 
@@ -59,10 +58,6 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
     return launch_fc1_fc2([&] { return launch_gemm<R, 16, true>(a, s); },
                           [&] { return launch_gemm<R, 16, false>(a, s); }, s, ev);
   if constexpr (R != Recipe::kBf16)
-    if (a.tile_n == kWg3MaxN && wgmma_version() == 4)
-      return launch_fc1_fc2([&] { return launch_wgmma_ws<R, true>(a, s); },
-                            [&] { return launch_wgmma_ws<R, false>(a, s); }, s, ev);
-  if constexpr (R != Recipe::kBf16)
     if (a.tile_n == kWg3MaxN)
       return launch_fc1_fc2([&] { return launch_wgmma3<R, true>(a, s); },
                             [&] { return launch_wgmma3<R, false>(a, s); }, s, ev);
@@ -74,7 +69,7 @@ template <Recipe R>
 cudaError_t set_gemm_attributes() {
   if constexpr (R != Recipe::kBf16) {
     const cudaError_t err =
-        first_error({set_decode_attributes<R>(), set_wgmma_ws_attributes<R>(),
+        first_error({set_decode_attributes<R>(),
                      set_max_smem(sm90_moe_wgmma3_kernel<R, true>, Wgmma3Config<R>::kSmemBytes),
                      set_max_smem(sm90_moe_wgmma3_kernel<R, false>, Wgmma3Config<R>::kSmemBytes)});
     if (err != cudaSuccess) return err;

@@ -44,11 +44,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Barrier `id` (1..15) over `count` threads of the CTA (warp-specialized kernels).
-__device__ __forceinline__ void named_barrier(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 // Descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row groups 1024
 // bytes apart (stride byte offset), leading byte offset unused (1), base 1024-aligned.
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
