@@ -25,8 +25,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "kernels/moe/sm90_moe_device.cuh"
 
@@ -809,17 +811,27 @@ __global__ void __maxnreg__(96)
 // ---------------------------------------------------------------------------------------------
 // Launch: programmatic stream serialization, so each CTA's setup overlaps the previous kernel.
 
-// Benchmark knobs, read once per process: MOE_EP_DECODE_PER_SM=1..4 sizes the ring for that
-// many CTAs per SM instead of the estimate from the routing; MOE_EP_DECODE_MAX_STAGES=4..24
-// caps the ring depth.
+// Benchmark knobs, read once per process: MOE_EP_DECODE_PER_SM=N (1..4; both GEMMs) or N,M
+// (fc1 N, fc2 M; 0 = the estimate) sizes the ring for that many CTAs per SM instead of the
+// estimate from the routing (e.g. an EP owner's fc1 at a few tokens per rank, whose estimate
+// counts W x capacity rows); MOE_EP_DECODE_MAX_STAGES=4..24 caps the ring depth.
 inline int decode_env_int(const char* name, int lo, int hi) {
   const char* v = std::getenv(name);
   const int k = v ? std::atoi(v) : 0;
   return k >= lo && k <= hi ? k : 0;
 }
-inline int decode_forced_per_sm() {
-  static const int n = decode_env_int("MOE_EP_DECODE_PER_SM", 1, 4);
-  return n;
+inline int decode_forced_per_sm(bool fc1) {
+  static const std::array<int, 2> n = [] {  // fc2, fc1
+    const char* v = std::getenv("MOE_EP_DECODE_PER_SM");
+    auto count = [](const char* p) {
+      const int k = std::atoi(p);
+      return k >= 1 && k <= 4 ? k : 0;
+    };
+    if (v == nullptr) return std::array<int, 2>{0, 0};
+    const char* comma = std::strchr(v, ',');
+    return std::array<int, 2>{comma ? count(comma + 1) : count(v), count(v)};
+  }();
+  return n[fc1];
 }
 inline int decode_max_stages() {
   static const int n = decode_env_int("MOE_EP_DECODE_MAX_STAGES", 4, 24);
@@ -836,8 +848,8 @@ int decode_expected_tiles(const ForwardArgs& a) {
   return std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
 }
 template <int kN>
-int decode_ctas_per_sm(const ForwardArgs& a, int mtiles, int splits) {
-  const int forced = decode_forced_per_sm();
+int decode_ctas_per_sm(const ForwardArgs& a, bool fc1, int mtiles, int splits) {
+  const int forced = decode_forced_per_sm(fc1);
   if (forced) return forced;
   const int ctas = decode_expected_tiles<kN>(a) * mtiles * splits;
   return std::min(4, std::max(1, (ctas + a.num_sms - 1) / a.num_sms));
@@ -940,7 +952,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int chunks = kFc1 ? a.rs.fc1_chunks : a.rs.fc2_chunks;
   const int splits = kN == 8 ? decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks) : 1;
   note_decode_splits(kFc1, splits);
-  const int per_sm = decode_ctas_per_sm<kN>(a, mtiles, splits);
+  const int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
   if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
   } else {
