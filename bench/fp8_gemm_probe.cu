@@ -45,8 +45,6 @@ template <int kWG>
 __host__ __device__ constexpr int smem_bytes() {
   return kStages * stage_bytes<kWG>() + 1024;
 }
-constexpr int kTableMin = -12;  // below: every E2M1 value times 2^d rounds to 0 in E4M3
-constexpr int kTables = kFp8ShiftMax - kTableMin + 2;  // entry 0 = all zero
 
 struct ProbeArgs {
   const uint8_t* w;     // [E][M/128][K/64][8 fragments][32 lanes][16 B]: fp8_resident_piece
@@ -57,18 +55,8 @@ struct ProbeArgs {
   int M, K;
 };
 
-using Fp8Op = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
-
-template <size_t... I>
-__device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint64_t desc,
-                                          bool accumulate, std::index_sequence<I...>) {
-  Fp8Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
-             accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
-}
-
-__device__ __forceinline__ int table_index(int d) {
-  return d < kTableMin ? 0 : 1 + d - kTableMin;  // d <= kFp8ShiftMax by the reference's choice
-}
+// The layer's fp8 pieces: the shift tables (kFp8Tables, fp8_table_index: fp8_fragments.h) and
+// the m64nNk32 e4m3 wgmma (wgmma_fp8<kN>: sm90_moe_wgmma.cuh).
 
 // Grid: E * M / (64 kWG) CTAs, an expert's CTAs fastest.
 // kMode (timing diagnostics; only mode 0 computes the product): bit 0 skips the decode (the
@@ -79,7 +67,7 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
   constexpr bool kDecode = !(kMode & 1), kPromote = !(kMode & 2);
   constexpr int kThreadsCta = 128 * kWG, kStageBytes = stage_bytes<kWG>();
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t table[kTables];
+  __shared__ uint64_t table[kFp8Tables];
   const int ctas = a.M / (kRows * kWG);
   const int e = int(blockIdx.x) / ctas, cta = int(blockIdx.x) % ctas;
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -87,8 +75,8 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
-  for (int i = tid; i < kTables; i += kThreadsCta)
-    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kTableMin);
+  for (int i = tid; i < kFp8Tables; i += kThreadsCta)
+    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kFp8TableMin);
 
   const int chunks = a.K / kKChunk, stages_k = a.K / kStageK, mtiles = a.M / kTileRows;
   // The CTA's fragments of each 64-wide chunk are contiguous: one 16-byte copy per thread.
@@ -147,8 +135,8 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
           sp + kBBytes + (s >> 1) * kWG * kWChunkBytes + wfrag * 512 + lane * 16);
       const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
       if constexpr (kDecode) {
-        const uint64_t t_lo = table[table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
-        const uint64_t t_hi = table[table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
+        const uint64_t t_lo = table[fp8_table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
+        const uint64_t t_hi = table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
         fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
         fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
       } else {
@@ -156,8 +144,8 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
         af[s][3] = w_hi ^ uint32_t(ref_hi);
       }
       wgmma_fence();
-      wgmma_fp8(tmp, af[s], desc + uint64_t(2 * s), kPromote ? s > 0 : (s > 0 || st > 0),
-                std::make_index_sequence<kN / 2>{});
+      wgmma_fp8<kN>(tmp, af[s], desc + uint64_t(2 * s), kPromote ? s > 0 : (s > 0 || st > 0),
+                    std::make_index_sequence<kN / 2>{});
       wgmma_commit();
       if constexpr (!kPromote) wgmma_wait<3>();
     }
@@ -207,7 +195,7 @@ template <int kMode>
 __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a) {
   constexpr bool kDecode = !(kMode & 1), kPromote = !(kMode & 2);  // as fp8_probe_kernel
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t table[kTables];
+  __shared__ uint64_t table[kFp8Tables];
   __shared__ __align__(8) uint64_t full_bar[kWsStages], empty_bar[kWsStages];
   const int mtiles = a.M / kTileRows;
   const int e = int(blockIdx.x) / mtiles, mtile = int(blockIdx.x) % mtiles;
@@ -216,8 +204,8 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
   const uint32_t smem_base = smem_addr(smem);
   const int stages_k = a.K / kStageK, chunks = a.K / kKChunk;
 
-  for (int i = tid; i < kTables; i += 384)
-    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kTableMin);
+  for (int i = tid; i < kFp8Tables; i += 384)
+    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kFp8TableMin);
   if (tid == 0) {
     for (int s = 0; s < kWsStages; ++s) {
       mbar_init(&full_bar[s], 128);
@@ -282,8 +270,8 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
           *reinterpret_cast<const uint4*>(sp + kBBytes + (s >> 1) * 4096 + wfrag * 512 + lane * 16);
       const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
       if constexpr (kDecode) {
-        const uint64_t t_lo = table[table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
-        const uint64_t t_hi = table[table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
+        const uint64_t t_lo = table[fp8_table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
+        const uint64_t t_hi = table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
         fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
         fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
       } else {
@@ -310,8 +298,8 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       wgmma_fence();
-      wgmma_fp8(tmp, cur[s], desc + uint64_t(2 * s), kPromote ? s > 0 : (s > 0 || st > 0),
-                std::make_index_sequence<kN / 2>{});
+      wgmma_fp8<kN>(tmp, cur[s], desc + uint64_t(2 * s), kPromote ? s > 0 : (s > 0 || st > 0),
+                    std::make_index_sequence<kN / 2>{});
       wgmma_commit();
     }
     float g_lo = 0.0f, g_hi = 0.0f;

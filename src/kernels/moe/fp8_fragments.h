@@ -31,6 +31,12 @@ namespace moe_ep::kern {
 constexpr int kFp8ShiftMax = 6;   // largest d: 6 * 2^6 = 384 <= 448
 constexpr int kFp8ShiftMin = -8;  // smallest d with every value exact
 constexpr int kFp8ChunkBlocks = 4;
+// The kernels' shift tables in shared memory: entry 0 all zero, entry 1 + d - kFp8TableMin the
+// table of shift d (fp8_e2m1_table) for kFp8TableMin <= d <= kFp8ShiftMax.
+constexpr int kFp8TableMin = -12;  // below: every shifted E2M1 value rounds to 0 in E4M3
+constexpr int kFp8Tables = kFp8ShiftMax - kFp8TableMin + 2;
+
+MOE_EP_HD int fp8_table_index(int d) { return d < kFp8TableMin ? 0 : 1 + d - kFp8TableMin; }
 
 // The 8 E4M3 bytes of the E2M1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} times 2^d, d <= 6 (low
 // word = magnitudes 0..3, high word = 4..7).

@@ -21,27 +21,8 @@ constexpr int kFp8N = 160;       // most tokens per routing tile (tile_n 128 or 
 constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
 // kN B rows of 128 bytes per stage (128-byte swizzle, 1024-byte aligned).
 constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; }
-constexpr int kFp8TableMin = -12;  // below: every shifted E2M1 value rounds to 0 in E4M3
-constexpr int kFp8Tables = kFp8ShiftMax - kFp8TableMin + 2;  // entry 0: all zero
-constexpr int kFp8XS = kWg3Rows + 4;                         // fc1 exchange row (fp32)
-constexpr int kFp8YS = kWg3Rows + 8;                         // fc2 y row (bf16)
-
-// The MMA of a tile of kN tokens: m64 x kN x k32, e4m3 x e4m3 -> f32, A from registers (CuTe's
-// own selector, as WgmmaRsOp for bf16; kN = 160 is one of the extended shapes).
-template <int kN>
-using Fp8RsOp = decltype(gmma::rs_op_selector<cute::float_e4m3_t, cute::float_e4m3_t, float,
-                                              cute::Shape<cute::_64, cute::Int<kN>, cute::_32>>());
-
-template <int kN, size_t... I>
-__device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint64_t desc,
-                                          bool accumulate, std::index_sequence<I...>) {
-  Fp8RsOp<kN>::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
-                   accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
-}
-
-__device__ __forceinline__ int fp8_table_index(int d) {
-  return d < kFp8TableMin ? 0 : 1 + d - kFp8TableMin;
-}
+constexpr int kFp8XS = kWg3Rows + 4;  // fc1 exchange row (fp32)
+constexpr int kFp8YS = kWg3Rows + 8;  // fc2 y row (bf16)
 
 // What the CTA shares between its setup and the tile's K loop and epilogue.
 struct Fp8Cta {

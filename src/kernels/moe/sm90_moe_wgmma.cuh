@@ -71,6 +71,20 @@ __device__ __forceinline__ void wgmma_m64(float* d, const uint32_t (&a)[4], uint
   wgmma_rs<WgmmaRsOp<N>>(d, a, desc, std::make_index_sequence<N / 2>{});
 }
 
+// The fp8 path's MMA (sm90_moe_fp8.cuh, bench/fp8_gemm_probe): m64 x kN x k32, e4m3 x e4m3 ->
+// f32, A from registers (kN = 160 is one of the extended shapes); `accumulate` false starts the
+// accumulators afresh.
+template <int kN>
+using Fp8RsOp = decltype(gmma::rs_op_selector<cute::float_e4m3_t, cute::float_e4m3_t, float,
+                                              cute::Shape<cute::_64, cute::Int<kN>, cute::_32>>());
+
+template <int kN, size_t... I>
+__device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint64_t desc,
+                                          bool accumulate, std::index_sequence<I...>) {
+  Fp8RsOp<kN>::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
+                   accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
+}
+
 // The two wgmmas of one k16 step (f = 0: rows 0-63, f = 1: rows 64-127) with N = kNW columns.
 template <int kNW>
 __device__ __forceinline__ void wgmma_step(float (&acc)[2][kWgN / 8][4], const uint32_t (&af)[2][4],
