@@ -173,6 +173,21 @@ __device__ __forceinline__ TileColumn tile_column(const ForwardArgs& a, const Ti
   return c;
 }
 
+// Columns 0 .. n - 1 of a routing tile into a CTA's tables (the wgmma kernels'), threads tid of
+// nthreads sharing them: the first element of each column's B row in bsrc (xq or h), its pair
+// and its top-k weight (tile_column). (The fp8 kernel's loop fills a fold-factor table too.)
+template <bool kFc1>
+__device__ __forceinline__ void tile_columns(const ForwardArgs& a, const TileInfo& tile, int n,
+                                             const uint16_t* bsrc, const uint16_t** brow_ptr,
+                                             int* pair_of, float* tw_of, int tid, int nthreads) {
+  for (int c = tid; c < n; c += nthreads) {
+    const TileColumn col = tile_column<kFc1>(a, tile, c);
+    brow_ptr[c] = bsrc + col.brow;
+    pair_of[c] = col.pair;
+    tw_of[c] = col.tw;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The grouped GEMM. kFc1: B rows are xq rows gathered by token; epilogue = scale, SwiGLU,
 // top-k weight, the recipe's requantization of h (written in sorted order). Otherwise (fc2):

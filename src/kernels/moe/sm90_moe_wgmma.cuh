@@ -147,13 +147,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
   if constexpr (RT::kFourBit) {
     for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
   }
-  const uint16_t* bsrc = kFc1 ? a.xq : a.h;
-  for (int n = tid; n < kWgN; n += kThreads) {
-    const TileColumn c = tile_column<kFc1>(a, tile, n);
-    brow_ptr[n] = bsrc + c.brow;
-    pair_of[n] = c.pair;
-    tw_of[n] = c.tw;
-  }
+  tile_columns<kFc1>(a, tile, kWgN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kThreads);
   __syncthreads();
 
   // This thread's B pieces: 16-byte column bc of rows br0 + 16 i; the swizzle XORs the column
@@ -457,13 +451,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
   const uint8_t* ssrc_t = ms.s + half * C::kSBytes + tid * 16;
 
   for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
-  const uint16_t* bsrc = kFc1 ? a.xq : a.h;
-  for (int n = tid; n < kWg3MaxN; n += kThreads) {
-    const TileColumn c = tile_column<kFc1>(a, tile, n);
-    brow_ptr[n] = bsrc + c.brow;
-    pair_of[n] = c.pair;
-    tw_of[n] = c.tw;
-  }
+  tile_columns<kFc1>(a, tile, kWg3MaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kThreads);
   __syncthreads();
 
   // This thread's B pieces: 16-byte column bc of rows br0 + 16 i; the swizzle XORs the column
