@@ -366,21 +366,23 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
                                              const int* pair_of, int tid, Value value, Sync sync) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int rows = tile.rows;
+  // f(col, r8, v): accumulator v of column col and row warp * 16 + g + r8 (r8 = 0 or 8), for
+  // the columns of the tile's rows.
+  auto each_acc = [&](auto f) {
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+      if (nf * 8 >= rows) break;  // warp-uniform
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f(nf * 8 + 2 * t4 + (i & 1), (i >> 1) * 8, acc[nf * 4 + i]);
+    }
+  };
   if constexpr (kFc1) {
     // Scaled gate/up values to xs [col][kXS]: gate of h column j (0..31) at j, up at 32 + j
     // (warp w holds fragment 4*half + w: gate (w even) or up (w odd) of h columns
     // (w >> 1) * 16 + 0..15), then h in place of the gate values.
     float* xs = reinterpret_cast<float*>(smem);
     const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        xs[col * kXS + slot0 + (i >> 1) * 8] = value(acc[nf * 4 + i], col);
-      }
-    }
+    each_acc([&](int col, int r8, float v) { xs[col * kXS + slot0 + r8] = value(v, col); });
     sync();
     // Each thread reads the gate slot it overwrites, and nobody writes the up slots: no race.
     for (int it = tid; it < rows * kWg3HCols; it += 128) {
@@ -395,16 +397,9 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
   } else {
     // y tile [col][kYS] bf16, then 16-byte row stores to y_rows[t*K+k] (or y_dst).
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        const int row = warp * 16 + g + (i >> 1) * 8;
-        ys[col * kYS + row] = fmt::float_to_bf16(value(acc[nf * 4 + i], col));
-      }
-    }
+    each_acc([&](int col, int r8, float v) {
+      ys[col * kYS + warp * 16 + g + r8] = fmt::float_to_bf16(value(v, col));
+    });
     sync();
     const int row0 = mtile * kTileRows + half * kWg3Rows;
     for (int it = tid; it < rows * 8; it += 128) {
