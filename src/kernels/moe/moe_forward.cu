@@ -19,6 +19,7 @@
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
+namespace {
 
 // The fp8 path's routing tile: up to kFp8N = 160 rows (one MMA width per tile from its
 // rows, 8 to 160: sm90_moe_fp8.cuh). MOE_EP_FP8_TILE=128 caps it at 128 (a benchmark knob).
@@ -29,8 +30,6 @@ int fp8_tile_n() {
   }();
   return n;
 }
-
-namespace {
 
 constexpr int kPrepThreads = 512;
 constexpr int kMaxLocalExperts = 1024;  // cuda_backend_unsupported_reasons says so beyond it
