@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -86,6 +87,19 @@ TEST(KernelParams, SplitKScratchHoldsTheDecodeGrids) {
   EXPECT_LE(t8 * rs.fc1_mtiles * 3, kSplitKSlots);
   EXPECT_LE(t8 * rs.fc2_mtiles * 2, kSplitKSlots);
   EXPECT_GT(t8 * rs.fc1_mtiles * 4, kSplitKSlots);
+}
+
+// The benchmark knobs' "N" / "N,M" values (MOE_EP_DECODE_SPLITK, MOE_EP_DECODE_PER_SM):
+// {fc2, fc1}, counts outside the range and a missing value give the fallback.
+TEST(KernelParams, KnobValuesForFc1AndFc2) {
+  using A = std::array<int, 2>;
+  EXPECT_EQ(knob_fc1_fc2(nullptr, 1, 4, 0), (A{0, 0}));
+  EXPECT_EQ(knob_fc1_fc2("3", 1, 4, 0), (A{3, 3}));
+  EXPECT_EQ(knob_fc1_fc2("3,2", 1, 4, 0), (A{2, 3}));
+  EXPECT_EQ(knob_fc1_fc2("2,0", 1, 4, 0), (A{0, 2}));
+  EXPECT_EQ(knob_fc1_fc2("9", 1, 8, -7), (A{-7, -7}));
+  EXPECT_EQ(knob_fc1_fc2("", 1, 8, -7), (A{-7, -7}));
+  EXPECT_EQ(knob_fc1_fc2("8,1", 1, 8, -7), (A{1, 8}));
 }
 
 TEST(KernelParams, ResidentSizesMatchTheCheckpoint) {

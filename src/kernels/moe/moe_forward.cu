@@ -456,15 +456,9 @@ int decode_splitk_mode(bool fc1) {
   if (o != kSplitKFromEnv) return o;
   static const std::array<int, 2> env = [] {
     const char* v = std::getenv("MOE_EP_DECODE_SPLITK");
-    if (v == nullptr) return std::array<int, 2>{kSplitKDefault, kSplitKDefault};
-    if (std::strcmp(v, "auto") == 0) return std::array<int, 2>{kSplitKAuto, kSplitKAuto};
-    auto count = [](const char* p) {
-      const int n = std::atoi(p);
-      return n >= 1 && n <= 8 ? n : kSplitKDefault;
-    };
-    const char* comma = std::strchr(v, ',');
-    const int n1 = count(v), n2 = comma ? count(comma + 1) : n1;
-    return std::array<int, 2>{n2, n1};
+    if (v != nullptr && std::strcmp(v, "auto") == 0)
+      return std::array<int, 2>{kSplitKAuto, kSplitKAuto};
+    return knob_fc1_fc2(v, 1, 8, kSplitKDefault);
   }();
   return env[fc1];
 }

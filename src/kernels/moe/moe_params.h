@@ -10,9 +10,11 @@
 // up (f odd) rows j*64 + (f/2)*16 .. +16, so one warp holds matching gate and up rows.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "moe_ep/config.h"
 
@@ -119,6 +121,19 @@ inline size_t splitk_counter_bytes() { return size_t(kSplitKSlots / 2) * 4; }
 // MOE_EP_DECODE_SPLITK (read once per process): unset = default, "auto", "N" (both GEMMs) or
 // "N,M" (fc1 N, fc2 M); unless a test set an override (kSplitKFromEnv clears it).
 constexpr int kSplitKDefault = 0, kSplitKAuto = -1, kSplitKFromEnv = -2;
+
+// A benchmark knob's value "N" (both GEMMs) or "N,M" (fc1 N, fc2 M) as {fc2, fc1} (index by
+// fc1); a count outside lo..hi, or no value (v null), gives `other`.
+inline std::array<int, 2> knob_fc1_fc2(const char* v, int lo, int hi, int other) {
+  if (v == nullptr) return {other, other};
+  auto count = [&](const char* p) {
+    const int n = std::atoi(p);
+    return n >= lo && n <= hi ? n : other;
+  };
+  const char* comma = std::strchr(v, ',');
+  const int n1 = count(v), n2 = comma ? count(comma + 1) : n1;
+  return {n2, n1};
+}
 int decode_splitk_mode(bool fc1);
 void set_decode_splitk_override(int fc1_mode, int fc2_mode);
 // The K-splits of the last decode fc1 / fc2 launch on this process (1 when none split; for

@@ -28,7 +28,6 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include "kernels/moe/sm90_moe_device.cuh"
 
@@ -821,16 +820,7 @@ inline int decode_env_int(const char* name, int lo, int hi) {
   return k >= lo && k <= hi ? k : 0;
 }
 inline int decode_forced_per_sm(bool fc1) {
-  static const std::array<int, 2> n = [] {  // fc2, fc1
-    const char* v = std::getenv("MOE_EP_DECODE_PER_SM");
-    auto count = [](const char* p) {
-      const int k = std::atoi(p);
-      return k >= 1 && k <= 4 ? k : 0;
-    };
-    if (v == nullptr) return std::array<int, 2>{0, 0};
-    const char* comma = std::strchr(v, ',');
-    return std::array<int, 2>{comma ? count(comma + 1) : count(v), count(v)};
-  }();
+  static const std::array<int, 2> n = knob_fc1_fc2(std::getenv("MOE_EP_DECODE_PER_SM"), 1, 4, 0);
   return n[fc1];
 }
 inline int decode_max_stages() {
