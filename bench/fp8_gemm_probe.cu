@@ -58,6 +58,25 @@ struct ProbeArgs {
 // The layer's fp8 pieces: the shift tables (kFp8Tables, fp8_table_index: fp8_fragments.h) and
 // the m64nNk32 e4m3 wgmma (wgmma_fp8<kN>: sm90_moe_wgmma.cuh).
 
+// k32 step s (0..3) of a stage's A fragment from this lane's 16-byte piece of its K-chunk
+// (steps 0, 1: words x, y / z, w), rows g and g + 8 decoded against their blocks' shift tables;
+// kDecode false (timing only): the resident words as they are.
+template <bool kDecode>
+__device__ __forceinline__ void a_step(const uint4& piece, int s, uint32_t sc_lo, uint32_t sc_hi,
+                                       int ref_lo, int ref_hi, const uint64_t* table,
+                                       uint32_t (&af)[4]) {
+  const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
+  if constexpr (kDecode) {
+    const uint64_t t_lo = table[fp8_table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
+    const uint64_t t_hi = table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
+    fp8_decode_word(w_lo, t_lo, af[0], af[2]);
+    fp8_decode_word(w_hi, t_hi, af[1], af[3]);
+  } else {
+    af[0] = w_lo, af[1] = w_hi, af[2] = w_lo ^ uint32_t(ref_lo);
+    af[3] = w_hi ^ uint32_t(ref_hi);
+  }
+}
+
 // Grid: E * M / (64 kWG) CTAs, an expert's CTAs fastest.
 // kMode (timing diagnostics; only mode 0 computes the product): bit 0 skips the decode (the
 // resident words go to the MMA as they are), bit 1 the promotion (one accumulator set over all
@@ -133,16 +152,7 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
     for (int s = 0; s < 4; ++s) {
       const uint4 piece = *reinterpret_cast<const uint4*>(
           sp + kBBytes + (s >> 1) * kWG * kWChunkBytes + wfrag * 512 + lane * 16);
-      const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
-      if constexpr (kDecode) {
-        const uint64_t t_lo = table[fp8_table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
-        const uint64_t t_hi = table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
-        fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
-        fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
-      } else {
-        af[s][0] = w_lo, af[s][1] = w_hi, af[s][2] = w_lo ^ uint32_t(ref_lo);
-        af[s][3] = w_hi ^ uint32_t(ref_hi);
-      }
+      a_step<kDecode>(piece, s, sc_lo, sc_hi, ref_lo, ref_hi, table, af[s]);
       wgmma_fence();
       wgmma_fp8<kN>(tmp, af[s], desc + uint64_t(2 * s), kPromote ? s > 0 : (s > 0 || st > 0),
                     std::make_index_sequence<kN / 2>{});
@@ -268,16 +278,7 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
     for (int s = 0; s < 4; ++s) {
       const uint4 piece =
           *reinterpret_cast<const uint4*>(sp + kBBytes + (s >> 1) * 4096 + wfrag * 512 + lane * 16);
-      const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
-      if constexpr (kDecode) {
-        const uint64_t t_lo = table[fp8_table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
-        const uint64_t t_hi = table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
-        fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
-        fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
-      } else {
-        af[s][0] = w_lo, af[s][1] = w_hi, af[s][2] = w_lo ^ uint32_t(ref_lo);
-        af[s][3] = w_hi ^ uint32_t(ref_hi);
-      }
+      a_step<kDecode>(piece, s, sc_lo, sc_hi, ref_lo, ref_hi, table, af[s]);
     }
     f_lo = fmt::exp2i(ref_lo - 127);
     f_hi = fmt::exp2i(ref_hi - 127);
