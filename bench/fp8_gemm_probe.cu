@@ -77,6 +77,19 @@ __device__ __forceinline__ void a_step(const uint4& piece, int s, uint32_t sc_lo
   }
 }
 
+// The outputs of a lane: acc[4j + i] is weight row row_lo + ((i >> 1) & 1) * 8 and token
+// column 8j + 2 t4 + (i & 1), times the column's fold factor.
+__device__ __forceinline__ void store_out(const ProbeArgs& a, int e, int row_lo, int t4,
+                                          const float (&acc)[kN / 2]) {
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const int col = 8 * (i >> 2) + 2 * t4 + (i & 1);
+    const int row = row_lo + ((i >> 1) & 1) * 8;
+    const float fx = fmt::exp2i(int(a.xref[size_t(e) * kN + col]) - 127);
+    a.out[(size_t(e) * kN + col) * a.M + row] = acc[i] * fx;
+  }
+}
+
 // Grid: E * M / (64 kWG) CTAs, an expert's CTAs fastest.
 // kMode (timing diagnostics; only mode 0 computes the product): bit 0 skips the decode (the
 // resident words go to the MMA as they are), bit 1 the promotion (one accumulator set over all
@@ -178,14 +191,7 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
   }
   cp_async_wait<0>();
 
-  // acc[4j + i]: row warp * 16 + g + (i >> 1) * 8 of this CTA, column 8j + 2 t4 + (i & 1).
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    const int col = 8 * (i >> 2) + 2 * t4 + (i & 1);
-    const int row = row_lo + ((i >> 1) & 1) * 8;
-    const float fx = fmt::exp2i(int(a.xref[size_t(e) * kN + col]) - 127);
-    a.out[(size_t(e) * kN + col) * a.M + row] = acc[i] * fx;
-  }
+  store_out(a, e, row_lo, t4, acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -332,13 +338,7 @@ __global__ void __launch_bounds__(384, 1) fp8_ws_probe_kernel(const ProbeArgs a)
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = tmp[i];
   }
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    const int col = 8 * (i >> 2) + 2 * t4 + (i & 1);
-    const int row = row_lo + ((i >> 1) & 1) * 8;
-    const float fx = fmt::exp2i(int(a.xref[size_t(e) * kN + col]) - 127);
-    a.out[(size_t(e) * kN + col) * a.M + row] = acc[i] * fx;
-  }
+  store_out(a, e, row_lo, t4, acc);
 }
 
 // Weight rows of M-tile mt without fc1's gate / up interleave.
