@@ -329,8 +329,13 @@ TEST(GpuLayer, EdgeRouting) {
     const LayerConfig cfg = make_config(s, r, 256, true, Options{});
     auto cpu = make_layer(Backend::kCPU, cfg, p);
     auto gpu = make_layer(Backend::kCUDA, cfg, p);
-    for (int mode : {0, 1}) {
-      HostInputs h = make_inputs(200, s.H, s.K, s.E, 5, mode == 1 ? 3 : -1);
+    // Mode 0: every slot empty; 1: 200 tokens to expert 3 (tile 16); 2: 810 tokens to expert 3
+    // (tile 160 for nvfp4: five full m64 tiles of one expert and one of 10 rows; tile 128 for
+    // bf16).
+    for (int mode : {0, 1, 2}) {
+      const int T = mode == 2 ? 810 : 200;
+      if (mode == 2 && r == Recipe::kNvfp4) ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 160);
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 5, mode >= 1 ? 3 : -1);
       if (mode == 0) std::fill(h.ids.begin(), h.ids.end(), -1);
       DeviceInputs d(h);
       const Tensor ref_t = cpu->forward(host_view(h));

@@ -14,23 +14,22 @@
 namespace moe_ep::kern {
 namespace {
 
-// The tile width is 8 up to 4 mean rows per expert, 16 up to 24, 128 up to 120, else 256.
+// The tile width is 8 up to 4 mean rows per expert, 16 up to 24, else kM64TileN (160).
 TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32.
   EXPECT_EQ(choose_tile_n(1, 8, 256), 8);
-  EXPECT_EQ(choose_tile_n(128, 8, 256), 8);     // 4 rows
-  EXPECT_EQ(choose_tile_n(129, 8, 256), 16);    // just above 4
-  EXPECT_EQ(choose_tile_n(512, 8, 256), 16);    // 16 rows
-  EXPECT_EQ(choose_tile_n(768, 8, 256), 16);    // 24 rows
-  EXPECT_EQ(choose_tile_n(769, 8, 256), 128);   // just above 24
-  EXPECT_EQ(choose_tile_n(2048, 8, 256), 128);  // 64 rows
-  EXPECT_EQ(choose_tile_n(3840, 8, 256), 128);  // 120 rows
-  EXPECT_EQ(choose_tile_n(3841, 8, 256), 256);  // just above 120
-  EXPECT_EQ(choose_tile_n(4096, 8, 256), 256);  // 128 rows: one tile per expert
+  EXPECT_EQ(choose_tile_n(128, 8, 256), 8);    // 4 rows
+  EXPECT_EQ(choose_tile_n(129, 8, 256), 16);   // just above 4
+  EXPECT_EQ(choose_tile_n(512, 8, 256), 16);   // 16 rows
+  EXPECT_EQ(choose_tile_n(768, 8, 256), 16);   // 24 rows
+  EXPECT_EQ(choose_tile_n(769, 8, 256), 160);  // just above 24
+  EXPECT_EQ(choose_tile_n(2048, 8, 256), 160);
+  EXPECT_EQ(choose_tile_n(4096, 8, 256), 160);
+  EXPECT_EQ(kM64TileN, 160);
   // EP = 2 owner side: W * T virtual tokens over 128 local experts.
   EXPECT_EQ(choose_tile_n(2 * 128, 8, 128), 16);
-  EXPECT_EQ(choose_tile_n(2 * 960, 8, 128), 128);  // 120 rows
-  EXPECT_EQ(choose_tile_n(2 * 4096, 8, 128), 256);
+  EXPECT_EQ(choose_tile_n(2 * 960, 8, 128), 160);
+  EXPECT_EQ(choose_tile_n(2 * 4096, 8, 128), 160);
   // No local experts (a degenerate split) does not divide by zero.
   EXPECT_EQ(choose_tile_n(0, 8, 0), 8);
 }

@@ -414,21 +414,20 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
   return cudaErrorInvalidValue;
 }
 
-// The tile of a forward: choose_tile_n's 8, 16, 128 or 256, except bf16 weights (no tile_n 8:
-// 16 on sm90_moe_gemm_kernel; no 256: 128 on the v2 wgmma kernel). Benchmark knobs:
-// MOE_EP_TILE_N=8|16|128|256 overrides the choice (8 and 16: the decode kernel, or 16 on
-// sm90_moe_gemm_kernel with MOE_EP_DECODE16=0; 128: the v2 wgmma kernel, 256: the m64 wgmma
-// kernel); MOE_EP_WGMMA_V=2 turns 256 into 128, =3 128 into 256 (moe_params.h).
+// The tile of a forward: choose_tile_n's 8, 16 or 160, except bf16 weights (no tile_n 8:
+// 16 on sm90_moe_gemm_kernel; no 160: 128 on the v2 wgmma kernel). Benchmark knobs:
+// MOE_EP_TILE_N=8|16|128|160 overrides the choice (8 and 16: the decode kernel, or 16 on
+// sm90_moe_gemm_kernel with MOE_EP_DECODE16=0; 128: the v2 wgmma kernel, 160: the m64 wgmma
+// kernel); MOE_EP_WGMMA_V=2 turns 160 into 128 (moe_params.h).
 int forward_tile_n(Recipe r, int chosen) {
   static const int forced = [] {
     const char* v = std::getenv("MOE_EP_TILE_N");
     const int n = v ? std::atoi(v) : 0;
-    return n == 8 || n == 16 || n == 128 || n == 256 ? n : 0;
+    return n == 8 || n == 16 || n == 128 || n == kM64TileN ? n : 0;
   }();
   int n = forced ? forced : chosen;
   if (n == 8 && r == Recipe::kBf16) n = 16;
-  if (n == 256 && (r == Recipe::kBf16 || wgmma_version() == 2)) n = 128;
-  if (n == 128 && r != Recipe::kBf16 && wgmma_version() == 3) n = 256;
+  if (n == kM64TileN && (r == Recipe::kBf16 || wgmma_version() == 2)) n = 128;
   return n;
 }
 

@@ -71,27 +71,32 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
   return s;
 }
 
+// Tokens per routing tile of the m64 wgmma kernel (4-bit weights; bf16 weights run tiles of
+// 128 on the v2 kernel instead).
+constexpr int kM64TileN = 160;
+
 // Tokens per routing tile: 8 or 16 while experts see few rows (decode: a weight stream; 8 up
 // to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work
-// goes to empty columns; measured, docs/gpu_kernels.md §6), 128 when they see many (prefill:
-// the wgmma kernel, which sizes its N to each tile's rows in steps of 32, so a 128-row tile
-// costs no MMA work for the rows it lacks; §10), 256 from a mean of 120 rows on (one tile per
-// expert on the m64 wgmma kernel, 4-bit weights: DSV3 4096 tokens, a mean of 128 rows, 8 %
-// faster than tiles of 128, where about half the experts get a second tile of a few rows;
-// at a mean of 64 rows it is 11-14 % slower; the crossover is estimated, §10).
+// goes to empty columns; measured, docs/gpu_kernels.md §6), kM64TileN = 160 from a mean of 24
+// rows on (prefill: the m64 wgmma kernel at three CTAs per SM, which sizes its N to each tile's
+// rows in steps of 16-32, so a tile costs no MMA work for the rows it lacks; an expert with more
+// rows gets more tiles, which run in parallel. Session 8 on the H200, DSV3: 3-12 % faster than
+// the v2 kernel's tiles of 128 at 1024 tokens and level at 2048, faster than the two-CTA m64
+// kernel's tiles of 256 at 4096; §10).
 inline int choose_tile_n(int tokens, int top_k, int local_experts) {
   const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
-  return mean_rows <= 4.0 ? 8 : mean_rows <= 24.0 ? 16 : mean_rows <= 120.0 ? 128 : 256;
+  return mean_rows <= 4.0 ? 8 : mean_rows <= 24.0 ? 16 : kM64TileN;
 }
 
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
-// follows choose_tile_n; 2 runs tiles of 256 as 128 on the v2 kernel; 3 runs tiles of 128 as
-// 256 on the m64 kernel (4-bit weights). launch_forward applies it (forward_tile_n).
+// follows choose_tile_n; 2 runs the 4-bit recipes' tiles of 160 as tiles of 128 on the v2
+// kernel (the default before session 8 up to a mean of 120 rows). launch_forward applies it
+// (forward_tile_n).
 inline int wgmma_version() {
   static const int v = [] {
     const char* e = std::getenv("MOE_EP_WGMMA_V");
     const int n = e != nullptr ? std::atoi(e) : 0;
-    return n == 2 || n == 3 ? n : 0;
+    return n == 2 ? n : 0;
   }();
   return v;
 }

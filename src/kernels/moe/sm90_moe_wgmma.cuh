@@ -311,16 +311,17 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
 }
 
 // ---------------------------------------------------------------------------------------------
-// v3 (MOE_EP_WGMMA_V=3, 4-bit weights; docs/gpu_kernels.md §10): one routing tile per expert at
-// prefill (tile_n 256) and one m64nNk16 wgmma per k16 step. A CTA = one warpgroup = 64 weight
-// rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's rows
-// rounded up to a class below (<= 256; acc N/2 fp32 registers per thread). Against v2 (two m64
-// wgmmas on 128 rows, tiles of 128): no second tiles of a few rows, and half the decode per
-// wgmma. Same fragments, same per-column k order (one wgmma per k16 step, K ascending), so the
+// The m64 kernel (4-bit weights, tile_n kM64TileN = 160, more than 24 rows per expert on
+// average; docs/gpu_kernels.md §10): one m64nNk16 wgmma per k16 step. A CTA = one warpgroup =
+// 64 weight rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's
+// rows rounded up to a class below (<= 160; acc N/2 fp32 registers per thread), three CTAs per
+// SM (12 warps hide each warp's decode -> wgmma chain; session 8: 4-12 % faster than two CTAs
+// of tiles up to 256 at 1024-4096 tokens, and than the v2 kernel's tiles of 128 at 1024).
+// Against v2 (two m64 wgmmas on 128 rows): half the decode per wgmma. Same fragments, same per-column k order (one wgmma per k16 step, K ascending), so the
 // same bits. fc1: warps 0/2 hold gate rows, 1/3 the matching up rows (fragment order of
 // moe_params.h), so the epilogue pairs them through shared memory.
 
-constexpr int kWg3MaxN = 256;  // tokens per routing tile (launch_forward's tile_n 256)
+constexpr int kWg3MaxN = kM64TileN;  // tokens per routing tile (160)
 constexpr int kWg3Rows = 64;   // weight rows per CTA
 constexpr int kWg3Frags = 4;   // fragments per CTA, one per warp
 constexpr int kWg3HCols = 32;  // h columns per fc1 CTA
@@ -340,8 +341,8 @@ struct Wgmma3Config {
   __host__ __device__ static constexpr int stage_bytes(int n) {
     return (n * 128 + kWBytes + kSBytes + 1023) / 1024 * 1024;
   }
-  // The ring holds 3 stages of N = 256; smaller N get more stages (up to 5, v2's depth). Two
-  // CTAs per SM.
+  // The ring holds 3 stages of N = 160 (69 KB); smaller N get more stages (up to 5, v2's
+  // depth). Three CTAs per SM.
   static constexpr int kRingBytes = 3 * stage_bytes(kWg3MaxN);
   __host__ __device__ static constexpr int stages(int n) {
     return kRingBytes / stage_bytes(n) < 5 ? kRingBytes / stage_bytes(n) : 5;
@@ -416,8 +417,10 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
 
 // Grid: one CTA per (routing tile, half M-tile), half M-tile fastest (the CTAs of one tile run
 // together and share its activation rows in L2).
-template <Recipe R, bool kFc1>
-__global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
+// kInFlight: wgmma steps in flight per warpgroup, 2 or 4 (138-150 registers either way).
+template <Recipe R, bool kFc1, int kInFlight>
+__global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
+  static_assert(kInFlight == 2 || kInFlight == 4, "2 or 4 wgmma steps in flight");
   using C = Wgmma3Config<R>;
   using RT = typename C::RT;
   constexpr int kNF = kWg3MaxN / 8;
@@ -467,18 +470,21 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
     constexpr int kStageBytes = C::stage_bytes(kNW);
     constexpr int kAhead = kStages - 2;  // chunks loaded ahead (one more is in the wgmmas)
     static_assert(kNW % 16 == 0 && kStages >= 3, "N class");
-    // This thread's B sources, held in registers (a shared-memory table costs a load and
-    // three hazard slots per copy).
-    const uint16_t* bptr[kNW / 16];
+    // This thread's B sources, held in registers as 32-bit element offsets from bsrc (a
+    // shared-memory table costs a load and three hazard slots per copy).
+    const uint16_t* bsrc = kFc1 ? a.xq : a.h;
+    uint32_t bptr[kNW / 16];
 #pragma unroll
-    for (int i = 0; i < kNW / 16; ++i) bptr[i] = brow_ptr[br0 + 16 * i] + bc * 8;
+    for (int i = 0; i < kNW / 16; ++i)
+      bptr[i] = uint32_t(brow_ptr[br0 + 16 * i] - bsrc) + uint32_t(bc * 8);
     // One stage: the kNW rows the wgmma reads (rows past the tile's zero-filled), this CTA's 4
     // weight fragments and their scales.
     auto load_stage = [&](int slot, int chunk) {
       unsigned char* st = smem + slot * kStageBytes;
 #pragma unroll
       for (int i = 0; i < kNW / 16; ++i)
-        cp_async16(st + bdst_off + i * 2048, bptr[i] + chunk * kKChunk, br0 + 16 * i < live_rows);
+        cp_async16(st + bdst_off + i * 2048, bsrc + (bptr[i] + uint32_t(chunk * kKChunk)),
+                   br0 + 16 * i < live_rows);
       cp_async16(st + kNW * 128 + tid * 16, wsrc_t + size_t(chunk) * (2 * C::kWBytes), true);
       if (tid < C::kSBytes / 16)
         cp_async16(st + kNW * 128 + C::kWBytes + tid * 16,
@@ -535,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         // af[s] was last read by this step's wgmma one chunk ago, retired by the wait below in
-        // step s - 1 (up to 3 steps stay in flight while the next ones decode).
+        // step s - 1 (up to kInFlight - 1 steps stay in flight while the next ones decode).
         uint32_t bits[4];
         decode_e2m1x8(words[s], bits);
         af[s][0] = mul_bf16x2(bits[0], sc_lo[s]);
@@ -545,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
         wgmma_fence();
         wgmma_m64<kNW>(acc, af[s], desc + uint64_t(2 * s));  // +32 bytes per k16 step
         wgmma_commit();
-        wgmma_wait<3>();
+        wgmma_wait<kInFlight - 1>();
         // The step that used af[(s + 1) % 4] is retired now; keeping those registers alive until
         // here stops ptxas from reusing them for a decode while a wgmma may still read them.
         keep_alive4(af[(s + 1) & 3]);
@@ -556,11 +562,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma3_kernel(const Forw
     wgmma_wait<0>();
   };
   const int rows = tile.rows;
-  if (rows > 192)
-    k_loop(std::integral_constant<int, 256>{});
-  else if (rows > 160)
-    k_loop(std::integral_constant<int, 192>{});
-  else if (rows > 144)
+  if (rows > 144)
     k_loop(std::integral_constant<int, 160>{});
   else if (rows > 128)
     k_loop(std::integral_constant<int, 144>{});
