@@ -216,6 +216,13 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
     CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
     us[it] = ms * 1000;
   }
+  // MOE_EP_BENCH_TRACE=1: every replay's time in order (set it & 1), to tell input-set effects
+  // from clock changes.
+  if (const char* t = std::getenv("MOE_EP_BENCH_TRACE"); t && t[0] == '1') {
+    std::printf("replays us:");
+    for (float u : us) std::printf(" %.0f", u);
+    std::printf("\n");
+  }
   for (auto& e : ev) CK(cudaEventDestroy(e));
   for (auto& x : exec) CK(cudaGraphExecDestroy(x));
   return us;

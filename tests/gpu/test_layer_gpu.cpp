@@ -326,7 +326,7 @@ TEST(GpuLayer, EdgeRouting) {
   Master m(s, 16);
   for (Recipe r : {Recipe::kNvfp4, Recipe::kBf16}) {
     const PackedExperts p = pack(s, r, m, Options{});
-    const LayerConfig cfg = make_config(s, r, 256, true, Options{});
+    const LayerConfig cfg = make_config(s, r, 1024, true, Options{});
     auto cpu = make_layer(Backend::kCPU, cfg, p);
     auto gpu = make_layer(Backend::kCUDA, cfg, p);
     // Mode 0: every slot empty; 1: 200 tokens to expert 3 (tile 16); 2: 810 tokens to expert 3

@@ -32,25 +32,14 @@ cudaError_t launch_wgmma(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// MOE_EP_M64_INFLIGHT=2|4 (benchmark knob, read once per process): wgmma steps in flight in
-// the m64 kernel; default 4.
-inline int m64_in_flight() {
-  static const int n = [] {
-    const char* v = std::getenv("MOE_EP_M64_INFLIGHT");
-    return v && std::atoi(v) == 2 ? 2 : 4;
-  }();
-  return n;
-}
-
 // m64 (tile_n 160, 4-bit weights): one CTA per (tile, half M-tile), half M-tile fastest.
 template <Recipe R, bool kFc1>
 cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWg3MaxN);
   const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
   if (tiles == 0) return cudaSuccess;
-  const auto kernel = m64_in_flight() == 2 ? sm90_moe_wgmma3_kernel<R, kFc1, 2>
-                                            : sm90_moe_wgmma3_kernel<R, kFc1, 4>;
-  kernel<<<unsigned(tiles) * unsigned(halves), kThreads, Wgmma3Config<R>::kSmemBytes, s>>>(a);
+  sm90_moe_wgmma3_kernel<R, kFc1>
+      <<<unsigned(tiles) * unsigned(halves), kThreads, Wgmma3Config<R>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
@@ -81,10 +70,8 @@ cudaError_t set_gemm_attributes() {
   if constexpr (R != Recipe::kBf16) {
     const cudaError_t err =
         first_error({set_decode_attributes<R>(),
-                     set_max_smem(sm90_moe_wgmma3_kernel<R, true, 2>, Wgmma3Config<R>::kSmemBytes),
-                     set_max_smem(sm90_moe_wgmma3_kernel<R, false, 2>, Wgmma3Config<R>::kSmemBytes),
-                     set_max_smem(sm90_moe_wgmma3_kernel<R, true, 4>, Wgmma3Config<R>::kSmemBytes),
-                     set_max_smem(sm90_moe_wgmma3_kernel<R, false, 4>, Wgmma3Config<R>::kSmemBytes)});
+                     set_max_smem(sm90_moe_wgmma3_kernel<R, true>, Wgmma3Config<R>::kSmemBytes),
+                     set_max_smem(sm90_moe_wgmma3_kernel<R, false>, Wgmma3Config<R>::kSmemBytes)});
     if (err != cudaSuccess) return err;
   }
   return first_error(

@@ -417,10 +417,8 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
 
 // Grid: one CTA per (routing tile, half M-tile), half M-tile fastest (the CTAs of one tile run
 // together and share its activation rows in L2).
-// kInFlight: wgmma steps in flight per warpgroup, 2 or 4 (138-150 registers either way).
-template <Recipe R, bool kFc1, int kInFlight>
+template <Recipe R, bool kFc1>
 __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
-  static_assert(kInFlight == 2 || kInFlight == 4, "2 or 4 wgmma steps in flight");
   using C = Wgmma3Config<R>;
   using RT = typename C::RT;
   constexpr int kNF = kWg3MaxN / 8;
@@ -541,7 +539,9 @@ __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const Forw
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         // af[s] was last read by this step's wgmma one chunk ago, retired by the wait below in
-        // step s - 1 (up to kInFlight - 1 steps stay in flight while the next ones decode).
+        // step s - 1 (up to 3 steps stay in flight while the next ones decode; 146-150
+        // registers at three CTAs per SM; with 2 in flight 1-2 % slower at 1024-2048 tokens,
+        // session 8).
         uint32_t bits[4];
         decode_e2m1x8(words[s], bits);
         af[s][0] = mul_bf16x2(bits[0], sc_lo[s]);
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const Forw
         wgmma_fence();
         wgmma_m64<kNW>(acc, af[s], desc + uint64_t(2 * s));  // +32 bytes per k16 step
         wgmma_commit();
-        wgmma_wait<kInFlight - 1>();
+        wgmma_wait<3>();
         // The step that used af[(s + 1) % 4] is retired now; keeping those registers alive until
         // here stops ptxas from reusing them for a decode while a wgmma may still read them.
         keep_alive4(af[(s + 1) & 3]);
