@@ -317,14 +317,15 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
 // rows rounded up to a class below (<= 160; acc N/2 fp32 registers per thread), three CTAs per
 // SM (12 warps hide each warp's decode -> wgmma chain; session 8: 4-12 % faster than two CTAs
 // of tiles up to 256 at 1024-4096 tokens, and than the v2 kernel's tiles of 128 at 1024).
-// Against v2 (two m64 wgmmas on 128 rows): half the decode per wgmma. Same fragments, same per-column k order (one wgmma per k16 step, K ascending), so the
-// same bits. fc1: warps 0/2 hold gate rows, 1/3 the matching up rows (fragment order of
-// moe_params.h), so the epilogue pairs them through shared memory.
+// Against v2 (two m64 wgmmas on 128 rows): half the decode per wgmma. Same fragments, same
+// per-column k order (one wgmma per k16 step, K ascending), so the same bits. fc1: warps 0/2 hold
+// gate rows, 1/3 the matching up rows (fragment order of moe_params.h), so the epilogue pairs them
+// through shared memory.
 
 constexpr int kWg3MaxN = kM64TileN;  // tokens per routing tile (160)
-constexpr int kWg3Rows = 64;   // weight rows per CTA
-constexpr int kWg3Frags = 4;   // fragments per CTA, one per warp
-constexpr int kWg3HCols = 32;  // h columns per fc1 CTA
+constexpr int kWg3Rows = 64;         // weight rows per CTA
+constexpr int kWg3Frags = 4;         // fragments per CTA, one per warp
+constexpr int kWg3HCols = 32;        // h columns per fc1 CTA
 
 __device__ __forceinline__ void keep_alive4(const uint32_t (&r)[4]) {
   asm volatile("" ::"r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
