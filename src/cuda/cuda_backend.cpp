@@ -559,6 +559,7 @@ class CudaBackend final : public LayerBackend {
     mark(3);
     a.expert_base = rank_ * El_;
     a.tokens = vtok;
+    a.owner_pairs = in.tokens * K;
     a.ids = ua.ids;
     a.topk_weights = ua.weights;
     a.xq = ua.xq;

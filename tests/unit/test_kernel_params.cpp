@@ -14,15 +14,16 @@
 namespace moe_ep::kern {
 namespace {
 
-// The tile width is 8 up to 4 mean rows per expert, 16 up to 24, else kM64TileN (160).
+// The tile width is 8 up to 4 mean rows per expert, 16 up to 20, else kM64TileN (160).
 TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32.
   EXPECT_EQ(choose_tile_n(1, 8, 256), 8);
   EXPECT_EQ(choose_tile_n(128, 8, 256), 8);    // 4 rows
   EXPECT_EQ(choose_tile_n(129, 8, 256), 16);   // just above 4
   EXPECT_EQ(choose_tile_n(512, 8, 256), 16);   // 16 rows
-  EXPECT_EQ(choose_tile_n(768, 8, 256), 16);   // 24 rows
-  EXPECT_EQ(choose_tile_n(769, 8, 256), 160);  // just above 24
+  EXPECT_EQ(choose_tile_n(640, 8, 256), 16);   // 20 rows
+  EXPECT_EQ(choose_tile_n(641, 8, 256), 160);  // just above 20
+  EXPECT_EQ(choose_tile_n(768, 8, 256), 160);  // 24 rows
   EXPECT_EQ(choose_tile_n(2048, 8, 256), 160);
   EXPECT_EQ(choose_tile_n(4096, 8, 256), 160);
   EXPECT_EQ(kM64TileN, 160);

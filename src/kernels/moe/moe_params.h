@@ -77,15 +77,17 @@ constexpr int kM64TileN = 160;
 
 // Tokens per routing tile: 8 or 16 while experts see few rows (decode: a weight stream; 8 up
 // to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work
-// goes to empty columns; measured, docs/gpu_kernels.md §6), kM64TileN = 160 from a mean of 24
-// rows on (prefill: the m64 wgmma kernel at three CTAs per SM, which sizes its N to each tile's
+// goes to empty columns; measured, docs/gpu_kernels.md §6), kM64TileN = 160 above a mean of 20
+// rows (prefill: the m64 wgmma kernel at three CTAs per SM, which sizes its N to each tile's
 // rows in steps of 16-32, so a tile costs no MMA work for the rows it lacks; an expert with more
-// rows gets more tiles, which run in parallel. Session 8 on the H200, DSV3: 3-12 % faster than
-// the v2 kernel's tiles of 128 at 1024 tokens and level at 2048, faster than the two-CTA m64
-// kernel's tiles of 256 at 4096; §10).
+// rows gets more tiles, which run in parallel). Session 8 on the H200, DSV3 (§10): against tile
+// 16 on the decode kernel, the m64 kernel is 15 % faster at 24 rows (most experts need two
+// tiles of 16 there) and 12-40 % slower at 8-16 rows; against the v2 kernel's tiles of 128,
+// 5-12 % faster at 32 rows and level at 64; against the two-CTA m64 kernel's tiles of 256,
+// faster with Zipf routing at 4096 tokens and within a few % with uniform routing.
 inline int choose_tile_n(int tokens, int top_k, int local_experts) {
   const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
-  return mean_rows <= 4.0 ? 8 : mean_rows <= 24.0 ? 16 : kM64TileN;
+  return mean_rows <= 4.0 ? 8 : mean_rows <= 20.0 ? 16 : kM64TileN;
 }
 
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
@@ -206,6 +208,10 @@ struct ForwardArgs {
   // EP owner side: xq (and ids / topk_weights) were filled from the received rows
   // (launch_ep_unpack), so prepare only routes.
   bool xq_ready = false;
+  // EP owner side: the routed pairs this rank expects in this call (T*K: W sources' T tokens,
+  // a 1/W share of their K slots each, under uniform routing), where `tokens` counts W *
+  // capacity rows; sizes the decode ring (decode_ctas_per_sm). 0: tokens * K.
+  int owner_pairs = 0;
   // The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1 at construction, single GPU;
   // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
   // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_ws_kernel.
