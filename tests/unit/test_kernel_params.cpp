@@ -14,6 +14,28 @@
 namespace moe_ep::kern {
 namespace {
 
+// An EP owner's fc1 ring: 3 CTAs per SM while the CTAs of the pairs it expects fit 4 per SM;
+// otherwise (0) the general estimate. DSV3 at EP = 2: 128 local experts, 32 fc1 M-tiles.
+TEST(KernelParams, OwnerFc1RingAtFewTokens) {
+  ForwardArgs a;
+  a.local_experts = 128;
+  a.num_sms = 132;
+  a.xq_ready = true;
+  a.owner_pairs = 1 * 8;  // 1 token per rank: 8 tiles x 32 M-tiles = 256 CTAs
+  EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 1), 3);
+  a.owner_pairs = 2 * 8;  // 512 CTAs <= 528
+  EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 1), 3);
+  EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 2), 0);  // split in two: 1024 CTAs
+  a.owner_pairs = 8 * 8;                             // 64 tiles: 2048 CTAs
+  EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 1), 0);
+  a.owner_pairs = 8;
+  a.xq_ready = false;  // not an EP owner
+  EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 1), 0);
+  a.xq_ready = true;
+  a.owner_pairs = 0;  // no estimate given
+  EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 1), 0);
+}
+
 // The tile width is 8 up to 4 mean rows per expert, 16 up to 20, else kM64TileN (160).
 TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32.

@@ -10,6 +10,7 @@
 // up (f odd) rows j*64 + (f/2)*16 .. +16, so one warp holds matching gate and up rows.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -210,7 +211,7 @@ struct ForwardArgs {
   bool xq_ready = false;
   // EP owner side: the routed pairs this rank expects in this call (T*K: W sources' T tokens,
   // a 1/W share of their K slots each, under uniform routing), where `tokens` counts W *
-  // capacity rows; sizes the decode ring (decode_ctas_per_sm). 0: tokens * K.
+  // capacity rows; sizes fc1's decode ring (owner_fc1_ctas_per_sm). 0: not an EP owner.
   int owner_pairs = 0;
   // The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1 at construction, single GPU;
   // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
@@ -221,6 +222,20 @@ struct ForwardArgs {
   uint8_t* h8 = nullptr;    // e4m3 [T*K, I], sorted order
   uint8_t* href = nullptr;  // [T*K]
 };
+
+// CTAs per SM an EP owner's fc1 decode ring is sized for, or 0 where the general estimate
+// applies (decode_ctas_per_sm, sm90_moe_decode.cuh): 3 while the CTAs of the pairs this rank
+// expects (owner_pairs; tiles of tile_n, mtiles M-tiles, splits K-splits) fit 4 per SM. The
+// estimate from W * capacity rows says 4 there (2-slot rings) and this rank's own share 2, and
+// the rank that then gets more tiles runs a second wave (docs/gpu_kernels.md §9). Measured on the
+// H200x2 (DSV3 nvfp4, EP = 2, session 8): 1 / 2 tokens per rank 141 / 201 -> 128 / 185 us; at 8
+// tokens (2048 expected CTAs) 3 per SM was 2 % slower than 4, so there the estimate stays.
+inline int owner_fc1_ctas_per_sm(const ForwardArgs& a, int tile_n, int mtiles, int splits) {
+  if (!a.xq_ready || a.owner_pairs <= 0 || a.num_sms <= 0) return 0;
+  const int p = a.owner_pairs;
+  const int tiles = std::max(std::min(p, a.local_experts), (p + tile_n - 1) / tile_n);
+  return tiles * mtiles * splits <= 4 * a.num_sms ? 3 : 0;
+}
 
 // EP source side (W > 1): checks the ids (bad ones go to `error`) and quantizes x into
 // activation rows [T][act_row_bytes] in the recipe's format (data, then scales) for dispatch.

@@ -837,20 +837,12 @@ int decode_expected_tiles(const ForwardArgs& a) {
   const int pairs = a.tokens * a.K;
   return std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
 }
-// EP owners' fc1 at a few tokens: a ring for 3 CTAs per SM while the CTAs expected from the
-// pairs this rank expects (ForwardArgs::owner_pairs) fit 4 per SM. The estimate from W *
-// capacity rows said 4 (2-slot rings), this rank's own share 2, and the rank that then gets more
-// tiles runs a second wave (§9); measured on the H200x2 (DSV3 nvfp4, EP = 2, docs/gpu_kernels.md
-// §9, session 8): 1 / 2 tokens per rank 141 / 201 -> 128 / 185 us; at 8 tokens (2048 expected
-// CTAs) 3 per SM was 2 % slower than 4, so it keeps the estimate.
 template <int kN>
 int decode_ctas_per_sm(const ForwardArgs& a, bool fc1, int mtiles, int splits) {
   const int forced = decode_forced_per_sm(fc1);
   if (forced) return forced;
-  if (fc1 && a.xq_ready && a.owner_pairs > 0) {
-    const int p = a.owner_pairs;
-    const int owner_ctas = std::max(std::min(p, a.local_experts), (p + kN - 1) / kN) * mtiles;
-    if (owner_ctas * splits <= 4 * a.num_sms) return 3;
+  if (fc1) {
+    if (const int owner = owner_fc1_ctas_per_sm(a, kN, mtiles, splits)) return owner;
   }
   const int ctas = decode_expected_tiles<kN>(a) * mtiles * splits;
   return std::min(4, std::max(1, (ctas + a.num_sms - 1) / a.num_sms));
