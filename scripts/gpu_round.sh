@@ -7,7 +7,8 @@
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
 #   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
-#   decode GEMM at 1 and 128 tokens and the wgmma GEMM at 4096 tokens.
+#   decode GEMM at 1 and 128 tokens and the wgmma GEMM at 4096 tokens (PROFILE_CASES="kernel
+#   tokens" pairs, e.g. "wgmma3 4096"; PROFILE_SOURCE=1 adds per-instruction stall samples).
 #   epab = the EP combine A/B on 2 GPUs (docs/protocol.md §8): the multi-GPU suite with
 #   MOE_EP_FUSED_COMBINE=0, the layer tests again with =1, bench_layer --ep 2 (dsv3 nvfp4,
 #   1/128/4096 tokens) with =0, =1 and =2 (fused + fence) and the EP = 1 reference of the same
@@ -162,19 +163,30 @@ if has profile; then
   # Nsight Compute on the kernels the targets hinge on: the decode GEMM at 1 and 128 tokens and
   # the wgmma GEMM at 4096 tokens (DSV3 nvfp4; two launches each = fc1 and fc2; clocks left
   # alone). PROFILE_CASES="kernel tokens" pairs narrow it.
-  echo "== ncu profiles -> $OUT/ncu_*.txt"
+  echo "== ncu profiles -> $OUT/profile.tar.gz (ncu_*.txt, .log, _sass.csv.gz)"
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   sections="--section SpeedOfLight --section SchedulerStats --section WarpStateStats \
     --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy"
+  # PROFILE_SOURCE=1 adds the per-instruction stall samples (SourceCounters), written as
+  # $OUT/ncu_<kernel>_<tokens>_sass.csv.gz (every SASS line with its samples by stall reason).
+  [ "${PROFILE_SOURCE:-0}" = 1 ] && sections="$sections --section SourceCounters"
   for c in ${PROFILE_CASES:-"decode 1" "decode 128" "wgmma 4096"}; do
     set -- $c
+    rep="$OUT/ncu_$1_$2"
     # shellcheck disable=SC2086
-    timeout 240 "$NCU" --clock-control none -k "regex:sm90_moe_$1" -c 2 $sections \
+    timeout 240 "$NCU" --clock-control none -k "regex:sm90_moe_$1" -c 2 $sections -o "$rep" \
       "$BUILD/bench/bench_layer" --shape dsv3 --recipes nvfp4 --routing uniform --tokens "$2" \
-      --iters 20 >"$OUT/ncu_$1_$2.txt" 2>&1 || status=1
+      --iters 3 >"$rep.log" 2>&1 || status=1
+    "$NCU" -i "$rep.ncu-rep" --page details >"$rep.txt" 2>&1 || status=1
+    if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
+      "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$rep"_sass.csv.gz
+    fi
+    rm -f "$rep.ncu-rep"
     grep -E "Duration|DRAM Throughput|Issue Slots Busy|Eligible Warps|No Eligible|Achieved Occupancy" \
-      "$OUT/ncu_$1_$2.txt" | head -12
+      "$rep.txt" | head -12
   done
+  # The device returns few files: one archive.
+  (cd "$OUT" && tar -czf profile.tar.gz ncu_* && rm -f ncu_*)
 fi
 
 if has benchall; then
