@@ -170,6 +170,7 @@ struct DecodeConfig {
   static constexpr int kEpiBytes = kFc1EpiBytes > kFc2EpiBytes ? kFc1EpiBytes : kFc2EpiBytes;
   static_assert(kEpiBytes <= kMinStages * kStageBytes, "the epilogue reuses the ring");
   static constexpr int smem_bytes(int stages) { return stages * kStageBytes; }
+  static constexpr int kMaxSmemBytes = kMaxStages * kStageBytes;  // the launch attribute
   static_assert(kStageBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "bulk sizes");
 };
 
@@ -978,25 +979,22 @@ cudaError_t launch_decode_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_
 
 template <Recipe R, int kN, bool kFc1>
 cudaError_t set_decode_attr() {
-  using C1 = DecodeConfig<R, kN, 2, 1>;
-  using C2 = DecodeConfig<R, kN, 2, 2>;
-  using C4 = DecodeConfig<R, kN, 2, 4>;
-  const int bytes1 = C1::smem_bytes(C1::kMaxStages);
-  return first_error(
-      {set_max_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>, bytes1),
-       set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 1>, bytes1),
-       set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 2>, C2::smem_bytes(C2::kMaxStages)),
-       set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 4>,
-                    C4::smem_bytes(C4::kMaxStages))});
+  return first_error({set_max_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>,
+                                   DecodeConfig<R, kN, 2, 1>::kMaxSmemBytes),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 1>,
+                                   DecodeConfig<R, kN, 2, 1>::kMaxSmemBytes),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 2>,
+                                   DecodeConfig<R, kN, 2, 2>::kMaxSmemBytes),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 4>,
+                                   DecodeConfig<R, kN, 2, 4>::kMaxSmemBytes)});
 }
 
 template <Recipe R>
 cudaError_t set_decode_attributes() {
-  using C16 = DecodeConfig<R, 16, 2, 4>;
-  const int bytes16 = C16::smem_bytes(C16::kMaxStages);
+  constexpr int kBytes16 = DecodeConfig<R, 16, 2, 4>::kMaxSmemBytes;
   return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>(),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, true, 4>, bytes16),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, false, 4>, bytes16)});
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, true, 4>, kBytes16),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, false, 4>, kBytes16)});
 }
 
 }  // namespace moe_ep::kern

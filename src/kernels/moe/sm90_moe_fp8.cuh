@@ -21,8 +21,6 @@ constexpr int kFp8N = 160;       // most tokens per routing tile (tile_n 128 or 
 constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
 // kN B rows of 128 bytes per stage (128-byte swizzle, 1024-byte aligned).
 constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; }
-constexpr int kFp8XS = kWg3Rows + 4;  // fc1 exchange row (fp32)
-constexpr int kFp8YS = kWg3Rows + 8;  // fc2 y row (bf16)
 
 // What the CTA shares between its setup and the tile's K loop and epilogue.
 struct Fp8Cta {
@@ -61,7 +59,7 @@ constexpr int fp8_ws_stages(int n) {
   return kFp8WsRing / fp8_ws_stage_bytes(n) < 8 ? kFp8WsRing / fp8_ws_stage_bytes(n) : 8;
 }
 constexpr int kFp8WsSmemBytes = kFp8WsRing + 1024;
-constexpr int kFp8WsEpiBytes = kFp8N * kFp8XS * 4;  // one half's staging (fc1 is the larger)
+constexpr int kFp8WsEpiBytes = kFp8N * kWg3XS * 4;  // one half's staging (fc1 is the larger)
 static_assert(2 * kFp8WsEpiBytes <= kFp8WsRing && fp8_ws_stages(kFp8N) >= kFp8WsLag + 2, "ring");
 
 __device__ __forceinline__ void named_barrier(int id, int count) {
@@ -183,7 +181,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
   // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,
   // as epilogue_value does for this recipe's default path).
   const float* colf = c.colf;
-  m64_epilogue<Recipe::kMxfp4Mxfp8, kFc1, kNF, kFp8XS, kFp8YS>(
+  m64_epilogue<Recipe::kMxfp4Mxfp8, kFc1, kNF>(
       a, tile, c.mtile, half, acc, smem + half * kFp8WsEpiBytes, c.tw_of, c.pair_of, ctid,
       [colf](float v, int col) {
         const float f = v * colf[col];

@@ -328,6 +328,9 @@ constexpr int kWg3MaxN = kM64TileN;  // tokens per routing tile (160)
 constexpr int kWg3Rows = 64;         // weight rows per CTA
 constexpr int kWg3Frags = 4;         // fragments per CTA, one per warp
 constexpr int kWg3HCols = 32;        // h columns per fc1 CTA
+// The epilogue's staging rows per token column (m64_epilogue; the fp8 kernel's too).
+constexpr int kWg3XS = kWg3Rows + 4;  // fc1 exchange row (fp32)
+constexpr int kWg3YS = kWg3Rows + 8;  // fc2 y row (bf16)
 
 __device__ __forceinline__ void keep_alive4(const uint32_t (&r)[4]) {
   asm volatile("" ::"r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
@@ -350,10 +353,8 @@ struct Wgmma3Config {
   __host__ __device__ static constexpr int stages(int n) {
     return kRingBytes / stage_bytes(n) < 5 ? kRingBytes / stage_bytes(n) : 5;
   }
-  static constexpr int kXS = kWg3Rows + 4;  // fc1 exchange row (fp32 per token column)
-  static constexpr int kYS = kWg3Rows + 8;  // fc2 y row (bf16 per token column)
   static constexpr int kEpiBytes =
-      kWg3MaxN * kXS * 4 > kWg3MaxN* kYS * 2 ? kWg3MaxN* kXS * 4 : kWg3MaxN* kYS * 2;
+      kWg3MaxN * kWg3XS * 4 > kWg3MaxN* kWg3YS * 2 ? kWg3MaxN* kWg3XS * 4 : kWg3MaxN* kWg3YS * 2;
   static constexpr int kSmemBytes = (kRingBytes > kEpiBytes ? kRingBytes : kEpiBytes) + 1024;
 };
 
@@ -361,15 +362,16 @@ struct Wgmma3Config {
 // columns' fold factors): acc[nf * 4 + i] is row warp * 16 + g + (i >> 1) * 8 of the half and
 // column nf * 8 + 2 t4 + (i & 1); `value(acc, col)` the fp32 the recipe stages (fc1: the gate or
 // up value before SwiGLU; fc2: y before its bf16 rounding). `tid` 0..127 is the thread in the
-// half's warpgroup, `smem` its staging area (at least kXS fp32 or kYS bf16 per column), `sync` a
+// half's warpgroup, `smem` its staging area (kWg3XS fp32 or kWg3YS bf16 per column), `sync` a
 // barrier over that warpgroup.
-template <Recipe R, bool kFc1, int kNF, int kXS, int kYS, class Value, class Sync>
+template <Recipe R, bool kFc1, int kNF, class Value, class Sync>
 __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
                                              int half, const float (&acc)[kNF * 4],
                                              unsigned char* smem, const float* tw_of,
                                              const int* pair_of, int tid, Value value, Sync sync) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int rows = tile.rows;
+  constexpr int kXS = kWg3XS, kYS = kWg3YS;
   // f(col, r8, v): accumulator v of column col and row warp * 16 + g + r8 (r8 = 0 or 8), for
   // the columns of the tile's rows.
   auto each_acc = [&](auto f) {
@@ -587,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const Forw
 
   // acc[nf*4 + i]: row warp*16 + g + (i>>1)*8 of the CTA's 64, column nf*8 + 2*t4 + (i&1).
   const float alpha = R == Recipe::kNvfp4 ? (kFc1 ? a.fc1_alpha : a.fc2_alpha)[tile.expert] : 1.0f;
-  m64_epilogue<R, kFc1, kNF, C::kXS, C::kYS>(
+  m64_epilogue<R, kFc1, kNF>(
       a, tile, mtile, half, acc, smem, tw_of, pair_of, tid,
       [alpha](float v, int) { return epilogue_value<R, kFc1>(v, alpha); }, [] { __syncthreads(); });
 }
