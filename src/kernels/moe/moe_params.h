@@ -75,6 +75,8 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
 // Tokens per routing tile of the m64 wgmma kernel (4-bit weights; bf16 weights run tiles of
 // 128 on the v2 kernel instead).
 constexpr int kM64TileN = 160;
+// The m64 kernel shapes built: {warpgroups per CTA, CTAs per SM} (m64_shape).
+constexpr std::array<int, 2> kM64Shapes[] = {{1, 3}, {2, 2}, {2, 1}, {3, 1}, {4, 1}};
 
 // Tokens per routing tile: 8 or 16 while experts see few rows (decode: a weight stream; 8 up
 // to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work
@@ -100,6 +102,23 @@ inline int wgmma_version() {
     const char* e = std::getenv("MOE_EP_WGMMA_V");
     const int n = e != nullptr ? std::atoi(e) : 0;
     return n == 2 ? n : 0;
+  }();
+  return v;
+}
+
+// The m64 kernel's shape (benchmark knob MOE_EP_M64 = "GxB", read once per process): G
+// warpgroups per CTA sharing each B stage (1-4) at B CTAs per SM. Unset: {1, 3}. An unknown
+// value falls back to the default.
+inline std::array<int, 2> m64_shape() {
+  static const std::array<int, 2> v = [] {
+    const char* e = std::getenv("MOE_EP_M64");
+    std::array<int, 2> r{1, 3};
+    if (e != nullptr && std::strlen(e) == 3 && e[1] == 'x') {
+      const std::array<int, 2> c{e[0] - '0', e[2] - '0'};
+      for (const auto& k : kM64Shapes)
+        if (k == c) r = c;
+    }
+    return r;
   }();
   return v;
 }

@@ -62,10 +62,6 @@ constexpr int kFp8WsSmemBytes = kFp8WsRing + 1024;
 constexpr int kFp8WsEpiBytes = kFp8N * kWg3XS * 4;  // one half's staging (fc1 is the larger)
 static_assert(2 * kFp8WsEpiBytes <= kFp8WsRing && fp8_ws_stages(kFp8N) >= kFp8WsLag + 2, "ring");
 
-__device__ __forceinline__ void named_barrier(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo& tile,
                                             const Fp8Cta& c, uint64_t* full, uint64_t* empty) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <iterator>
 
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/sm90_moe_decode.cuh"
@@ -32,15 +33,44 @@ cudaError_t launch_wgmma(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// m64 (tile_n 160, 4-bit weights): one CTA per (tile, half M-tile), half M-tile fastest.
-template <Recipe R, bool kFc1>
-cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
+// m64 (tile_n 160, 4-bit weights): one CTA per (tile, group of kG half M-tiles), group fastest.
+template <Recipe R, bool kFc1, int kG, int kMinB>
+cudaError_t launch_wgmma3_shape(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWg3MaxN);
   const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
+  const int groups = (halves + kG - 1) / kG;
   if (tiles == 0) return cudaSuccess;
-  sm90_moe_wgmma3_kernel<R, kFc1>
-      <<<unsigned(tiles) * unsigned(halves), kThreads, Wgmma3Config<R>::kSmemBytes, s>>>(a);
+  using C = Wgmma3Config<R, kG, kMinB>;
+  sm90_moe_wgmma3_kernel<R, kFc1, kG, kMinB>
+      <<<unsigned(tiles) * unsigned(groups), C::kNT, C::kSmemBytes, s>>>(a);
   return cudaGetLastError();
+}
+
+// Calls f(std::integral_constant<int, G>, std::integral_constant<int, B>) for the built shape
+// {G, B} (kM64Shapes) that `shape` names.
+template <class F>
+cudaError_t with_m64_shape(std::array<int, 2> shape, F f) {
+  using std::integral_constant;
+  static_assert(std::size(kM64Shapes) == 5, "one case per built shape");
+  if (shape == kM64Shapes[1]) return f(integral_constant<int, 2>{}, integral_constant<int, 2>{});
+  if (shape == kM64Shapes[2]) return f(integral_constant<int, 2>{}, integral_constant<int, 1>{});
+  if (shape == kM64Shapes[3]) return f(integral_constant<int, 3>{}, integral_constant<int, 1>{});
+  if (shape == kM64Shapes[4]) return f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
+  return f(integral_constant<int, 1>{}, integral_constant<int, 3>{});
+}
+
+template <Recipe R, bool kFc1>
+cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
+  return with_m64_shape(m64_shape(), [&](auto g, auto b) {
+    return launch_wgmma3_shape<R, kFc1, decltype(g)::value, decltype(b)::value>(a, s);
+  });
+}
+
+template <Recipe R, int kG, int kMinB>
+cudaError_t set_wgmma3_attributes() {
+  using C = Wgmma3Config<R, kG, kMinB>;
+  return first_error({set_max_smem(sm90_moe_wgmma3_kernel<R, true, kG, kMinB>, C::kSmemBytes),
+                      set_max_smem(sm90_moe_wgmma3_kernel<R, false, kG, kMinB>, C::kSmemBytes)});
 }
 
 template <Recipe R>
@@ -69,9 +99,9 @@ template <Recipe R>
 cudaError_t set_gemm_attributes() {
   if constexpr (R != Recipe::kBf16) {
     const cudaError_t err =
-        first_error({set_decode_attributes<R>(),
-                     set_max_smem(sm90_moe_wgmma3_kernel<R, true>, Wgmma3Config<R>::kSmemBytes),
-                     set_max_smem(sm90_moe_wgmma3_kernel<R, false>, Wgmma3Config<R>::kSmemBytes)});
+        first_error({set_decode_attributes<R>(), with_m64_shape(m64_shape(), [](auto g, auto b) {
+                       return set_wgmma3_attributes<R, decltype(g)::value, decltype(b)::value>();
+                     })});
     if (err != cudaSuccess) return err;
   }
   return first_error(

@@ -336,26 +336,48 @@ __device__ __forceinline__ void keep_alive4(const uint32_t (&r)[4]) {
   asm volatile("" ::"r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
 }
 
-template <Recipe R>
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// kG warpgroups per CTA, each the m64 consumer of one 64-row half M-tile (consecutive halves of
+// one routing tile), all reading the same B stage: B crosses L2 once per kG halves. kMinB CTAs
+// per SM size the ring (the shared memory of an SM, 228 KB, split kMinB ways).
+template <Recipe R, int kG = 1, int kMinB = 3>
 struct Wgmma3Config {
   using RT = RecipeKernelTraits<R>;
   static_assert(RT::kFourBit, "v3 is for 4-bit weights (bf16 weights stay on v2)");
-  static constexpr int kWBytes = kWg3Frags * RT::kFragBytes;  // this CTA's half of a chunk
+  static constexpr int kNT = 128 * kG;  // threads per CTA
+  // wgmma steps in flight: 4 (138-152 registers); 2 where the SM's registers allow at most
+  // 128 per thread (4 in flight spill there).
+  static constexpr int kInFlight = kG * kMinB >= 4 ? 2 : 4;
+  static constexpr int kWBytes = kWg3Frags * RT::kFragBytes;  // one half's share of a chunk
   static constexpr int kSBytes = kWg3Frags * RT::kScaleBytes;
-  static_assert(kWBytes == 16 * kThreads, "one 16-byte weight copy per thread and chunk");
-  // A stage for N columns: B (N 128-byte swizzled rows, 1024-aligned), weights, scales.
+  static_assert(kWBytes == 16 * 128, "one 16-byte weight copy per thread and chunk");
+  // A stage for N columns: B (N 128-byte swizzled rows, 1024-aligned), then the kG halves'
+  // weights, then their scales.
   __host__ __device__ static constexpr int stage_bytes(int n) {
-    return (n * 128 + kWBytes + kSBytes + 1023) / 1024 * 1024;
+    return (n * 128 + kG * (kWBytes + kSBytes) + 1023) / 1024 * 1024;
   }
-  // The ring holds 3 stages of N = 160 (69 KB); smaller N get more stages (up to 5, v2's
-  // depth). Three CTAs per SM.
-  static constexpr int kRingBytes = 3 * stage_bytes(kWg3MaxN);
+  // Static shared memory (scale table and the tile's column tables) and the 1024-byte
+  // alignment of the ring come out of the SM's share.
+  static constexpr int kStaticBytes = 256 * 4 + kWg3MaxN * (8 + 4 + 4);
+  static constexpr int kBudget =
+      (kMinB == 1 ? 232448 : 233472 / kMinB - 1024) - kStaticBytes - 1024;
+  static constexpr int kMaxStages = 8;
+  static constexpr int kStagesMaxN =
+      kBudget / stage_bytes(kWg3MaxN) < kMaxStages ? kBudget / stage_bytes(kWg3MaxN) : kMaxStages;
+  static_assert(kStagesMaxN >= 3, "the ring needs three stages of N = 160");
+  static constexpr int kRingBytes = kStagesMaxN * stage_bytes(kWg3MaxN);
+  // Smaller N get more stages, up to kMaxStages.
   __host__ __device__ static constexpr int stages(int n) {
-    return kRingBytes / stage_bytes(n) < 5 ? kRingBytes / stage_bytes(n) : 5;
+    return kRingBytes / stage_bytes(n) < kMaxStages ? kRingBytes / stage_bytes(n) : kMaxStages;
   }
+  // Each warpgroup's epilogue staging (m64_epilogue), side by side.
   static constexpr int kEpiBytes =
       kWg3MaxN * kWg3XS * 4 > kWg3MaxN* kWg3YS * 2 ? kWg3MaxN* kWg3XS * 4 : kWg3MaxN* kWg3YS * 2;
-  static constexpr int kSmemBytes = (kRingBytes > kEpiBytes ? kRingBytes : kEpiBytes) + 1024;
+  static constexpr int kSmemBytes =
+      (kRingBytes > kG * kEpiBytes ? kRingBytes : kG * kEpiBytes) + 1024;
 };
 
 // The epilogue of one 64-row half M-tile (the m64 kernel's, and the fp8 path's with the
@@ -420,13 +442,18 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
   }
 }
 
-// Grid: one CTA per (routing tile, half M-tile), half M-tile fastest (the CTAs of one tile run
-// together and share its activation rows in L2).
-template <Recipe R, bool kFc1>
-__global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
-  using C = Wgmma3Config<R>;
+// Grid: one CTA per (routing tile, group of kG consecutive half M-tiles), group fastest (the
+// CTAs of one tile run together and share its activation rows in L2). Warpgroup wg of a CTA
+// computes half M-tile group * kG + wg; a warpgroup past the matrix (kG not dividing the halves,
+// or fc2's padding rows past H) loads its share of B and takes part in the barriers, but neither
+// decodes nor multiplies.
+template <Recipe R, bool kFc1, int kG, int kMinB>
+__global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
+  using C = Wgmma3Config<R, kG, kMinB>;
   using RT = typename C::RT;
+  constexpr int kNT = C::kNT;
   constexpr int kNF = kWg3MaxN / 8;
+  constexpr int kIF = C::kInFlight;
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint32_t scale_lut[256];
   __shared__ const uint16_t* brow_ptr[kWg3MaxN];  // first element of each B row (xq or h)
@@ -434,29 +461,36 @@ __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const Forw
   __shared__ float tw_of[kWg3MaxN];
 
   const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
-  const int m64 = int(blockIdx.x % unsigned(halves));
-  const int tile_idx = int(blockIdx.x / unsigned(halves));
+  const int groups = (halves + kG - 1) / kG;
+  const int group = int(blockIdx.x % unsigned(groups));
+  const int tile_idx = int(blockIdx.x / unsigned(groups));
   if (tile_idx >= *a.num_tiles) return;
-  const int mtile = m64 >> 1, half = m64 & 1;
-  // fc2 rows are padded to a multiple of 128: a half made only of padding has nothing to store.
-  if (!kFc1 && mtile * kTileRows + half * kWg3Rows >= a.H) return;
+  // fc2 rows are padded to a multiple of 128: halves made only of padding have nothing to store
+  // (if the group's first is one, so are the others).
+  auto half_live = [&](int m64) { return m64 < halves && (kFc1 || m64 * kWg3Rows < a.H); };
+  if (!half_live(group * kG)) return;
   const TileInfo tile = a.tiles[tile_idx];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+  const int warp = wtid >> 5, lane = tid & 31;  // warp within the warpgroup
   const int g = lane >> 2;
+  const int m64 = group * kG + wg;
+  const bool active = half_live(m64);  // warpgroup-uniform
+  const int mtile = m64 >> 1, half = m64 & 1;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
 
   const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
   const int chunks = ms.chunks;
-  // This CTA's fragments 4*half .. 4*half+3 of each chunk (kTileFrags per chunk) are contiguous.
-  const uint8_t* wsrc_t = ms.w + half * C::kWBytes + tid * 16;
-  const uint8_t* ssrc_t = ms.s + half * C::kSBytes + tid * 16;
+  // This half's fragments 4*half .. 4*half+3 of each chunk (kTileFrags per chunk) are contiguous.
+  const uint8_t* wsrc_t = ms.w + half * C::kWBytes + wtid * 16;
+  const uint8_t* ssrc_t = ms.s + half * C::kSBytes + wtid * 16;
 
-  for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
-  tile_columns<kFc1>(a, tile, kWg3MaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kThreads);
+  for (int b = tid; b < 256; b += kNT) scale_lut[b] = scale_multiplier<R>(b);
+  tile_columns<kFc1>(a, tile, kWg3MaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kNT);
   __syncthreads();
 
-  // This thread's B pieces: 16-byte column bc of rows br0 + 16 i; the swizzle XORs the column
-  // with the row's low 3 bits, which are br0's for every i.
+  // This thread's B pieces: 16-byte column bc of rows br0 + kBStep i; the swizzle XORs the
+  // column with the row's low 3 bits, which are br0's for every i (kBStep is a multiple of 8).
+  constexpr int kBStep = kNT / 8;
   const int bc = tid & 7, br0 = tid >> 3;
   const int bdst_off = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
   const int live_rows = tile.rows;
@@ -472,35 +506,42 @@ __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const Forw
     constexpr int kStages = C::stages(kNW);
     constexpr int kStageBytes = C::stage_bytes(kNW);
     constexpr int kAhead = kStages - 2;  // chunks loaded ahead (one more is in the wgmmas)
+    constexpr int kBCopies = (kNW + kBStep - 1) / kBStep;
     static_assert(kNW % 16 == 0 && kStages >= 3, "N class");
     // This thread's B sources, held in registers as 32-bit element offsets from bsrc (a
     // shared-memory table costs a load and three hazard slots per copy).
     const uint16_t* bsrc = kFc1 ? a.xq : a.h;
-    uint32_t bptr[kNW / 16];
+    uint32_t bptr[kBCopies];
 #pragma unroll
-    for (int i = 0; i < kNW / 16; ++i)
-      bptr[i] = uint32_t(brow_ptr[br0 + 16 * i] - bsrc) + uint32_t(bc * 8);
-    // One stage: the kNW rows the wgmma reads (rows past the tile's zero-filled), this CTA's 4
-    // weight fragments and their scales.
+    for (int i = 0; i < kBCopies; ++i)
+      bptr[i] = br0 + kBStep * i < kNW
+                    ? uint32_t(brow_ptr[br0 + kBStep * i] - bsrc) + uint32_t(bc * 8)
+                    : 0u;
+    // One stage: the kNW rows the wgmma reads (rows past the tile's zero-filled), each live
+    // half's 4 weight fragments and their scales.
     auto load_stage = [&](int slot, int chunk) {
       unsigned char* st = smem + slot * kStageBytes;
 #pragma unroll
-      for (int i = 0; i < kNW / 16; ++i)
-        cp_async16(st + bdst_off + i * 2048, bsrc + (bptr[i] + uint32_t(chunk * kKChunk)),
-                   br0 + 16 * i < live_rows);
-      cp_async16(st + kNW * 128 + tid * 16, wsrc_t + size_t(chunk) * (2 * C::kWBytes), true);
-      if (tid < C::kSBytes / 16)
-        cp_async16(st + kNW * 128 + C::kWBytes + tid * 16,
-                   ssrc_t + size_t(chunk) * (2 * C::kSBytes), true);
+      for (int i = 0; i < kBCopies; ++i)
+        if (kNW % kBStep == 0 || br0 + kBStep * i < kNW)
+          cp_async16(st + bdst_off + i * (kBStep * 128),
+                     bsrc + (bptr[i] + uint32_t(chunk * kKChunk)), br0 + kBStep * i < live_rows);
+      if (active) {
+        cp_async16(st + kNW * 128 + wg * C::kWBytes + wtid * 16,
+                   wsrc_t + size_t(chunk) * (2 * C::kWBytes), true);
+        if (wtid < C::kSBytes / 16)
+          cp_async16(st + kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16,
+                     ssrc_t + size_t(chunk) * (2 * C::kSBytes), true);
+      }
     };
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       if (s < chunks) load_stage(s, s);
       cp_async_commit();
     }
-    uint32_t af[4][4];  // A fragments of k16 steps 0..3 of a chunk
+    uint32_t af[kIF][4];  // A fragments of the k16 steps in flight
 #pragma unroll
-    for (int s = 0; s < 4; ++s)
+    for (int s = 0; s < kIF; ++s)
 #pragma unroll
       for (int i = 0; i < 4; ++i) af[s][i] = 0;
 
@@ -515,14 +556,16 @@ __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const Forw
         if (next < chunks) load_stage(next % kStages, next);
         cp_async_commit();
       }
+      if (!active) continue;
       const int slot = chunk % kStages;
-      const unsigned char* ws = smem + slot * kStageBytes + kNW * 128;
+      const unsigned char* ws = smem + slot * kStageBytes + kNW * 128 + wg * C::kWBytes;
 
       // This warp's fragment: the 4-bit words and scale multipliers of the whole chunk.
       const uint4 wq = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 16);
       const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
       uint32_t sc_lo[4], sc_hi[4];
-      const unsigned char* ss = ws + C::kWBytes + warp * RT::kScaleBytes;
+      const unsigned char* ss = smem + slot * kStageBytes + kNW * 128 + kG * C::kWBytes +
+                                wg * C::kSBytes + warp * RT::kScaleBytes;
       if constexpr (RT::kNvScale) {
         const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
         const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
@@ -543,23 +586,24 @@ __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const Forw
       const uint64_t desc = sw128_desc(smem_base + slot * kStageBytes);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        // af[s] was last read by this step's wgmma one chunk ago, retired by the wait below in
-        // step s - 1 (up to 3 steps stay in flight while the next ones decode; 146-150
-        // registers at three CTAs per SM; with 2 in flight 1-2 % slower at 1024-2048 tokens,
-        // session 8).
+        // af[s % kIF] was last read by the wgmma kIF steps ago, retired by the wait below in
+        // the step before (up to kIF - 1 steps stay in flight while the next ones decode; with
+        // 2 in flight at three CTAs per SM 1-2 % slower at 1024-2048 tokens, session 8).
+        uint32_t* f = af[s % kIF];
         uint32_t bits[4];
         decode_e2m1x8(words[s], bits);
-        af[s][0] = mul_bf16x2(bits[0], sc_lo[s]);
-        af[s][1] = mul_bf16x2(bits[1], sc_hi[s]);
-        af[s][2] = mul_bf16x2(bits[2], sc_lo[s]);
-        af[s][3] = mul_bf16x2(bits[3], sc_hi[s]);
+        f[0] = mul_bf16x2(bits[0], sc_lo[s]);
+        f[1] = mul_bf16x2(bits[1], sc_hi[s]);
+        f[2] = mul_bf16x2(bits[2], sc_lo[s]);
+        f[3] = mul_bf16x2(bits[3], sc_hi[s]);
         wgmma_fence();
-        wgmma_m64<kNW>(acc, af[s], desc + uint64_t(2 * s));  // +32 bytes per k16 step
+        wgmma_m64<kNW>(acc, af[s % kIF], desc + uint64_t(2 * s));  // +32 bytes per k16 step
         wgmma_commit();
-        wgmma_wait<3>();
-        // The step that used af[(s + 1) % 4] is retired now; keeping those registers alive until
-        // here stops ptxas from reusing them for a decode while a wgmma may still read them.
-        keep_alive4(af[(s + 1) & 3]);
+        wgmma_wait<kIF - 1>();
+        // The step that used af[(s + 1) % kIF] is retired now; keeping those registers alive
+        // until here stops ptxas from reusing them for a decode while a wgmma may still read
+        // them.
+        keep_alive4(af[(s + 1) % kIF]);
       }
     }
     // Retire every step inside this N's loop, so no wgmma is in flight where the paths of the
@@ -585,13 +629,19 @@ __global__ void __launch_bounds__(kThreads, 3) sm90_moe_wgmma3_kernel(const Forw
 #pragma unroll
   for (int i = 0; i < kNF * 4; ++i) asm volatile("" : "+f"(acc[i])::"memory");
   cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
+  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tiles
+  if (!active) return;
 
-  // acc[nf*4 + i]: row warp*16 + g + (i>>1)*8 of the CTA's 64, column nf*8 + 2*t4 + (i&1).
+  // acc[nf*4 + i]: row warp*16 + g + (i>>1)*8 of the half's 64, column nf*8 + 2*t4 + (i&1).
   const float alpha = R == Recipe::kNvfp4 ? (kFc1 ? a.fc1_alpha : a.fc2_alpha)[tile.expert] : 1.0f;
-  m64_epilogue<R, kFc1, kNF>(
-      a, tile, mtile, half, acc, smem, tw_of, pair_of, tid,
-      [alpha](float v, int) { return epilogue_value<R, kFc1>(v, alpha); }, [] { __syncthreads(); });
+  auto value = [alpha](float v, int) { return epilogue_value<R, kFc1>(v, alpha); };
+  if constexpr (kG == 1) {
+    m64_epilogue<R, kFc1, kNF>(a, tile, mtile, half, acc, smem, tw_of, pair_of, wtid, value,
+                               [] { __syncthreads(); });
+  } else {
+    m64_epilogue<R, kFc1, kNF>(a, tile, mtile, half, acc, smem + wg * C::kEpiBytes, tw_of, pair_of,
+                               wtid, value, [wg] { named_barrier(1 + wg, 128); });
+  }
 }
 
 }  // namespace moe_ep::kern
