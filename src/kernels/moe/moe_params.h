@@ -106,19 +106,27 @@ inline int wgmma_version() {
   return v;
 }
 
-// The m64 kernel's shape (benchmark knob MOE_EP_M64 = "GxB", read once per process): G
-// warpgroups per CTA sharing each B stage (1-4) at B CTAs per SM. Unset: {1, 3}. An unknown
-// value falls back to the default.
-inline std::array<int, 2> m64_shape() {
-  static const std::array<int, 2> v = [] {
+// The m64 kernel's shape per GEMM (benchmark knob MOE_EP_M64 = "GxB" for both GEMMs or
+// "GxB,GxB" for fc1 and fc2, read once per process): G warpgroups per CTA sharing each B stage
+// (1-4) at B CTAs per SM, one of kM64Shapes. Unset or unknown: {1, 3}. Indexed by kFc1 (0: fc2,
+// 1: fc1).
+inline std::array<std::array<int, 2>, 2> m64_shapes() {
+  static const std::array<std::array<int, 2>, 2> v = [] {
     const char* e = std::getenv("MOE_EP_M64");
-    std::array<int, 2> r{1, 3};
-    if (e != nullptr && std::strlen(e) == 3 && e[1] == 'x') {
-      const std::array<int, 2> c{e[0] - '0', e[2] - '0'};
-      for (const auto& k : kM64Shapes)
-        if (k == c) r = c;
-    }
-    return r;
+    auto parse = [](const char* p) {
+      std::array<int, 2> r{1, 3};
+      if (p[0] != '\0' && p[1] == 'x' && p[2] != '\0' && (p[3] == '\0' || p[3] == ',')) {
+        const std::array<int, 2> c{p[0] - '0', p[2] - '0'};
+        for (const auto& k : kM64Shapes)
+          if (k == c) r = c;
+      }
+      return r;
+    };
+    if (e == nullptr || std::strlen(e) < 3)
+      return std::array<std::array<int, 2>, 2>{{{1, 3}, {1, 3}}};
+    const std::array<int, 2> fc1 = parse(e);
+    const std::array<int, 2> fc2 = std::strlen(e) == 7 && e[3] == ',' ? parse(e + 4) : fc1;
+    return std::array<std::array<int, 2>, 2>{{fc2, fc1}};
   }();
   return v;
 }

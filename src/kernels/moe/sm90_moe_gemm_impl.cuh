@@ -61,16 +61,18 @@ cudaError_t with_m64_shape(std::array<int, 2> shape, F f) {
 
 template <Recipe R, bool kFc1>
 cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
-  return with_m64_shape(m64_shape(), [&](auto g, auto b) {
+  return with_m64_shape(m64_shapes()[kFc1], [&](auto g, auto b) {
     return launch_wgmma3_shape<R, kFc1, decltype(g)::value, decltype(b)::value>(a, s);
   });
 }
 
-template <Recipe R, int kG, int kMinB>
+template <Recipe R, bool kFc1>
 cudaError_t set_wgmma3_attributes() {
-  using C = Wgmma3Config<R, kG, kMinB>;
-  return first_error({set_max_smem(sm90_moe_wgmma3_kernel<R, true, kG, kMinB>, C::kSmemBytes),
-                      set_max_smem(sm90_moe_wgmma3_kernel<R, false, kG, kMinB>, C::kSmemBytes)});
+  return with_m64_shape(m64_shapes()[kFc1], [](auto g, auto b) {
+    constexpr int kG = decltype(g)::value, kMinB = decltype(b)::value;
+    return set_max_smem(sm90_moe_wgmma3_kernel<R, kFc1, kG, kMinB>,
+                        Wgmma3Config<R, kG, kMinB>::kSmemBytes);
+  });
 }
 
 template <Recipe R>
@@ -99,9 +101,8 @@ template <Recipe R>
 cudaError_t set_gemm_attributes() {
   if constexpr (R != Recipe::kBf16) {
     const cudaError_t err =
-        first_error({set_decode_attributes<R>(), with_m64_shape(m64_shape(), [](auto g, auto b) {
-                       return set_wgmma3_attributes<R, decltype(g)::value, decltype(b)::value>();
-                     })});
+        first_error({set_decode_attributes<R>(), set_wgmma3_attributes<R, true>(),
+                     set_wgmma3_attributes<R, false>()});
     if (err != cudaSuccess) return err;
   }
   return first_error(
