@@ -170,12 +170,15 @@ if has profile; then
   # PROFILE_SOURCE=1 adds the per-instruction stall samples (SourceCounters), written as
   # $OUT/ncu_<kernel>_<tokens>_sass.csv.gz (every SASS line with its samples by stall reason).
   [ "${PROFILE_SOURCE:-0}" = 1 ] && sections="$sections --section SourceCounters"
-  for c in ${PROFILE_CASES:-"decode 1" "decode 128" "wgmma 4096"}; do
-    set -- $c
-    rep="$OUT/ncu_$1_$2"
+  # shellcheck disable=SC2086
+  set -- ${PROFILE_CASES:-decode 1 decode 128 wgmma 4096}
+  while [ $# -ge 2 ]; do
+    kern=$1 tok=$2
+    shift 2
+    rep="$OUT/ncu_${kern}_$tok"
     # shellcheck disable=SC2086
-    timeout 240 "$NCU" --clock-control none -k "regex:sm90_moe_$1" -c 2 $sections -o "$rep" \
-      "$BUILD/bench/bench_layer" --shape dsv3 --recipes nvfp4 --routing uniform --tokens "$2" \
+    timeout 240 "$NCU" --clock-control none -k "regex:sm90_moe_$kern" -c 2 $sections -o "$rep" \
+      "$BUILD/bench/bench_layer" --shape dsv3 --recipes nvfp4 --routing uniform --tokens "$tok" \
       --iters 3 >"$rep.log" 2>&1 || status=1
     "$NCU" -i "$rep.ncu-rep" --page details >"$rep.txt" 2>&1 || status=1
     if [ "${PROFILE_SOURCE:-0}" = 1 ]; then

@@ -705,6 +705,51 @@ TEST(GpuLayer, DecodeSlotChunksSameBits) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// Every shape of the m64 wgmma kernel (warpgroups per CTA sharing each B stage x CTAs per SM,
+// MOE_EP_M64) computes the same fragments in the same K order, so the same bits. GPT-OSS has
+// H = 2880 (fc2's last 64-row half is padding: a warpgroup of the 2x2 and 4x1 shapes has no
+// rows) and I = 2880 (90 fc1 halves: the 4x1 shape's last CTA has two warpgroups without rows);
+// T = 128 and 400 give tiles of 160 rows and of every N class below it.
+struct M64ShapeOverride {
+  explicit M64ShapeOverride(const char* knob) { kern::set_m64_shapes_override(knob); }
+  ~M64ShapeOverride() { kern::set_m64_shapes_override(nullptr); }
+};
+
+TEST(GpuLayer, M64ShapesSameBits) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kGptOss;
+  Master m(s, 31);
+  const Device dev{DeviceKind::kCUDA, 0};
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 512, true, Options{}), p);
+    gpu->warmup();
+    for (int T : {128, 400}) {
+      ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), kern::kM64TileN) << "not the m64 kernel";
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 90 + T);
+      DeviceInputs d(h);
+      std::vector<uint16_t> ref;
+      for (const char* knob : {"1x3", "2x2", "2x1", "3x1", "4x1", "4x1,2x2"}) {
+        SCOPED_TRACE("T = " + std::to_string(T) + ", MOE_EP_M64 " + knob);
+        M64ShapeOverride o(knob);
+        PoisonedOut out(size_t(T) * s.H);
+        gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
+        const std::vector<uint16_t> got = out.host();
+        const kern::M64Shapes want = kern::parse_m64_shapes(knob);
+        EXPECT_EQ(kern::last_m64_shape(true), want[1]);
+        EXPECT_EQ(kern::last_m64_shape(false), want[0]);
+        if (ref.empty()) {
+          ref = got;
+        } else {
+          EXPECT_TRUE(got == ref) << "differs from the 1x3 shape";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1; docs/gpu_kernels.md §8): within
 // SPEC §7's tolerance of the CPU reference, repeated forwards bitwise, on DSV3 and Qwen3 (H and I
 // multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give

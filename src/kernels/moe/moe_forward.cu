@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "kernels/moe/fp8_fragments.h"
@@ -436,7 +438,33 @@ std::atomic<int> g_splitk_override[2] = {kSplitKFromEnv, kSplitKFromEnv};  // fc
 std::atomic<int> g_last_splits[2] = {1, 1};                                // fc2, fc1
 std::atomic<int> g_cps_override{0};
 std::atomic<int> g_last_cps{0};
+std::mutex g_m64_mutex;
+std::optional<M64Shapes> g_m64_override;
+std::atomic<int> g_last_m64[2] = {0, 0};  // fc2, fc1: G * 16 + B
 }  // namespace
+
+M64Shapes m64_shapes() {
+  {
+    std::lock_guard<std::mutex> lock(g_m64_mutex);
+    if (g_m64_override) return *g_m64_override;
+  }
+  static const M64Shapes env = parse_m64_shapes(std::getenv("MOE_EP_M64"));
+  return env;
+}
+void set_m64_shapes_override(const char* knob) {
+  std::lock_guard<std::mutex> lock(g_m64_mutex);
+  if (knob == nullptr)
+    g_m64_override.reset();
+  else
+    g_m64_override = parse_m64_shapes(knob);
+}
+void note_m64_shape(bool fc1, std::array<int, 2> shape) {
+  g_last_m64[fc1].store(shape[0] * 16 + shape[1], std::memory_order_relaxed);
+}
+std::array<int, 2> last_m64_shape(bool fc1) {
+  const int v = g_last_m64[fc1].load(std::memory_order_relaxed);
+  return {v / 16, v % 16};
+}
 
 void set_decode_cps_override(int cps) {
   g_cps_override.store(cps == 1 || cps == 2 || cps == 4 ? cps : 0, std::memory_order_relaxed);

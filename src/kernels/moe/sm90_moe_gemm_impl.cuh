@@ -52,27 +52,37 @@ template <class F>
 cudaError_t with_m64_shape(std::array<int, 2> shape, F f) {
   using std::integral_constant;
   static_assert(std::size(kM64Shapes) == 5, "one case per built shape");
-  if (shape == kM64Shapes[1]) return f(integral_constant<int, 2>{}, integral_constant<int, 2>{});
+  if (shape == kM64Shapes[0]) return f(integral_constant<int, 1>{}, integral_constant<int, 3>{});
   if (shape == kM64Shapes[2]) return f(integral_constant<int, 2>{}, integral_constant<int, 1>{});
   if (shape == kM64Shapes[3]) return f(integral_constant<int, 3>{}, integral_constant<int, 1>{});
   if (shape == kM64Shapes[4]) return f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
-  return f(integral_constant<int, 1>{}, integral_constant<int, 3>{});
+  static_assert(kM64Default == kM64Shapes[1], "the default is the fallback");
+  return f(integral_constant<int, 2>{}, integral_constant<int, 2>{});
 }
 
 template <Recipe R, bool kFc1>
 cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
-  return with_m64_shape(m64_shapes()[kFc1], [&](auto g, auto b) {
+  const std::array<int, 2> shape = m64_shapes()[kFc1];
+  note_m64_shape(kFc1, shape);
+  return with_m64_shape(shape, [&](auto g, auto b) {
     return launch_wgmma3_shape<R, kFc1, decltype(g)::value, decltype(b)::value>(a, s);
   });
 }
 
-template <Recipe R, bool kFc1>
+// Every built shape's shared-memory size (a test may switch shapes after warmup).
+template <Recipe R>
 cudaError_t set_wgmma3_attributes() {
-  return with_m64_shape(m64_shapes()[kFc1], [](auto g, auto b) {
-    constexpr int kG = decltype(g)::value, kMinB = decltype(b)::value;
-    return set_max_smem(sm90_moe_wgmma3_kernel<R, kFc1, kG, kMinB>,
-                        Wgmma3Config<R, kG, kMinB>::kSmemBytes);
-  });
+  cudaError_t err = cudaSuccess;
+  for (const auto& shape : kM64Shapes)
+    for (bool fc1 : {false, true})
+      if (err == cudaSuccess)
+        err = with_m64_shape(shape, [fc1](auto g, auto b) {
+          constexpr int kG = decltype(g)::value, kMinB = decltype(b)::value;
+          constexpr int kBytes = Wgmma3Config<R, kG, kMinB>::kSmemBytes;
+          return fc1 ? set_max_smem(sm90_moe_wgmma3_kernel<R, true, kG, kMinB>, kBytes)
+                     : set_max_smem(sm90_moe_wgmma3_kernel<R, false, kG, kMinB>, kBytes);
+        });
+  return err;
 }
 
 template <Recipe R>
@@ -100,9 +110,7 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
 template <Recipe R>
 cudaError_t set_gemm_attributes() {
   if constexpr (R != Recipe::kBf16) {
-    const cudaError_t err =
-        first_error({set_decode_attributes<R>(), set_wgmma3_attributes<R, true>(),
-                     set_wgmma3_attributes<R, false>()});
+    const cudaError_t err = first_error({set_decode_attributes<R>(), set_wgmma3_attributes<R>()});
     if (err != cudaSuccess) return err;
   }
   return first_error(
