@@ -311,14 +311,15 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
 }
 
 // ---------------------------------------------------------------------------------------------
-// The m64 kernel (4-bit weights, tile_n kM64TileN = 160, more than 20 rows per expert on
-// average; docs/gpu_kernels.md §10): one m64nNk16 wgmma per k16 step. A CTA = one warpgroup =
-// 64 weight rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's
-// rows rounded up to a class below (<= 160; acc N/2 fp32 registers per thread), three CTAs per
-// SM (12 warps hide each warp's decode -> wgmma chain; session 8: 5-12 % faster than the v2
-// kernel's tiles of 128 at 1024 tokens and than the two-CTA kernel's tiles of 256 with Zipf
-// routing at 4096, within a few % of them at 2048-4096 uniform tokens; two CTAs with a deeper
-// ring 4-20 % slower).
+// The m64 kernel (4-bit weights, tile_n kM64TileN = 160, more than 18 rows per expert on
+// average; docs/gpu_kernels.md §10): one m64nNk16 wgmma per k16 step. A warpgroup = 64 weight
+// rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's rows
+// rounded up to a class below (<= 160; acc N/2 fp32 registers per thread). A CTA holds G
+// warpgroups on consecutive halves of one routing tile, which share each B stage, at B CTAs per
+// SM (Wgmma3Config; MOE_EP_M64). Default 2x2 (session 9): B crosses L2 once per two halves
+// (the one-warpgroup kernel at three CTAs per SM read 35 GB from L2 for fc1 at 4096 tokens, 62 %
+// of its throughput) and 16 warps per SM hide each warp's decode -> wgmma chain; 2 wgmma steps
+// in flight fit the 128 registers. 15 % faster than 1x3 at 4096 tokens, 7 % at 1024.
 // Against v2 (two m64 wgmmas on 128 rows): half the decode per wgmma. Same fragments, same
 // per-column k order (one wgmma per k16 step, K ascending), so the same bits. fc1: warps 0/2 hold
 // gate rows, 1/3 the matching up rows (fragment order of moe_params.h), so the epilogue pairs them
