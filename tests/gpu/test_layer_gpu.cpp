@@ -730,7 +730,7 @@ TEST(GpuLayer, M64ShapesSameBits) {
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 90 + T);
       DeviceInputs d(h);
       std::vector<uint16_t> ref;
-      for (const char* knob : {"1x3", "2x2", "2x1", "3x1", "4x1", "4x1,2x2", "2x2m", "4x1m"}) {
+      for (const char* knob : {"1x3", "2x2", "2x1", "3x1", "4x1", "4x1,2x2"}) {
         SCOPED_TRACE("T = " + std::to_string(T) + ", MOE_EP_M64 " + knob);
         M64ShapeOverride o(knob);
         PoisonedOut out(size_t(T) * s.H);

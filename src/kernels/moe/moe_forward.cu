@@ -440,7 +440,7 @@ std::atomic<int> g_cps_override{0};
 std::atomic<int> g_last_cps{0};
 std::mutex g_m64_mutex;
 std::optional<M64Shapes> g_m64_override;
-std::atomic<int> g_last_m64[2] = {0, 0};  // fc2, fc1: G * 256 + B * 16 + mbarrier ring
+std::atomic<int> g_last_m64[2] = {0, 0};  // fc2, fc1: G * 16 + B
 }  // namespace
 
 M64Shapes m64_shapes() {
@@ -458,12 +458,12 @@ void set_m64_shapes_override(const char* knob) {
   else
     g_m64_override = parse_m64_shapes(knob);
 }
-void note_m64_shape(bool fc1, M64Shape shape) {
-  g_last_m64[fc1].store(shape[0] * 256 + shape[1] * 16 + shape[2], std::memory_order_relaxed);
+void note_m64_shape(bool fc1, std::array<int, 2> shape) {
+  g_last_m64[fc1].store(shape[0] * 16 + shape[1], std::memory_order_relaxed);
 }
-M64Shape last_m64_shape(bool fc1) {
+std::array<int, 2> last_m64_shape(bool fc1) {
   const int v = g_last_m64[fc1].load(std::memory_order_relaxed);
-  return {v / 256, v / 16 % 16, v % 16};
+  return {v / 16, v % 16};
 }
 
 void set_decode_cps_override(int cps) {

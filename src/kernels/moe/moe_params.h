@@ -75,16 +75,13 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
 // Tokens per routing tile of the m64 wgmma kernel (4-bit weights; bf16 weights run tiles of
 // 128 on the v2 kernel instead).
 constexpr int kM64TileN = 160;
-// The m64 kernel shapes built: {warpgroups per CTA, CTAs per SM, ring synchronization: 0 one CTA
-// barrier per chunk, 1 per-slot mbarriers} (m64_shapes). Session 9 on the H200x2, DSV3
-// (docs/gpu_kernels.md §10): two warpgroups sharing each B stage at two CTAs per SM took nvfp4
-// 4096 tokens from 7.99 to 6.79-6.84 ms and 1024 tokens from 4.28 to 3.95-3.98 ms against one
-// warpgroup at three CTAs per SM; four warpgroups at one CTA per SM are level at 2048-4096
-// tokens and 4-9 % slower at 1024 and with Zipf routing.
-using M64Shape = std::array<int, 3>;
-constexpr M64Shape kM64Shapes[] = {{1, 3, 0}, {2, 2, 0}, {2, 1, 0}, {3, 1, 0},
-                                   {4, 1, 0}, {2, 2, 1}, {4, 1, 1}};
-constexpr M64Shape kM64Default = {2, 2, 0};
+// The m64 kernel shapes built: {warpgroups per CTA, CTAs per SM} (m64_shapes). Session 9 on
+// the H200x2, DSV3 (docs/gpu_kernels.md §10): two warpgroups sharing each B stage at two CTAs
+// per SM took nvfp4 4096 tokens from 7.99 to 6.79-6.84 ms and 1024 tokens from 4.28 to 3.95-3.98
+// ms against one warpgroup at three CTAs per SM; four warpgroups at one CTA per SM are level at
+// 2048-4096 tokens and 4-9 % slower at 1024 and with Zipf routing.
+constexpr std::array<int, 2> kM64Shapes[] = {{1, 3}, {2, 2}, {2, 1}, {3, 1}, {4, 1}};
+constexpr std::array<int, 2> kM64Default = {2, 2};
 
 // Tokens per routing tile: 8 or 16 while experts see few rows (decode: a weight stream; 8 up
 // to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work
@@ -114,29 +111,25 @@ inline int wgmma_version() {
   return v;
 }
 
-// The m64 kernel's shape per GEMM from the benchmark knob MOE_EP_M64's value: "GxB" (or "GxBm"
-// for the mbarrier ring) for both GEMMs, or two of them separated by a comma for fc1 and fc2;
-// G warpgroups per CTA sharing each B stage (1-4) at B CTAs per SM, one of kM64Shapes. Null,
-// unknown or malformed: kM64Default. Indexed by kFc1 (0: fc2, 1: fc1).
-using M64Shapes = std::array<M64Shape, 2>;
+// The m64 kernel's shape per GEMM from the benchmark knob MOE_EP_M64's value: "GxB" for both
+// GEMMs or "GxB,GxB" for fc1 and fc2, G warpgroups per CTA sharing each B stage (1-4) at B CTAs
+// per SM, one of kM64Shapes. Null, unknown or malformed: kM64Default. Indexed by kFc1 (0: fc2,
+// 1: fc1).
+using M64Shapes = std::array<std::array<int, 2>, 2>;
 inline M64Shapes parse_m64_shapes(const char* e) {
-  // One shape at p, n characters long (3 or 4); false if malformed.
-  auto parse = [](const char* p, size_t n, M64Shape* out) {
-    if ((n != 3 && n != 4) || p[1] != 'x' || (n == 4 && p[3] != 'm')) return false;
-    const M64Shape c{p[0] - '0', p[2] - '0', n == 4 ? 1 : 0};
-    for (const auto& k : kM64Shapes)
-      if (k == c) return *out = c, true;
-    return false;
+  auto parse = [](const char* p) {
+    std::array<int, 2> r = kM64Default;
+    if (p[0] != '\0' && p[1] == 'x' && p[2] != '\0' && (p[3] == '\0' || p[3] == ',')) {
+      const std::array<int, 2> c{p[0] - '0', p[2] - '0'};
+      for (const auto& k : kM64Shapes)
+        if (k == c) r = c;
+    }
+    return r;
   };
-  M64Shapes r{{kM64Default, kM64Default}};
-  if (e == nullptr) return r;
-  const char* comma = std::strchr(e, ',');
-  const size_t n1 = comma ? size_t(comma - e) : std::strlen(e);
-  M64Shape fc1, fc2;
-  if (!parse(e, n1, &fc1)) return r;
-  if (comma == nullptr) return M64Shapes{{fc1, fc1}};
-  if (!parse(comma + 1, std::strlen(comma + 1), &fc2)) return M64Shapes{{kM64Default, fc1}};
-  return M64Shapes{{fc2, fc1}};
+  const size_t n = e != nullptr ? std::strlen(e) : 0;
+  if (n != 3 && !(n == 7 && e[3] == ',')) return M64Shapes{{kM64Default, kM64Default}};
+  const std::array<int, 2> fc1 = parse(e);
+  return M64Shapes{{n == 7 ? parse(e + 4) : fc1, fc1}};
 }
 
 // The shapes the next m64 launches use: a test's override (set_m64_shapes_override), else
@@ -144,8 +137,8 @@ inline M64Shapes parse_m64_shapes(const char* e) {
 // m64 launch of fc1 (true) or fc2 on this process (for tests).
 M64Shapes m64_shapes();
 void set_m64_shapes_override(const char* knob);  // null clears it
-void note_m64_shape(bool fc1, M64Shape shape);
-M64Shape last_m64_shape(bool fc1);
+void note_m64_shape(bool fc1, std::array<int, 2> shape);
+std::array<int, 2> last_m64_shape(bool fc1);
 
 // Upper bound of the number of routing tiles (what the grids are sized for; workspaces hold
 // the list for the smallest tile_n, 8).

@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <iterator>
-#include <utility>
 
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/sm90_moe_decode.cuh"
@@ -35,47 +34,38 @@ cudaError_t launch_wgmma(const ForwardArgs& a, cudaStream_t s) {
 }
 
 // m64 (tile_n 160, 4-bit weights): one CTA per (tile, group of kG half M-tiles), group fastest.
-template <Recipe R, bool kFc1, int kG, int kMinB, bool kMbar>
+template <Recipe R, bool kFc1, int kG, int kMinB>
 cudaError_t launch_wgmma3_shape(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kWg3MaxN);
   const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
   const int groups = (halves + kG - 1) / kG;
   if (tiles == 0) return cudaSuccess;
-  using C = Wgmma3Config<R, kG, kMinB, kMbar>;
-  sm90_moe_wgmma3_kernel<R, kFc1, kG, kMinB, kMbar>
+  using C = Wgmma3Config<R, kG, kMinB>;
+  sm90_moe_wgmma3_kernel<R, kFc1, kG, kMinB>
       <<<unsigned(tiles) * unsigned(groups), C::kNT, C::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
-// Calls f(Shape) with Shape::kG, kMinB, kMbar of the built shape (kM64Shapes) that `shape`
-// names (the default for any other).
-template <int G, int B, int M>
-struct M64ShapeC {
-  static constexpr int kG = G, kMinB = B;
-  static constexpr bool kMbar = M != 0;
-};
-template <class F, size_t... I>
-cudaError_t with_m64_shape_i(const M64Shape& shape, F& f, std::index_sequence<I...>) {
-  cudaError_t err = cudaErrorInvalidValue;
-  const bool found =
-      ((shape == kM64Shapes[I] &&
-        (err = f(M64ShapeC<kM64Shapes[I][0], kM64Shapes[I][1], kM64Shapes[I][2]>{}), true)) ||
-       ...);
-  if (!found) err = f(M64ShapeC<kM64Default[0], kM64Default[1], kM64Default[2]>{});
-  return err;
-}
+// Calls f(std::integral_constant<int, G>, std::integral_constant<int, B>) for the built shape
+// {G, B} (kM64Shapes) that `shape` names.
 template <class F>
-cudaError_t with_m64_shape(const M64Shape& shape, F f) {
-  return with_m64_shape_i(shape, f, std::make_index_sequence<std::size(kM64Shapes)>{});
+cudaError_t with_m64_shape(std::array<int, 2> shape, F f) {
+  using std::integral_constant;
+  static_assert(std::size(kM64Shapes) == 5, "one case per built shape");
+  if (shape == kM64Shapes[0]) return f(integral_constant<int, 1>{}, integral_constant<int, 3>{});
+  if (shape == kM64Shapes[2]) return f(integral_constant<int, 2>{}, integral_constant<int, 1>{});
+  if (shape == kM64Shapes[3]) return f(integral_constant<int, 3>{}, integral_constant<int, 1>{});
+  if (shape == kM64Shapes[4]) return f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
+  static_assert(kM64Default == kM64Shapes[1], "the default is the fallback");
+  return f(integral_constant<int, 2>{}, integral_constant<int, 2>{});
 }
 
 template <Recipe R, bool kFc1>
 cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
-  const M64Shape shape = m64_shapes()[kFc1];
+  const std::array<int, 2> shape = m64_shapes()[kFc1];
   note_m64_shape(kFc1, shape);
-  return with_m64_shape(shape, [&](auto c) {
-    using S = decltype(c);
-    return launch_wgmma3_shape<R, kFc1, S::kG, S::kMinB, S::kMbar>(a, s);
+  return with_m64_shape(shape, [&](auto g, auto b) {
+    return launch_wgmma3_shape<R, kFc1, decltype(g)::value, decltype(b)::value>(a, s);
   });
 }
 
@@ -86,13 +76,11 @@ cudaError_t set_wgmma3_attributes() {
   for (const auto& shape : kM64Shapes)
     for (bool fc1 : {false, true})
       if (err == cudaSuccess)
-        err = with_m64_shape(shape, [fc1](auto c) {
-          using S = decltype(c);
-          constexpr int kBytes = Wgmma3Config<R, S::kG, S::kMinB, S::kMbar>::kSmemBytes;
-          return fc1 ? set_max_smem(sm90_moe_wgmma3_kernel<R, true, S::kG, S::kMinB, S::kMbar>,
-                                    kBytes)
-                     : set_max_smem(sm90_moe_wgmma3_kernel<R, false, S::kG, S::kMinB, S::kMbar>,
-                                    kBytes);
+        err = with_m64_shape(shape, [fc1](auto g, auto b) {
+          constexpr int kG = decltype(g)::value, kMinB = decltype(b)::value;
+          constexpr int kBytes = Wgmma3Config<R, kG, kMinB>::kSmemBytes;
+          return fc1 ? set_max_smem(sm90_moe_wgmma3_kernel<R, true, kG, kMinB>, kBytes)
+                     : set_max_smem(sm90_moe_wgmma3_kernel<R, false, kG, kMinB>, kBytes);
         });
   return err;
 }

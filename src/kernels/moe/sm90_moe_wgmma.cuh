@@ -20,7 +20,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
 
 namespace moe_ep::kern {
@@ -345,7 +344,7 @@ __device__ __forceinline__ void named_barrier(int id, int count) {
 // kG warpgroups per CTA, each the m64 consumer of one 64-row half M-tile (consecutive halves of
 // one routing tile), all reading the same B stage: B crosses L2 once per kG halves. kMinB CTAs
 // per SM size the ring (the shared memory of an SM, 228 KB, split kMinB ways).
-template <Recipe R, int kG = 1, int kMinB = 3, bool kMbar = false>
+template <Recipe R, int kG = 1, int kMinB = 3>
 struct Wgmma3Config {
   using RT = RecipeKernelTraits<R>;
   static_assert(RT::kFourBit, "v3 is for 4-bit weights (bf16 weights stay on v2)");
@@ -363,7 +362,7 @@ struct Wgmma3Config {
   }
   // Static shared memory (scale table and the tile's column tables) and the 1024-byte
   // alignment of the ring come out of the SM's share.
-  static constexpr int kStaticBytes = 256 * 4 + kWg3MaxN * (8 + 4 + 4) + (kMbar ? 2 * 8 * 8 : 0);
+  static constexpr int kStaticBytes = 256 * 4 + kWg3MaxN * (8 + 4 + 4);
   static constexpr int kBudget =
       (kMinB == 1 ? 232448 : 233472 / kMinB - 1024) - kStaticBytes - 1024;
   static constexpr int kMaxStages = 8;
@@ -449,9 +448,9 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
 // computes half M-tile group * kG + wg; a warpgroup past the matrix (kG not dividing the halves,
 // or fc2's padding rows past H) loads its share of B and takes part in the barriers, but neither
 // decodes nor multiplies.
-template <Recipe R, bool kFc1, int kG, int kMinB, bool kMbar>
+template <Recipe R, bool kFc1, int kG, int kMinB>
 __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
-  using C = Wgmma3Config<R, kG, kMinB, kMbar>;
+  using C = Wgmma3Config<R, kG, kMinB>;
   using RT = typename C::RT;
   constexpr int kNT = C::kNT;
   constexpr int kNF = kWg3MaxN / 8;
@@ -461,9 +460,6 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   __shared__ const uint16_t* brow_ptr[kWg3MaxN];  // first element of each B row (xq or h)
   __shared__ int pair_of[kWg3MaxN];               // t*K+k of each column
   __shared__ float tw_of[kWg3MaxN];
-  // kMbar: per-slot "full" (every thread's copies of the slot's chunk landed) and "empty" (every
-  // warpgroup retired its wgmmas on the slot) mbarriers instead of one CTA barrier per chunk.
-  __shared__ uint64_t ring_bar[kMbar ? 2 * C::kMaxStages : 1];
 
   const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
   const int groups = (halves + kG - 1) / kG;
@@ -491,10 +487,6 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
 
   for (int b = tid; b < 256; b += kNT) scale_lut[b] = scale_multiplier<R>(b);
   tile_columns<kFc1>(a, tile, kWg3MaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kNT);
-  if constexpr (kMbar) {
-    if (tid < 2 * C::kMaxStages) mbar_init(&ring_bar[tid], kNT);
-    mbar_init_fence();
-  }
   __syncthreads();
 
   // This thread's B pieces: 16-byte column bc of rows br0 + kBStep i; the swizzle XORs the
@@ -554,47 +546,18 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
 #pragma unroll
       for (int i = 0; i < 4; ++i) af[s][i] = 0;
 
-    uint64_t* full = ring_bar;
-    uint64_t* empty = ring_bar + C::kMaxStages;
-    if constexpr (kMbar) {  // chunk 0's copies of this thread
+    for (int chunk = 0; chunk < chunks; ++chunk) {
       cp_async_wait<kAhead - 1>();
       fence_proxy_async_smem();
-      mbar_arrive(&full[0]);
-    }
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      const int next = chunk + kAhead;
-      if constexpr (kMbar) {
-        // Every thread's copies of this chunk landed (each published them one chunk ago)...
-        mbar_wait(&full[chunk % kStages], uint32_t(chunk / kStages) & 1u);
-        // ... and the slot loaded below, chunk next - kStages's, is free once every warpgroup
-        // retired that chunk's wgmmas (published in chunk next - kStages + 1).
-        if (next < chunks) {
-          if (next >= kStages) mbar_wait(&empty[next % kStages], uint32_t(next / kStages - 1) & 1u);
-          load_stage(next % kStages, next);
-        }
-        cp_async_commit();
-        // This thread's copies of chunk + 1 (issued one chunk ago) are published now: the other
-        // warps wait for them one chunk later, not at a CTA barrier now.
-        if (chunk + 1 < chunks) {
-          cp_async_wait<kAhead - 1>();
-          fence_proxy_async_smem();
-          mbar_arrive(&full[(chunk + 1) % kStages]);
-        }
-        if (!active) {
-          if (chunk > 0) mbar_arrive(&empty[(chunk - 1) % kStages]);
-          continue;
-        }
-      } else {
-        cp_async_wait<kAhead - 1>();
-        fence_proxy_async_smem();
-        // After this barrier chunk's data is visible to every warp, and the slot loaded below
-        // (chunk - 2's) is free: every warp's waits in chunk - 1 retired all of chunk - 2's
-        // steps.
-        __syncthreads();
+      // After this barrier chunk's data is visible to every warp, and the slot loaded below
+      // (chunk - 2's) is free: every warp's waits in chunk - 1 retired all of chunk - 2's steps.
+      __syncthreads();
+      {
+        const int next = chunk + kAhead;
         if (next < chunks) load_stage(next % kStages, next);
         cp_async_commit();
-        if (!active) continue;
       }
+      if (!active) continue;
       const int slot = chunk % kStages;
       const unsigned char* ws = smem + slot * kStageBytes + kNW * 128 + wg * C::kWBytes;
 
@@ -642,9 +605,6 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         // until here stops ptxas from reusing them for a decode while a wgmma may still read
         // them.
         keep_alive4(af[(s + 1) % kIF]);
-        // Step kIF - 2's wait retired the previous chunk's last step: its slot is free.
-        if constexpr (kMbar)
-          if (s == kIF - 2 && chunk > 0) mbar_arrive(&empty[(chunk - 1) % kStages]);
       }
     }
     // Retire every step inside this N's loop, so no wgmma is in flight where the paths of the
