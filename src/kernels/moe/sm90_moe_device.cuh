@@ -30,6 +30,20 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
                "r"(pred ? 16 : 0));
 }
+// The same with the destination as a shared-memory address and src-size given (16 copies, 0
+// fills zeros and reads nothing).
+__device__ __forceinline__ void cp_async16_sz(uint32_t smem, const void* gmem, uint32_t src_size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_size));
+}
+// ... issued only where `issue` holds (a PTX predicate: no branch around it).
+__device__ __forceinline__ void cp_async16_if(uint32_t smem, const void* gmem, uint32_t src_size,
+                                              bool issue) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n"
+      " @p cp.async.cg.shared.global [%0], [%1], 16, %2;\n}\n" ::"r"(smem),
+      "l"(gmem), "r"(src_size), "r"(uint32_t(issue)));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -479,11 +479,13 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   const int mtile = m64 >> 1, half = m64 & 1;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
 
-  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
+  // This half's fragments 4*half .. 4*half+3 of each chunk (kTileFrags per chunk) are
+  // contiguous. A warpgroup without rows points at the group's first half (it copies nothing).
+  const int m64_src = active ? m64 : group * kG;
+  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, m64_src >> 1);
   const int chunks = ms.chunks;
-  // This half's fragments 4*half .. 4*half+3 of each chunk (kTileFrags per chunk) are contiguous.
-  const uint8_t* wsrc_t = ms.w + half * C::kWBytes + wtid * 16;
-  const uint8_t* ssrc_t = ms.s + half * C::kSBytes + wtid * 16;
+  const uint8_t* wsrc_t = ms.w + (m64_src & 1) * C::kWBytes + wtid * 16;
+  const uint8_t* ssrc_t = ms.s + (m64_src & 1) * C::kSBytes + wtid * 16;
 
   for (int b = tid; b < 256; b += kNT) scale_lut[b] = scale_multiplier<R>(b);
   tile_columns<kFc1>(a, tile, kWg3MaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kNT);
@@ -519,25 +521,29 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
                     ? uint32_t(brow_ptr[br0 + kBStep * i] - bsrc) + uint32_t(bc * 8)
                     : 0u;
     // One stage: the kNW rows the wgmma reads (rows past the tile's zero-filled), each live
-    // half's 4 weight fragments and their scales.
-    auto load_stage = [&](int slot, int chunk) {
-      unsigned char* st = smem + slot * kStageBytes;
+    // half's 4 weight fragments and their scales. Branch-free: a chunk past the end (`live`
+    // false) or a warpgroup without rows copies nothing (src-size 0, its addresses clamped to
+    // real ones), and the scale copy of threads past the scales is predicated off in the PTX.
+    const uint32_t wdst = uint32_t(kNW * 128 + wg * C::kWBytes + wtid * 16);
+    const uint32_t sdst = uint32_t(kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16);
+    const bool copies_scales = wtid < C::kSBytes / 16;
+    auto load_stage = [&](int slot, int chunk, bool live) {
+      const uint32_t st = smem_base + uint32_t(slot * kStageBytes);
+      const int cc = live ? chunk : 0;
 #pragma unroll
       for (int i = 0; i < kBCopies; ++i)
         if (kNW % kBStep == 0 || br0 + kBStep * i < kNW)
-          cp_async16(st + bdst_off + i * (kBStep * 128),
-                     bsrc + (bptr[i] + uint32_t(chunk * kKChunk)), br0 + kBStep * i < live_rows);
-      if (active) {
-        cp_async16(st + kNW * 128 + wg * C::kWBytes + wtid * 16,
-                   wsrc_t + size_t(chunk) * (2 * C::kWBytes), true);
-        if (wtid < C::kSBytes / 16)
-          cp_async16(st + kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16,
-                     ssrc_t + size_t(chunk) * (2 * C::kSBytes), true);
-      }
+          cp_async16_sz(st + uint32_t(bdst_off + i * (kBStep * 128)),
+                        bsrc + (bptr[i] + uint32_t(cc * kKChunk)),
+                        live && br0 + kBStep * i < live_rows ? 16u : 0u);
+      const bool wl = live && active;
+      cp_async16_sz(st + wdst, wsrc_t + size_t(cc) * (2 * C::kWBytes), wl ? 16u : 0u);
+      cp_async16_if(st + sdst, ssrc_t + size_t(cc) * (2 * C::kSBytes), wl ? 16u : 0u,
+                    copies_scales);
     };
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-      if (s < chunks) load_stage(s, s);
+      load_stage(s, s, s < chunks);
       cp_async_commit();
     }
     uint32_t af[kIF][4];  // A fragments of the k16 steps in flight
@@ -546,18 +552,23 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
 #pragma unroll
       for (int i = 0; i < 4; ++i) af[s][i] = 0;
 
-    for (int chunk = 0; chunk < chunks; ++chunk) {
+    // Start of each chunk: its data is visible to every warp after the barrier, and the slot
+    // loaded then (chunk - 2's) is free: every warp's waits in chunk - 1 retired all of chunk -
+    // 2's steps.
+    auto chunk_start = [&](int chunk) {
       cp_async_wait<kAhead - 1>();
       fence_proxy_async_smem();
-      // After this barrier chunk's data is visible to every warp, and the slot loaded below
-      // (chunk - 2's) is free: every warp's waits in chunk - 1 retired all of chunk - 2's steps.
       __syncthreads();
-      {
-        const int next = chunk + kAhead;
-        if (next < chunks) load_stage(next % kStages, next);
-        cp_async_commit();
-      }
-      if (!active) continue;
+      const int next = chunk + kAhead;
+      load_stage(next % kStages, next, next < chunks);
+      cp_async_commit();
+    };
+    if (!active) {  // warpgroup-uniform: copies and barriers only
+      for (int chunk = 0; chunk < chunks; ++chunk) chunk_start(chunk);
+      return;
+    }
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      chunk_start(chunk);
       const int slot = chunk % kStages;
       const unsigned char* ws = smem + slot * kStageBytes + kNW * 128 + wg * C::kWBytes;
 
