@@ -6,13 +6,15 @@
 set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 W=$OUT/work; mkdir -p $W
+NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")
 (cmake -S ab_base -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON \
-   -DGTEST_ROOT="$PWD/.deps/gtest" -DCUTLASS_DIR="$PWD/.deps/cutlass/include" > $W/base_cfg.log 2>&1 &&
+   -DNCCL_ROOT=$NCCL_DIR -DGTEST_ROOT="$PWD/.deps/gtest" -DCUTLASS_DIR="$PWD/.deps/cutlass/include" > $W/base_cfg.log 2>&1 &&
  cmake --build build-base -j 12 --target bench_layer > $W/base_build.log 2>&1; echo "base build rc=$?") &
 BASE=$!
 OUT=$W ./scripts/gpu_round.sh build test sanitize > $W/round.log 2>&1
 grep -E "build ok|memcheck|racecheck|PASSED|FAILED|tests ran|Failure|error" $W/round.log | head -20
 wait $BASE
+export LD_LIBRARY_PATH=$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}
 for rep in 1 2; do
   for b in build-base build-gpu; do
     echo "# $b"
