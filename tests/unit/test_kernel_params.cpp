@@ -43,8 +43,9 @@ TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   EXPECT_EQ(choose_tile_n(128, 8, 256), 8);    // 4 rows
   EXPECT_EQ(choose_tile_n(129, 8, 256), 16);   // just above 4
   EXPECT_EQ(choose_tile_n(512, 8, 256), 16);   // 16 rows
-  EXPECT_EQ(choose_tile_n(576, 8, 256), 16);   // 18 rows
-  EXPECT_EQ(choose_tile_n(577, 8, 256), 160);  // just above 18
+  EXPECT_EQ(choose_tile_n(544, 8, 256), 16);   // 17 rows
+  EXPECT_EQ(choose_tile_n(545, 8, 256), 160);  // just above 17
+  EXPECT_EQ(choose_tile_n(576, 8, 256), 160);  // 18 rows
   EXPECT_EQ(choose_tile_n(640, 8, 256), 160);  // 20 rows
   EXPECT_EQ(choose_tile_n(768, 8, 256), 160);  // 24 rows
   EXPECT_EQ(choose_tile_n(2048, 8, 256), 160);

@@ -85,17 +85,18 @@ constexpr std::array<int, 2> kM64Default = {2, 2};
 
 // Tokens per routing tile: 8 or 16 while experts see few rows (decode: a weight stream; 8 up
 // to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work
-// goes to empty columns; measured, docs/gpu_kernels.md §6), kM64TileN = 160 above a mean of 18
+// goes to empty columns; measured, docs/gpu_kernels.md §6), kM64TileN = 160 above a mean of 17
 // rows (prefill: the m64 wgmma kernel, which sizes its N to each tile's rows in steps of 16-32,
 // so a tile costs no MMA work for the rows it lacks; an expert with more rows gets more tiles,
-// which run in parallel). Session 9 on the H200x2, DSV3, the m64 kernel's 2x2 shape (§10):
-// tile 16 on the decode kernel is 4 % faster at 18 rows for nvfp4 (3.43 against 3.58 ms), 1.5 %
-// for mxfp4_mxfp8 and 4.5 % slower for mxfp4_bf16; at 20 rows tile 160 is 5-8 % faster for all
-// three (nvfp4 3.59 against 3.85-3.87 ms). Session 8 (three CTAs per SM): against the v2
-// kernel's tiles of 128, 5-12 % faster at 32 rows and level at 64.
+// which run in parallel). Session 9 on the H200x2, DSV3 (§10): with the m64 kernel's branch-free
+// loads tile 160 takes nvfp4 3.23-3.28 ms at a mean of 16-20 rows, tile 16 3.03 ms at 16 rows and
+// 3.43-3.45 at 18; mxfp4_mxfp8's tile 16 2.79 / 3.33-3.34 ms at 16 / 18 rows against 3.38-3.40
+// for tile 160 before those loads, which cut it by 11 % at 32 rows; mxfp4_bf16's tile 160 was
+// faster at 18 rows already before them. Session 8 (three CTAs per SM): against the v2 kernel's
+// tiles of 128, 5-12 % faster at 32 rows and level at 64.
 inline int choose_tile_n(int tokens, int top_k, int local_experts) {
   const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
-  return mean_rows <= 4.0 ? 8 : mean_rows <= 18.0 ? 16 : kM64TileN;
+  return mean_rows <= 4.0 ? 8 : mean_rows <= 17.0 ? 16 : kM64TileN;
 }
 
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
