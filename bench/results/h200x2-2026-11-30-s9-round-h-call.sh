@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 9, call H (nvidia-h200-x2, carry [".deps"]): the final tree of the session (m64 shape
-# 2x2 by default, tile 160 above 18 rows): GPU tests, sanitizers, multi-GPU suite, then every
+# 2x2 by default with branch-free loads, tile 160 above 17 rows): GPU tests, sanitizers,
+# multi-GPU suite, then every
 # BENCH.md case (the PyTorch baseline of this machine is recorded: TORCH_SHAPES="").
 set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
