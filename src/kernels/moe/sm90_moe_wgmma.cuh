@@ -379,6 +379,10 @@ struct Wgmma3Config {
       kWg3MaxN * kWg3XS * 4 > kWg3MaxN* kWg3YS * 2 ? kWg3MaxN* kWg3XS * 4 : kWg3MaxN* kWg3YS * 2;
   static constexpr int kSmemBytes =
       (kRingBytes > kG * kEpiBytes ? kRingBytes : kG * kEpiBytes) + 1024;
+  // kMinB CTAs fit an SM (228 KB, 1 KB reserved per CTA) and one CTA the 227 KB per-CTA limit.
+  static_assert(kMinB * (kSmemBytes + kStaticBytes + 1024) <= 233472 &&
+                    kSmemBytes + kStaticBytes <= 232448,
+                "the ring and the static tables fit kMinB CTAs per SM");
 };
 
 // The epilogue of one 64-row half M-tile (the m64 kernel's, and the fp8 path's with the
