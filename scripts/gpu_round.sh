@@ -2,8 +2,8 @@
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
 #   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
-#                        [benchall] [profile] [epab] [probe] [fp8] [stream]  (default: all
-#                        but benchall, profile, epab, probe, fp8, stream)
+#                        [benchall] [profile] [epab] [probe] [fp8] [stream] [ab]  (default:
+#                        all but benchall, profile, epab, probe, fp8, stream, ab)
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
 #   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
@@ -13,6 +13,13 @@
 #   MOE_EP_FUSED_COMBINE=0, the layer tests again with =1, bench_layer --ep 2 (dsv3 nvfp4,
 #   1/128/4096 tokens) with =0, =1 and =2 (fused + fence) and the EP = 1 reference of the same
 #   per-rank work.
+#   ab = an A/B of this tree against another revision, both built in the same call (machines
+#   differ between calls by 5-15 %, docs/gpu_kernels.md §5): `scripts/ab_base.sh REV` first,
+#   on the development machine, writes that revision's tree to ab_base/ (untracked, so it travels
+#   with the working tree); the step builds bench_layer there and runs AB_ARGS (default: DSV3,
+#   nvfp4 and mxfp4_mxfp8, both routings, 1024-4096 tokens) AB_REPS times (default 2),
+#   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=2x2i3") set for this tree's
+#   runs only; the table goes to $OUT/ab.log.
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
@@ -230,4 +237,32 @@ if has benchall; then
   fi
   tar -C "$OUT" -czf "$OUT/bench.tar.gz" bench && rm -rf "$B"
 fi
+if has ab; then
+  echo "== A/B against ab_base/ -> $OUT/ab.log"
+  if [ ! -f ab_base/CMakeLists.txt ]; then
+    echo "ab: no ab_base/ (run scripts/ab_base.sh REV first)"
+    status=1
+  else
+    cmake -S ab_base -B build-ab-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON \
+      ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
+      -DCUTLASS_DIR="$PWD/.deps/cutlass/include" >"$OUT/ab_configure.log" 2>&1 &&
+      cmake --build build-ab-base -j "$JOBS" --target bench_layer >"$OUT/ab_build.log" 2>&1 ||
+      { grep -E "error|Error" "$OUT/ab_build.log" | head -20; status=1; }
+    # shellcheck disable=SC2206
+    args=(${AB_ARGS:---shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing both --tokens 1024,2048,4096})
+    for rep in $(seq "${AB_REPS:-2}"); do
+      for side in base this; do
+        echo "# $side (run $rep)${AB_ENV:+, $AB_ENV on this tree}"
+        if [ $side = base ]; then
+          timeout 200 build-ab-base/bench/bench_layer "${args[@]}" --iters 20 2>&1
+        else
+          # shellcheck disable=SC2086
+          env ${AB_ENV:-} timeout 200 "$BUILD/bench/bench_layer" "${args[@]}" --iters 20 2>&1
+        fi | grep -E "uniform|zipf|rror"
+      done
+    done >"$OUT/ab.log"
+    cat "$OUT/ab.log"
+  fi
+fi
+
 exit $status
