@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Writes revision REV's tree to ab_base/ (untracked, not ignored: the device tool copies it with
-# the working tree) for `scripts/gpu_round.sh build ab`, which builds it beside this tree and
-# runs the same benchmark on both in one call. Remove ab_base/ after the call.
+# Writes revision REV's tree to ab_base/ (git-ignored, ~8 MB: name it in the device call's
+# carry beside .deps, i.e. carry [".deps", "ab_base"]) for `scripts/gpu_round.sh build ab`,
+# which builds it beside this tree and runs the same benchmark on both in one call.
 #   scripts/ab_base.sh REV      (e.g. main, HEAD~1, a commit)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -15,8 +15,8 @@
 #   per-rank work.
 #   ab = an A/B of this tree against another revision, both built in the same call (machines
 #   differ between calls by 5-15 %, docs/gpu_kernels.md §5): `scripts/ab_base.sh REV` first,
-#   on the development machine, writes that revision's tree to ab_base/ (untracked, so it travels
-#   with the working tree); the step builds bench_layer there and runs AB_ARGS (default: DSV3,
+#   on the development machine, writes that revision's tree to ab_base/ (git-ignored: carry
+#   [".deps", "ab_base"]); the step builds bench_layer there and runs AB_ARGS (default: DSV3,
 #   nvfp4 and mxfp4_mxfp8, both routings, 1024-4096 tokens) AB_REPS times (default 2),
 #   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=2x2i3") set for this tree's
 #   runs only; the table goes to $OUT/ab.log.
