@@ -25,16 +25,15 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte async copy; `pred` false fills the destination with zeros (src-size 0).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(pred ? 16 : 0));
-}
-// The same with the destination as a shared-memory address and src-size given (16 copies, 0
-// fills zeros and reads nothing).
+// 16-byte async copy to a shared-memory address; src_size 16 copies, 0 fills zeros and reads
+// nothing.
 __device__ __forceinline__ void cp_async16_sz(uint32_t smem, const void* gmem, uint32_t src_size) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(src_size));
+}
+// The same to a generic shared-memory pointer; `pred` false fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  cp_async16_sz(smem_addr(smem), gmem, pred ? 16u : 0u);
 }
 // ... issued only where `issue` holds (a PTX predicate: no branch around it).
 __device__ __forceinline__ void cp_async16_if(uint32_t smem, const void* gmem, uint32_t src_size,
