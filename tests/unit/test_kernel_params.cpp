@@ -150,6 +150,19 @@ TEST(KernelParams, ResidentSizesMatchTheCheckpoint) {
   }
 }
 
+// The launch dispatch reaches the kernel template of every built shape, and the default for
+// any other.
+TEST(KernelParams, M64ShapeDispatch) {
+  auto dispatched = [](const std::array<int, 2>& shape) {
+    return with_m64_shape(shape, [](auto c) {
+      return std::array<int, 2>{decltype(c)::kG, decltype(c)::kMinB};
+    });
+  };
+  for (const auto& shape : kM64Shapes) EXPECT_EQ(dispatched(shape), shape);
+  EXPECT_EQ(dispatched({9, 9}), kM64Default);
+  EXPECT_EQ(dispatched({1, 1}), kM64Default);
+}
+
 TEST(KernelParams, M64ShapeKnob) {
   using Shape = std::array<int, 2>;
   // Index 1 is fc1, index 0 fc2.

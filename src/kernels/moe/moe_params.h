@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <utility>
 
 #include "moe_ep/config.h"
 
@@ -82,6 +84,27 @@ constexpr int kM64TileN = 160;
 // 2048-4096 tokens and 4-9 % slower at 1024 and with Zipf routing.
 constexpr std::array<int, 2> kM64Shapes[] = {{1, 3}, {2, 2}, {2, 1}, {3, 1}, {4, 1}};
 constexpr std::array<int, 2> kM64Default = {2, 2};
+
+// Calls f(M64ShapeC<G, B>{}) for the built shape {G, B} that `shape` names (kM64Shapes; the
+// default for any other) and returns its result: the launch code's dispatch from a run-time
+// shape to the kernel templates.
+template <int G, int B>
+struct M64ShapeC {
+  static constexpr int kG = G, kMinB = B;
+};
+template <class F, size_t... I>
+auto with_m64_shape_i(const std::array<int, 2>& shape, F& f, std::index_sequence<I...>) {
+  decltype(f(M64ShapeC<kM64Default[0], kM64Default[1]>{})) r{};
+  const bool found =
+      ((shape == kM64Shapes[I] && (r = f(M64ShapeC<kM64Shapes[I][0], kM64Shapes[I][1]>{}), true)) ||
+       ...);
+  if (!found) r = f(M64ShapeC<kM64Default[0], kM64Default[1]>{});
+  return r;
+}
+template <class F>
+auto with_m64_shape(const std::array<int, 2>& shape, F f) {
+  return with_m64_shape_i(shape, f, std::make_index_sequence<std::size(kM64Shapes)>{});
+}
 
 // Tokens per routing tile: 8 or 16 while experts see few rows (decode: a weight stream; 8 up
 // to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdlib>
-#include <iterator>
 
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/sm90_moe_decode.cuh"
@@ -46,26 +45,12 @@ cudaError_t launch_wgmma3_shape(const ForwardArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// Calls f(std::integral_constant<int, G>, std::integral_constant<int, B>) for the built shape
-// {G, B} (kM64Shapes) that `shape` names.
-template <class F>
-cudaError_t with_m64_shape(std::array<int, 2> shape, F f) {
-  using std::integral_constant;
-  static_assert(std::size(kM64Shapes) == 5, "one case per built shape");
-  if (shape == kM64Shapes[0]) return f(integral_constant<int, 1>{}, integral_constant<int, 3>{});
-  if (shape == kM64Shapes[2]) return f(integral_constant<int, 2>{}, integral_constant<int, 1>{});
-  if (shape == kM64Shapes[3]) return f(integral_constant<int, 3>{}, integral_constant<int, 1>{});
-  if (shape == kM64Shapes[4]) return f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
-  static_assert(kM64Default == kM64Shapes[1], "the default is the fallback");
-  return f(integral_constant<int, 2>{}, integral_constant<int, 2>{});
-}
-
 template <Recipe R, bool kFc1>
 cudaError_t launch_wgmma3(const ForwardArgs& a, cudaStream_t s) {
   const std::array<int, 2> shape = m64_shapes()[kFc1];
   note_m64_shape(kFc1, shape);
-  return with_m64_shape(shape, [&](auto g, auto b) {
-    return launch_wgmma3_shape<R, kFc1, decltype(g)::value, decltype(b)::value>(a, s);
+  return with_m64_shape(shape, [&](auto c) {
+    return launch_wgmma3_shape<R, kFc1, decltype(c)::kG, decltype(c)::kMinB>(a, s);
   });
 }
 
@@ -76,8 +61,8 @@ cudaError_t set_wgmma3_attributes() {
   for (const auto& shape : kM64Shapes)
     for (bool fc1 : {false, true})
       if (err == cudaSuccess)
-        err = with_m64_shape(shape, [fc1](auto g, auto b) {
-          constexpr int kG = decltype(g)::value, kMinB = decltype(b)::value;
+        err = with_m64_shape(shape, [fc1](auto c) {
+          constexpr int kG = decltype(c)::kG, kMinB = decltype(c)::kMinB;
           constexpr int kBytes = Wgmma3Config<R, kG, kMinB>::kSmemBytes;
           return fc1 ? set_max_smem(sm90_moe_wgmma3_kernel<R, true, kG, kMinB>, kBytes)
                      : set_max_smem(sm90_moe_wgmma3_kernel<R, false, kG, kMinB>, kBytes);
