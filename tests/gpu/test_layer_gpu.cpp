@@ -715,6 +715,18 @@ struct M64ShapeOverride {
   ~M64ShapeOverride() { kern::set_m64_shapes_override(nullptr); }
 };
 
+// The override the test below uses (host state only: runs without a GPU).
+TEST(GpuLayerHost, M64ShapeOverrideRoundTrip) {
+  const kern::M64Shapes before = kern::m64_shapes();
+  {
+    M64ShapeOverride o("4x1,1x3");
+    EXPECT_EQ(kern::m64_shapes(), kern::parse_m64_shapes("4x1,1x3"));
+    kern::set_m64_shapes_override("2x1");
+    EXPECT_EQ(kern::m64_shapes(), kern::parse_m64_shapes("2x1"));
+  }
+  EXPECT_EQ(kern::m64_shapes(), before);  // cleared: MOE_EP_M64 or the default again
+}
+
 TEST(GpuLayer, M64ShapesSameBits) {
   SKIP_WITHOUT_GPU();
   const Shape s = kGptOss;

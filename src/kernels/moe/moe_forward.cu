@@ -8,8 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <optional>
 #include <string>
 
 #include "kernels/moe/fp8_fragments.h"
@@ -438,32 +436,32 @@ std::atomic<int> g_splitk_override[2] = {kSplitKFromEnv, kSplitKFromEnv};  // fc
 std::atomic<int> g_last_splits[2] = {1, 1};                                // fc2, fc1
 std::atomic<int> g_cps_override{0};
 std::atomic<int> g_last_cps{0};
-std::mutex g_m64_mutex;
-std::optional<M64Shapes> g_m64_override;
-std::atomic<int> g_last_m64[2] = {0, 0};  // fc2, fc1: G * 16 + B
+// m64 shapes as ints: G * 16 + B; a pair as fc1 * 256 + fc2; 0 = none.
+std::atomic<int> g_m64_override{0};
+std::atomic<int> g_last_m64[2] = {0, 0};  // fc2, fc1
+int m64_code(const std::array<int, 2>& shape) { return shape[0] * 16 + shape[1]; }
+std::array<int, 2> m64_from_code(int v) { return {v / 16, v % 16}; }
 }  // namespace
 
 M64Shapes m64_shapes() {
-  {
-    std::lock_guard<std::mutex> lock(g_m64_mutex);
-    if (g_m64_override) return *g_m64_override;
-  }
+  if (const int o = g_m64_override.load(std::memory_order_relaxed))
+    return M64Shapes{{m64_from_code(o & 255), m64_from_code(o >> 8)}};
   static const M64Shapes env = parse_m64_shapes(std::getenv("MOE_EP_M64"));
   return env;
 }
 void set_m64_shapes_override(const char* knob) {
-  std::lock_guard<std::mutex> lock(g_m64_mutex);
-  if (knob == nullptr)
-    g_m64_override.reset();
-  else
-    g_m64_override = parse_m64_shapes(knob);
+  int o = 0;
+  if (knob != nullptr) {
+    const M64Shapes v = parse_m64_shapes(knob);
+    o = m64_code(v[1]) * 256 + m64_code(v[0]);
+  }
+  g_m64_override.store(o, std::memory_order_relaxed);
 }
 void note_m64_shape(bool fc1, std::array<int, 2> shape) {
-  g_last_m64[fc1].store(shape[0] * 16 + shape[1], std::memory_order_relaxed);
+  g_last_m64[fc1].store(m64_code(shape), std::memory_order_relaxed);
 }
 std::array<int, 2> last_m64_shape(bool fc1) {
-  const int v = g_last_m64[fc1].load(std::memory_order_relaxed);
-  return {v / 16, v % 16};
+  return m64_from_code(g_last_m64[fc1].load(std::memory_order_relaxed));
 }
 
 void set_decode_cps_override(int cps) {
