@@ -18,7 +18,7 @@
 #   on the development machine, writes that revision's tree to ab_base/ (git-ignored: carry
 #   [".deps", "ab_base"]); the step builds bench_layer there and runs AB_ARGS (default: DSV3,
 #   nvfp4 and mxfp4_mxfp8, both routings, 1024-4096 tokens) AB_REPS times (default 2),
-#   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=2x2i3") set for this tree's
+#   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=4x1") set for this tree's
 #   runs only; the table goes to $OUT/ab.log.
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
@@ -41,12 +41,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
   >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
+# Configures source tree $1 into build folder $2 (log $3) with this machine's NCCL and the
+# carried CUTLASS / GoogleTest headers.
+configure() {
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON \
+    ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
+    -DCUTLASS_DIR="$PWD/.deps/cutlass/include" >"$3" 2>&1
+}
+
 if has build; then
   echo "== build ($BUILD, $JOBS jobs)"
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON \
-    ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
-    -DCUTLASS_DIR="$PWD/.deps/cutlass/include" >"$OUT/configure.log" 2>&1 ||
-    { tail -30 "$OUT/configure.log"; exit 1; }
+  configure . "$BUILD" "$OUT/configure.log" || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j "$JOBS" >"$OUT/build.log" 2>&1 ||
     { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
   echo "build ok"
@@ -243,9 +248,7 @@ if has ab; then
     echo "ab: no ab_base/ (run scripts/ab_base.sh REV first)"
     status=1
   else
-    cmake -S ab_base -B build-ab-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON \
-      ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
-      -DCUTLASS_DIR="$PWD/.deps/cutlass/include" >"$OUT/ab_configure.log" 2>&1 &&
+    configure ab_base build-ab-base "$OUT/ab_configure.log" &&
       cmake --build build-ab-base -j "$JOBS" --target bench_layer >"$OUT/ab_build.log" 2>&1 ||
       { grep -E "error|Error" "$OUT/ab_build.log" | head -20; status=1; }
     # shellcheck disable=SC2206
