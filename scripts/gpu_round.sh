@@ -19,7 +19,8 @@
 #   [".deps", "ab_base"]); the step builds bench_layer there and runs AB_ARGS (default: DSV3,
 #   nvfp4 and mxfp4_mxfp8, both routings, 1024-4096 tokens) AB_REPS times (default 2),
 #   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=4x1") set for this tree's
-#   runs only; the table goes to $OUT/ab.log.
+#   runs only; AB_VARIANTS="base;this;base:MOE_EP_M64=4x1;..." names every run of a repetition
+#   (tree and environment) instead. The table goes to $OUT/ab.log.
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
@@ -253,15 +254,19 @@ if has ab; then
       { grep -E "error|Error" "$OUT/ab_build.log" | head -20; status=1; }
     # shellcheck disable=SC2206
     args=(${AB_ARGS:---shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing both --tokens 1024,2048,4096})
+    # AB_VARIANTS: runs per repetition, ';'-separated "base" or "this", each optionally with
+    # ":VAR=value ..." (environment for that run); default "base;this:$AB_ENV".
+    IFS=';' read -ra variants <<<"${AB_VARIANTS:-base;this:${AB_ENV:-}}"
     for rep in $(seq "${AB_REPS:-2}"); do
-      for side in base this; do
-        echo "# $side (run $rep)${AB_ENV:+, $AB_ENV on this tree}"
-        if [ $side = base ]; then
-          timeout 200 build-ab-base/bench/bench_layer "${args[@]}" --iters 20 2>&1
-        else
-          # shellcheck disable=SC2086
-          env ${AB_ENV:-} timeout 200 "$BUILD/bench/bench_layer" "${args[@]}" --iters 20 2>&1
-        fi | grep -E "uniform|zipf|rror"
+      for v in "${variants[@]}"; do
+        side=${v%%:*}
+        venv=""
+        [[ $v == *:* ]] && venv=${v#*:}
+        echo "# $side (run $rep)${venv:+, $venv}"
+        bin="$BUILD/bench/bench_layer"
+        [ "$side" = base ] && bin=build-ab-base/bench/bench_layer
+        # shellcheck disable=SC2086
+        env $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 | grep -E "uniform|zipf|rror"
       done
     done >"$OUT/ab.log"
     cat "$OUT/ab.log"
