@@ -79,7 +79,9 @@ fi
 
 if has multigpu; then
   echo "== multi-GPU tests (one process per GPU; skip below 2 GPUs)"
-  MOE_EP_BENCH_JSON="$OUT/ep_transfer.json" "$BUILD/tests/multigpu/moe_ep_multigpu_tests" \
+  # GTEST_FILTER (read by GoogleTest itself) narrows the GPU tests only.
+  env -u GTEST_FILTER MOE_EP_BENCH_JSON="$OUT/ep_transfer.json" \
+    "$BUILD/tests/multigpu/moe_ep_multigpu_tests" \
     --gtest_output=json:"$OUT/multigpu_tests.json" >"$OUT/multigpu_tests.log" 2>&1 || status=1
   grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure|rank [0-9]|DSV3|blocks|^ +[0-9]+ |decode" \
     "$OUT/multigpu_tests.log" | head -80
@@ -266,7 +268,8 @@ if has ab; then
         bin="$BUILD/bench/bench_layer"
         [ "$side" = base ] && bin=build-ab-base/bench/bench_layer
         # shellcheck disable=SC2086
-        env $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 | grep -E "uniform|zipf|rror"
+        env $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
+          grep -E "uniform|zipf|rror|stages|^(dsv3|qwen3|gpt-oss) "
       done
     done >"$OUT/ab.log"
     cat "$OUT/ab.log"
