@@ -538,10 +538,19 @@ cudaError_t launch_fp8_fold(const uint16_t* src, int rows, int cols, uint8_t* ds
   return cudaGetLastError();
 }
 
+bool fc2_early_start() {
+  static const bool v = [] {
+    const char* e = std::getenv("MOE_EP_FC2_EARLY");
+    return e == nullptr || std::atoi(e) != 0;
+  }();
+  return v;
+}
+
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
+  a.fc2_early = fc2_early_start();
   if (ev) cudaEventRecord(ev[0], s);
   const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
   switch (a.recipe) {

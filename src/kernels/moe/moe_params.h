@@ -156,6 +156,9 @@ inline M64Shapes parse_m64_shapes(const char* e) {
   return M64Shapes{{n == 7 ? parse(e + 4) : fc1, fc1}};
 }
 
+// ForwardArgs::fc2_early: true, or MOE_EP_FC2_EARLY=0 (read once per process) for A/B runs.
+bool fc2_early_start();
+
 // The shapes the next m64 launches use: a test's override (set_m64_shapes_override), else
 // MOE_EP_M64 (read once per process), else kM64Default. last_m64_shape is the shape of the last
 // m64 launch of fc1 (true) or fc2 on this process (for tests).
@@ -168,8 +171,12 @@ std::array<int, 2> last_m64_shape(bool fc1);
 // the list for the smallest tile_n, 8).
 constexpr int kMinTileN = 8;
 inline int max_tiles(int pairs, int local_experts, int tile_n) {
+  // Routing makes sum_e ceil(c_e / tile_n) <= (pairs + touched * (tile_n - 1)) / tile_n tiles
+  // over the touched experts (sum_e c_e = pairs); one row on each but one expert reaches it.
+  // The looser pairs / tile_n + touched left empty CTAs in every decode grid (DSV3 1 token: 9
+  // tiles for 8; docs/gpu_kernels.md §6 "Session 10").
   const int touched = pairs < local_experts ? pairs : local_experts;
-  return pairs / tile_n + touched;
+  return int((int64_t(pairs) + int64_t(touched) * (tile_n - 1)) / tile_n);
 }
 
 // Decode split-K (sm90_moe_decode.cuh): at few routing tiles the decode GEMM may cut each
@@ -269,6 +276,9 @@ struct ForwardArgs {
   // EP owner side: xq (and ids / topk_weights) were filled from the received rows
   // (launch_ep_unpack), so prepare only routes.
   bool xq_ready = false;
+  // The decode kernel's fc2 queues the weights of its first ring slots before it waits for fc1
+  // (launch_forward sets it from fc2_early_start(); docs/gpu_kernels.md §6 "Session 10").
+  bool fc2_early = true;
   // EP owner side: the routed pairs this rank expects in this call (T*K: W sources' T tokens,
   // a 1/W share of their K slots each, under uniform routing), where `tokens` counts W *
   // capacity rows; sizes fc1's decode ring (owner_fc1_ctas_per_sm). 0: not an EP owner.

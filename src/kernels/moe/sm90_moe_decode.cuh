@@ -493,19 +493,28 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   __shared__ int last_split;  // splitk_last's verdict
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // fc2's weights do not depend on fc1, and its tile list was written by the kernel before fc1
+  // (prepare or route), which had completed before any fc1 CTA passed pdl_wait and so before
+  // fc2 could launch: fc2 reads the tile list and queues the weights and scales of its first
+  // ring slots before its pdl_wait, streaming them during fc1's tail. fc1 waits first (its tile
+  // list comes from the kernel right before it).
+  constexpr bool kEarly = !kFc1;
+  const bool producer0 = tid == kCW * 32;  // the producer warp's lane 0
   if constexpr (RT::kFourBit) {
     for (int b = tid; b < 256; b += C::kThreads) scale_lut[b] = scale_multiplier<R>(b);
   }
-  if (tid == 0) {
+  if (kEarly ? producer0 : tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(&full_bar[s], 1);
       mbar_init(&empty_bar[s], kCW * 32);
     }
     mbar_init_fence();
   }
-  // Everything below reads what earlier kernels of the forward wrote (tile list, xq or h).
-  pdl_wait();
-  pdl_launch_dependents();
+  if constexpr (!kEarly) {
+    // Everything below reads what earlier kernels of the forward wrote (tile list, xq).
+    pdl_wait();
+    pdl_launch_dependents();
+  }
   const int tile_idx = blockIdx.x;
   if (tile_idx >= *a.num_tiles) return;
   const TileInfo tile = a.tiles[tile_idx];
@@ -516,6 +525,26 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   const int chunks = (split + 1) * ms.chunks / splits - c0;
   const uint8_t* wbase = ms.w + size_t(c0) * C::kWBytes;
   const uint8_t* sbase = RT::kFourBit ? ms.s + size_t(c0) * C::kSBytes : nullptr;
+  const int slots = (chunks + kCps - 1) / kCps;
+  // Slot i's full barrier expects its weights, scales and B rows (one arrive, by the producer's
+  // lane 0); the weights and scales are queued here (the B rows by the producer's lanes < rows).
+  auto queue_weights = [&](int i, unsigned char* st, uint64_t* bar) {
+    const int c = i * kCps, n = kCps == 1 ? 1 : min(kCps, chunks - c);  // chunks in the slot
+    mbar_arrive_expect_tx(bar, uint32_t(n * (C::kWBytes + C::kSBytes + tile.rows * kKChunk * 2)));
+    bulk_load(st, wbase + size_t(c) * C::kWBytes, n * C::kWBytes, bar);
+    if constexpr (RT::kFourBit)
+      bulk_load(st + C::kSOff, sbase + size_t(c) * C::kSBytes, n * C::kSBytes, bar);
+  };
+  int early = 0;  // slots queued before pdl_wait (producer lane 0 only)
+  if constexpr (kEarly) {
+    if (producer0 && a.fc2_early) {
+      early = min(stages, slots);
+      for (int i = 0; i < early; ++i) queue_weights(i, smem + i * C::kStageBytes, &full_bar[i]);
+    }
+    // Everything below reads what fc1 wrote (h).
+    pdl_wait();
+    pdl_launch_dependents();
+  }
 
   for (int n = tid; n < kN; n += C::kThreads) {
     const TileColumn c = tile_column<kFc1>(a, tile, n);
@@ -558,20 +587,13 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       else
         brow = a.h + int64_t(tile.start + lane) * a.I + c0 * kKChunk;
     }
-    const int slots = (chunks + kCps - 1) / kCps;
     int slot = 0;
     uint32_t phase = 0;
     for (int i = 0; i < slots; ++i) {
       const int c = i * kCps, n = kCps == 1 ? 1 : min(kCps, chunks - c);  // chunks in the slot
       if (i >= stages) mbar_wait(&empty_bar[slot], phase ^ 1);
       unsigned char* st = smem + slot * C::kStageBytes;
-      if (lane == 0) {
-        mbar_arrive_expect_tx(&full_bar[slot],
-                              uint32_t(n * (C::kWBytes + C::kSBytes + rows * kKChunk * 2)));
-        bulk_load(st, wbase + size_t(c) * C::kWBytes, n * C::kWBytes, &full_bar[slot]);
-        if constexpr (RT::kFourBit)
-          bulk_load(st + kSOff, sbase + size_t(c) * C::kSBytes, n * C::kSBytes, &full_bar[slot]);
-      }
+      if (lane == 0 && i >= early) queue_weights(i, st, &full_bar[slot]);
       if (lane < rows)
         bulk_load(st + kBOff + lane * C::kBRow * 2, brow + c * kKChunk, n * kKChunk * 2,
                   &full_bar[slot]);
