@@ -269,7 +269,7 @@ if has ab; then
         [ "$side" = base ] && bin=build-ab-base/bench/bench_layer
         # shellcheck disable=SC2086
         env $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
-          grep -E "uniform|zipf|rror|stages|^(dsv3|qwen3|gpt-oss) "
+          grep -E "uniform|zipf|rror|stages|replays|^(dsv3|qwen3|gpt-oss) "
       done
     done >"$OUT/ab.log"
     cat "$OUT/ab.log"
