@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_params.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
@@ -757,6 +758,59 @@ TEST(GpuLayer, M64ShapesSameBits) {
           EXPECT_TRUE(got == ref) << "differs from the 1x3 shape";
         }
       }
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer
+// (half the MMAs and B loads) and the others on the 16-column one; either way a column gets the
+// same MMAs in the same k order as in a tile of 8, so forcing tile 16 or 8 gives the same bits.
+// Qwen3 (E 16, K 8): T = 3 (1.5 rows per expert: every tile narrow), 12 (6: narrow and wide
+// tiles in one launch), 24 (12: mostly wide).
+struct TileOverride {
+  explicit TileOverride(int n) { kern::set_tile_n_override(n); }
+  ~TileOverride() { kern::set_tile_n_override(0); }
+};
+
+// The override the test below uses (host state only: runs without a GPU).
+TEST(GpuLayerHost, TileOverrideRoundTrip) {
+  const int before = kern::forward_tile_n(Recipe::kNvfp4, 8);
+  {
+    TileOverride o(16);
+    EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), 16);
+    EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, kern::kM64TileN), 16);
+  }
+  EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);  // cleared
+  TileOverride bad(7);                                         // not a tile width: ignored
+  EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);
+}
+
+TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  Master m(s, 37);
+  const Device dev{DeviceKind::kCUDA, 0};
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 64, true, Options{}), p);
+    gpu->warmup();
+    for (int T : {3, 12, 24}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 70 + T);
+      DeviceInputs d(h);
+      auto run = [&](int tile) {
+        TileOverride o(tile);
+        PoisonedOut out(size_t(T) * s.H);
+        gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
+        return out.host();
+      };
+      const std::vector<uint16_t> t8 = run(8), t16 = run(16);
+      EXPECT_TRUE(t16 == t8) << "tile 16 differs from tile 8";
+      bool nonzero = false;
+      for (uint16_t v : t8) nonzero |= (v & 0x7fff) != 0;
+      EXPECT_TRUE(nonzero);
     }
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);

@@ -419,13 +419,23 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
 // MOE_EP_TILE_N=8|16|128|160 overrides the choice (8 and 16: the decode kernel, or 16 on
 // sm90_moe_gemm_kernel with MOE_EP_DECODE16=0; 128: the v2 wgmma kernel, 160: the m64 wgmma
 // kernel); MOE_EP_WGMMA_V=2 turns 160 into 128 (moe_params.h).
+namespace {
+std::atomic<int> g_tile_override{0};
+bool valid_tile_knob(int n) { return n == 8 || n == 16 || n == 128 || n == kM64TileN; }
+}  // namespace
+
+void set_tile_n_override(int tile_n) {
+  g_tile_override.store(valid_tile_knob(tile_n) ? tile_n : 0, std::memory_order_relaxed);
+}
+
 int forward_tile_n(Recipe r, int chosen) {
   static const int forced = [] {
     const char* v = std::getenv("MOE_EP_TILE_N");
     const int n = v ? std::atoi(v) : 0;
-    return n == 8 || n == 16 || n == 128 || n == kM64TileN ? n : 0;
+    return valid_tile_knob(n) ? n : 0;
   }();
-  int n = forced ? forced : chosen;
+  const int o = g_tile_override.load(std::memory_order_relaxed);
+  int n = o ? o : forced ? forced : chosen;
   if (n == 8 && r == Recipe::kBf16) n = 16;
   if (n == kM64TileN && (r == Recipe::kBf16 || wgmma_version() == 2)) n = 128;
   return n;

@@ -204,12 +204,15 @@ struct PipeOps {
   uint32_t lo[kFW][kSW], hi[kFW][kSW];  // rows g and g + 8 of each fragment
 };
 
-template <Recipe R, int kN, int kFW, int kCps>
+// kN columns of MMAs on a ring laid out for kRingN columns (kN <= kRingN: a tile of kRingN
+// with at most kN live rows).
+template <Recipe R, int kN, int kFW, int kCps, int kRingN = kN>
 struct PipeConsumer {
-  using C = DecodeConfig<R, kN, kFW, kCps>;
+  using C = DecodeConfig<R, kRingN, kFW, kCps>;
   using RT = typename C::RT;
   using Ops = PipeOps<R, kN, kFW>;
-  static constexpr int kNF = C::kNF, kSW = Ops::kSW;
+  static constexpr int kNF = kN / 8, kSW = Ops::kSW;
+  static_assert(kN % 8 == 0 && kN <= kRingN, "MMA columns within the ring's");
   static_assert(RT::kFourBit, "the pipelined consumer decodes 4-bit weights");
   uint32_t ring, ring_end, full0, empty0;  // shared addresses: slot 0, past the last slot, bars
   uint32_t lut;  // shared address of the scale multiplier table (1 KB aligned: | adds the index)
@@ -603,34 +606,60 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       }
     }
   } else if constexpr (kPipe) {
-    PipeConsumer<R, kN, kFW, kCps> pc;
-    const int lm_row = (lane & 7) + (kNF >= 2 ? ((lane >> 4) << 3) : 0);
-    const int lm_col = ((lane >> 3) & 1) * 8;
-    pc.ring = ring;
-    pc.ring_end = ring + stages * C::kStageBytes;
-    pc.full0 = smem_addr(&full_bar[0]);
-    pc.empty0 = smem_addr(&empty_bar[0]);
-    pc.b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
-    pc.w_off = (warp * kFW) * RT::kFragBytes + lane * 16;
-    // This lane's share of the warp's scale bytes and where its multipliers go in the table
-    // ([frag * 16 + row], 4 (nv) or 2 (mx) multipliers per row): nvfp4 with two fragments 4
-    // bytes = one row (frag lane / 16); nvfp4 with one, 2 bytes = half a row; mxfp4 2 bytes = one
-    // row.
-    constexpr bool kWide = RT::kNvScale && kFW == 2;
-    pc.s_off = kSOff + warp * kFW * RT::kScaleBytes + lane * (kWide ? 4 : 2);
-    pc.t_off = lane * (kWide ? 16 : 8);
-    pc.s_lane = RT::kNvScale || kFW == 2 || lane < 16;
-    pc.tbl0 = smem_addr(&scale_tbl[0][warp][0]);
-    pc.tbl_step = uint32_t(sizeof(scale_tbl[0]));
-    pc.lut = smem_addr(scale_lut);
-    if (pc.lut & 1023) __trap();  // the lookups OR the index into the address
-    pc.g_off = g * (RT::kNvScale ? 16 : 8);
-    pc.zero = uint32_t(stages) >> 8;
-    pc.st = ring;
-    pc.bar = 0;
-    pc.phase = 0;
-    pc.pending = 0;
-    pc.run(chunks, acc);
+    // A consumer of kNFr * 8 MMA columns (kNFr <= kNF) accumulating into acc_r.
+    auto consume = [&](auto nf_c, auto& acc_r) {
+      constexpr int kNFr = decltype(nf_c)::value;
+      PipeConsumer<R, 8 * kNFr, kFW, kCps, kN> pc;
+      const int lm_row = (lane & 7) + (kNFr >= 2 ? ((lane >> 4) << 3) : 0);
+      const int lm_col = ((lane >> 3) & 1) * 8;
+      pc.ring = ring;
+      pc.ring_end = ring + stages * C::kStageBytes;
+      pc.full0 = smem_addr(&full_bar[0]);
+      pc.empty0 = smem_addr(&empty_bar[0]);
+      pc.b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
+      pc.w_off = (warp * kFW) * RT::kFragBytes + lane * 16;
+      // This lane's share of the warp's scale bytes and where its multipliers go in the table
+      // ([frag * 16 + row], 4 (nv) or 2 (mx) multipliers per row): nvfp4 with two fragments 4
+      // bytes = one row (frag lane / 16); nvfp4 with one, 2 bytes = half a row; mxfp4 2 bytes =
+      // one row.
+      constexpr bool kWide = RT::kNvScale && kFW == 2;
+      pc.s_off = kSOff + warp * kFW * RT::kScaleBytes + lane * (kWide ? 4 : 2);
+      pc.t_off = lane * (kWide ? 16 : 8);
+      pc.s_lane = RT::kNvScale || kFW == 2 || lane < 16;
+      pc.tbl0 = smem_addr(&scale_tbl[0][warp][0]);
+      pc.tbl_step = uint32_t(sizeof(scale_tbl[0]));
+      pc.lut = smem_addr(scale_lut);
+      if (pc.lut & 1023) __trap();  // the lookups OR the index into the address
+      pc.g_off = g * (RT::kNvScale ? 16 : 8);
+      pc.zero = uint32_t(stages) >> 8;
+      pc.st = ring;
+      pc.bar = 0;
+      pc.phase = 0;
+      pc.pending = 0;
+      pc.run(chunks, acc_r);
+    };
+    if constexpr (kN == 16) {
+      // A tile of 16 with at most 8 live rows (about half of them at a mean of 8 rows per
+      // expert) runs the 8-column consumer: half the MMAs and B loads per chunk. Columns 0-7 get
+      // the same MMAs in the same order (ldmatrix x2 loads the x4's first two matrices), so the
+      // same bits; columns 8-15 (zero B rows, never stored) stay 0.
+      if (tile.rows <= 8) {
+        float acc8[kFW][1][4];
+#pragma unroll
+        for (int f = 0; f < kFW; ++f)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc8[f][0][i] = 0.0f;
+        consume(std::integral_constant<int, 1>{}, acc8);
+#pragma unroll
+        for (int f = 0; f < kFW; ++f)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[f][0][i] = acc8[f][0][i];
+      } else {
+        consume(std::integral_constant<int, kNF>{}, acc);
+      }
+    } else {
+      consume(std::integral_constant<int, kNF>{}, acc);
+    }
   } else {
     // Per-lane shared addresses within a slot: this warp's weight words, its scale bytes, the
     // ldmatrix rows (x4: matrices (nf, k 0-7), (nf, k 8-15), (nf+1, k 0-7), (nf+1, k 8-15); x2:
