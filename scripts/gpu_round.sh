@@ -20,7 +20,8 @@
 #   nvfp4 and mxfp4_mxfp8, both routings, 1024-4096 tokens) AB_REPS times (default 2),
 #   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=4x1") set for this tree's
 #   runs only; AB_VARIANTS="base;this;base:MOE_EP_M64=4x1;..." names every run of a repetition
-#   (tree and environment) instead. The table goes to $OUT/ab.log.
+#   (tree and environment) instead; AB_ARGS with --ep takes one recipe (bench_layer's rule).
+#   The table goes to $OUT/ab.log.
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
@@ -269,7 +270,7 @@ if has ab; then
         [ "$side" = base ] && bin=build-ab-base/bench/bench_layer
         # shellcheck disable=SC2086
         env $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
-          grep -E "uniform|zipf|rror|stages|replays|^(dsv3|qwen3|gpt-oss) "
+          grep -E "uniform|zipf|rror|failed|--ep|stages|replays|^(dsv3|qwen3|gpt-oss) "
       done
     done >"$OUT/ab.log"
     cat "$OUT/ab.log"
