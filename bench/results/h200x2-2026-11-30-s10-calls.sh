@@ -41,7 +41,8 @@ AB_REPS=2 AB_VARIANTS="base;this" \
 AB_VARIANTS="base;this" AB_ARGS="--shape dsv3 --recipes nvfp4 --routing uniform --tokens 256,512" \
   scripts/gpu_round.sh ab
 AB_VARIANTS="base;this" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4,mxfp4_bf16 --tokens 32,128" \
-  scripts/gpu_round.sh ab   # printed nothing (cause not found); EP numbers come from call G
+  scripts/gpu_round.sh ab   # printed nothing: --ep takes one recipe, and the grep hid the usage
+#   error (fixed in gpu_round.sh); EP numbers come from call G
 # -> -f-narrow16-e128-ab.log, -f-narrow16-dsv3-ab.log, -f-gpu_tests.log, -f-multigpu_tests.log,
 #    -f-sanitize_*.log
 
