@@ -49,3 +49,7 @@ AB_VARIANTS="base;this" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4,mxfp4_bf16 
 # G (nvidia-h200-x2; main 1c61771, the final tree):
 BENCH_SHAPES=dsv3 TORCH_SHAPES="" scripts/gpu_round.sh build benchall
 # -> -final-layer-dsv3*, -final-quantize.*
+
+# H (nvidia-h200-x2; main, scripts and docs only changed since G): the opt-in fp8 path again
+scripts/gpu_round.sh build fp8
+# -> -h-fp8-ab.log
