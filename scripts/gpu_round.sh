@@ -183,6 +183,7 @@ if has profile; then
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   sections="--section SpeedOfLight --section SchedulerStats --section WarpStateStats \
     --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy"
+  # PROFILE_ARGS adds bench_layer arguments (e.g. "--experts 128").
   # PROFILE_SOURCE=1 adds the per-instruction stall samples (SourceCounters), written as
   # $OUT/ncu_<kernel>_<tokens>_sass.csv.gz (every SASS line with its samples by stall reason).
   [ "${PROFILE_SOURCE:-0}" = 1 ] && sections="$sections --section SourceCounters"
@@ -195,7 +196,7 @@ if has profile; then
     # shellcheck disable=SC2086
     timeout 240 "$NCU" --clock-control none -k "regex:sm90_moe_$kern" -c 2 $sections -o "$rep" \
       "$BUILD/bench/bench_layer" --shape dsv3 --recipes nvfp4 --routing uniform --tokens "$tok" \
-      --iters 3 >"$rep.log" 2>&1 || status=1
+      --iters 3 ${PROFILE_ARGS:-} >"$rep.log" 2>&1 || status=1
     "$NCU" -i "$rep.ncu-rep" --page details >"$rep.txt" 2>&1 || status=1
     if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
       "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$rep"_sass.csv.gz
