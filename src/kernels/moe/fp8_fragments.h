@@ -47,6 +47,11 @@ MOE_EP_HD uint64_t fp8_e2m1_table(int d) {
   return t;
 }
 
+// Entry i of the kernels' shift tables (kFp8Tables entries, indexed by fp8_table_index).
+MOE_EP_HD uint64_t fp8_table_entry(int i) {
+  return i == 0 ? 0 : fp8_e2m1_table(i - 1 + kFp8TableMin);
+}
+
 // The chunk reference of one row: the largest of its kFp8ChunkBlocks UE8M0 scale bytes (packed
 // little-endian in `scales`) minus 6, so that every block's d = s_k - r is at most 6.
 MOE_EP_HD int fp8_chunk_reference(uint32_t scales) {

@@ -205,8 +205,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
   const int tid = threadIdx.x;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
 
-  for (int i = tid; i < kFp8Tables; i += kFp8WsThreads)
-    table[i] = i == 0 ? 0 : fp8_e2m1_table(i - 1 + kFp8TableMin);
+  for (int i = tid; i < kFp8Tables; i += kFp8WsThreads) table[i] = fp8_table_entry(i);
   const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
   for (int n = tid; n < kFp8N; n += kFp8WsThreads) {
     const TileColumn col = tile_column<kFc1>(a, tile, n);
