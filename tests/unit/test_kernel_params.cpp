@@ -14,6 +14,16 @@
 namespace moe_ep::kern {
 namespace {
 
+// The host's estimate of the routing tiles (the decode ring and split-K policy size from it):
+// one per pair below the expert count, else full tiles. DSV3 (256 experts, K 8).
+TEST(KernelParams, ExpectedTilesAtDecodeSizes) {
+  EXPECT_EQ(expected_tiles(8, 256, 8), 8);         // 1 token
+  EXPECT_EQ(expected_tiles(1024, 256, 8), 256);    // 128 tokens: every expert
+  EXPECT_EQ(expected_tiles(32768, 256, 8), 4096);  // 4096 tokens: full tiles
+  EXPECT_EQ(expected_tiles(1024, 128, 16), 128);   // EP = 2's owner at 64 tokens per rank
+  EXPECT_EQ(expected_tiles(0, 256, 8), 0);
+}
+
 // An EP owner's fc1 ring: 3 CTAs per SM while the CTAs of the pairs it expects fit 4 per SM;
 // otherwise (0) the general estimate. DSV3 at EP = 2: 128 local experts, 32 fc1 M-tiles.
 TEST(KernelParams, OwnerFc1RingAtFewTokens) {
@@ -36,7 +46,7 @@ TEST(KernelParams, OwnerFc1RingAtFewTokens) {
   EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 1), 0);
 }
 
-// The tile width is 8 up to 4 mean rows per expert, 16 up to 20, else kM64TileN (160).
+// The tile width is 8 up to 4 mean rows per expert, 16 up to 17, else kM64TileN (160).
 TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32.
   EXPECT_EQ(choose_tile_n(1, 8, 256), 8);

@@ -183,6 +183,13 @@ inline int max_tiles(int pairs, int local_experts, int tile_n) {
   return int((int64_t(pairs) + int64_t(touched) * (tile_n - 1)) / tile_n);
 }
 
+// The host's estimate of the routing tiles of `pairs` pairs (the device counts them): every
+// pair on its own expert while there are fewer pairs than experts, else full tiles. It sizes
+// the decode ring (decode_ctas_per_sm, owner_fc1_ctas_per_sm) and the split-K policy.
+inline int expected_tiles(int pairs, int local_experts, int tile_n) {
+  return std::max(std::min(pairs, local_experts), (pairs + tile_n - 1) / tile_n);
+}
+
 // Decode split-K (sm90_moe_decode.cuh): at few routing tiles the decode GEMM may cut each
 // M-tile's K range over `splits` CTAs; each stores its fp32 accumulators in one slot (one M-tile
 // x 8 columns) and the last to arrive sums the slots in split order and runs the epilogue. The
@@ -306,8 +313,7 @@ struct ForwardArgs {
 // tokens (2048 expected CTAs) 3 per SM was 2 % slower than 4, so there the estimate stays.
 inline int owner_fc1_ctas_per_sm(const ForwardArgs& a, int tile_n, int mtiles, int splits) {
   if (!a.xq_ready || a.owner_pairs <= 0 || a.num_sms <= 0) return 0;
-  const int p = a.owner_pairs;
-  const int tiles = std::max(std::min(p, a.local_experts), (p + tile_n - 1) / tile_n);
+  const int tiles = expected_tiles(a.owner_pairs, a.local_experts, tile_n);
   return tiles * mtiles * splits <= 4 * a.num_sms ? 3 : 0;
 }
 

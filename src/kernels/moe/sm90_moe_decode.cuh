@@ -886,8 +886,7 @@ inline int decode_max_stages() {
 // flight than more shallow CTAs).
 template <int kN>
 int decode_expected_tiles(const ForwardArgs& a) {
-  const int pairs = a.tokens * a.K;
-  return std::max(std::min(pairs, a.local_experts), (pairs + kN - 1) / kN);
+  return expected_tiles(a.tokens * a.K, a.local_experts, kN);
 }
 template <int kN>
 int decode_ctas_per_sm(const ForwardArgs& a, bool fc1, int mtiles, int splits) {
