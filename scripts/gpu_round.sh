@@ -248,19 +248,24 @@ if has benchall; then
   tar -C "$OUT" -czf "$OUT/bench.tar.gz" bench && rm -rf "$B"
 fi
 if has ab; then
-  echo "== A/B against ab_base/ -> $OUT/ab.log"
-  if [ ! -f ab_base/CMakeLists.txt ]; then
+  echo "== A/B -> $OUT/ab.log"
+  # AB_VARIANTS: runs per repetition, ';'-separated "base" or "this", each optionally with
+  # ":VAR=value ..." (environment for that run); default "base;this:$AB_ENV". Without a "base"
+  # run (environments of this tree only) no ab_base/ is needed.
+  IFS=';' read -ra variants <<<"${AB_VARIANTS:-base;this:${AB_ENV:-}}"
+  need_base=0
+  for v in "${variants[@]}"; do [ "${v%%:*}" = base ] && need_base=1; done
+  if [ $need_base = 1 ] && [ ! -f ab_base/CMakeLists.txt ]; then
     echo "ab: no ab_base/ (run scripts/ab_base.sh REV first)"
     status=1
   else
-    configure ab_base build-ab-base "$OUT/ab_configure.log" &&
-      cmake --build build-ab-base -j "$JOBS" --target bench_layer >"$OUT/ab_build.log" 2>&1 ||
-      { grep -E "error|Error" "$OUT/ab_build.log" | head -20; status=1; }
+    if [ $need_base = 1 ]; then
+      configure ab_base build-ab-base "$OUT/ab_configure.log" &&
+        cmake --build build-ab-base -j "$JOBS" --target bench_layer >"$OUT/ab_build.log" 2>&1 ||
+        { grep -E "error|Error" "$OUT/ab_build.log" | head -20; status=1; }
+    fi
     # shellcheck disable=SC2206
     args=(${AB_ARGS:---shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing both --tokens 1024,2048,4096})
-    # AB_VARIANTS: runs per repetition, ';'-separated "base" or "this", each optionally with
-    # ":VAR=value ..." (environment for that run); default "base;this:$AB_ENV".
-    IFS=';' read -ra variants <<<"${AB_VARIANTS:-base;this:${AB_ENV:-}}"
     for rep in $(seq "${AB_REPS:-2}"); do
       for v in "${variants[@]}"; do
         side=${v%%:*}

@@ -5,6 +5,7 @@
 
 #include "kernels/ep/ep_device.cuh"
 #include "kernels/ep/ep_launch.h"
+#include "kernels/pdl.cuh"
 #include "moe_ep/formats.h"
 
 namespace moe_ep {
@@ -141,6 +142,9 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
   const WorkspaceLayout& L = tp.layout;
+  // The activation rows are the quantize kernel's output (launched with PDL: kernels/pdl.cuh).
+  pdl_wait();
+  pdl_launch_dependents();
   // A rank with a sticky error stops moving data (its peers time out and report it, too).
   if (has_error(tp)) return;
 
@@ -300,6 +304,8 @@ __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams 
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
   const WorkspaceLayout& L = tp.layout;
+  pdl_wait();  // the result rows are the expert GEMM's output (launched with PDL)
+  pdl_launch_dependents();
   if (has_error(tp)) return;
   const int W = tp.world_size, K = L.top_k, cap = L.capacity;
   const OwnerOf own(p.num_local_experts, W);
@@ -447,8 +453,8 @@ cudaError_t launch_ep_dispatch(const EpDispatchParams& p, cudaStream_t stream) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;
   }
-  ep::ep_dispatch_kernel<<<blocks, p.num_threads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(transport_pdl(), ep::ep_dispatch_kernel, dim3(blocks), dim3(p.num_threads),
+                       smem, stream, p);
 }
 
 cudaError_t launch_ep_wait(const EpWaitParams& p, cudaStream_t stream) {
@@ -467,8 +473,8 @@ cudaError_t launch_ep_combine(const EpCombineParams& p, cudaStream_t stream) {
   if (!p.signal_only && (p.y == nullptr || p.y_stride < p.tp.layout.hidden || p.y_stride % 8 != 0))
     return cudaErrorInvalidValue;
   const int blocks = p.num_blocks > 0 ? p.num_blocks : ep_default_blocks(sm_count());
-  ep::ep_combine_kernel<<<blocks, p.num_threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(transport_pdl(), ep::ep_combine_kernel, dim3(blocks), dim3(p.num_threads), 0,
+                       stream, p);
 }
 
 cudaError_t launch_ep_abandon(const EpTransport& tp, cudaStream_t stream) {

@@ -7,6 +7,7 @@
 
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/quant4_device.cuh"
+#include "kernels/pdl.cuh"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
@@ -31,6 +32,7 @@ __host__ __device__ inline int ep_blocks_per_row(int H) { return (H + kEpElems -
 // never reads them).
 template <Recipe R>
 __global__ void __launch_bounds__(kThreads256) ep_source_kernel(const EpSourceArgs a) {
+  pdl_launch_dependents();  // dispatch may launch; it waits for this grid in pdl_wait
   const int nb = ep_blocks_per_row(a.H);
   const int t = blockIdx.x / nb, part = blockIdx.x % nb, tid = threadIdx.x;
   if (t >= valid_count(a.tokens, a.num_tokens)) return;
@@ -90,6 +92,8 @@ __global__ void __launch_bounds__(kThreads256) ep_source_kernel(const EpSourceAr
 // EP = 1 outputs agree bit for bit) and (part 0) its ids and weights.
 template <Recipe R>
 __global__ void __launch_bounds__(kThreads256) ep_unpack_kernel(const EpUnpackArgs a) {
+  pdl_wait();  // the received rows and counts: dispatch (and its wait) completed first
+  pdl_launch_dependents();
   const int nb = ep_blocks_per_row(a.H);
   const int v = blockIdx.x / nb, part = blockIdx.x % nb, tid = threadIdx.x;
   const int src = v / a.capacity, i = v % a.capacity, K = a.K, H = a.H;
@@ -181,21 +185,19 @@ cudaError_t launch_ep_source(const EpSourceArgs& a, cudaStream_t s) {
 cudaError_t launch_ep_unpack(const EpUnpackArgs& a, cudaStream_t s) {
   const unsigned blocks = unsigned(a.world * a.capacity) * unsigned(ep_blocks_per_row(a.H));
   if (blocks == 0) return cudaSuccess;
+  const bool pdl = transport_pdl();
+  const dim3 grid(blocks), block(kThreads256);
   switch (a.recipe) {
     case Recipe::kNvfp4:
-      ep_unpack_kernel<Recipe::kNvfp4><<<blocks, kThreads256, 0, s>>>(a);
-      break;
+      return launch_kernel(pdl, ep_unpack_kernel<Recipe::kNvfp4>, grid, block, 0, s, a);
     case Recipe::kMxfp4Mxfp8:
-      ep_unpack_kernel<Recipe::kMxfp4Mxfp8><<<blocks, kThreads256, 0, s>>>(a);
-      break;
+      return launch_kernel(pdl, ep_unpack_kernel<Recipe::kMxfp4Mxfp8>, grid, block, 0, s, a);
     case Recipe::kMxfp4Bf16:
-      ep_unpack_kernel<Recipe::kMxfp4Bf16><<<blocks, kThreads256, 0, s>>>(a);
-      break;
+      return launch_kernel(pdl, ep_unpack_kernel<Recipe::kMxfp4Bf16>, grid, block, 0, s, a);
     case Recipe::kBf16:
-      ep_unpack_kernel<Recipe::kBf16><<<blocks, kThreads256, 0, s>>>(a);
-      break;
+      return launch_kernel(pdl, ep_unpack_kernel<Recipe::kBf16>, grid, block, 0, s, a);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace moe_ep::kern

@@ -161,6 +161,9 @@ __host__ __device__ inline int quant_blocks_per_token(int H) {
 // zero rows for empty slots.
 template <Recipe R>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs a) {
+  // An EP owner's prepare (route only) launches with PDL after the unpack kernel, whose ids it
+  // reads; on one GPU it is the forward's first kernel, a plain launch (the wait is a no-op).
+  pdl_wait();
   pdl_launch_dependents();  // fc1 may launch; it waits for this grid in pdl_wait
   if (blockIdx.x == 0) {
     route(a);
@@ -262,6 +265,8 @@ __global__ void __launch_bounds__(kFinThreads) finalize_kernel(const ForwardArgs
 // zeros, plus the weights / indices the single-GPU prepare writes.
 __global__ void __launch_bounds__(kFinThreads)
     unfinalized_copy_kernel(const ForwardArgs a, uint16_t* rows) {
+  pdl_wait();  // y rows: the combine's (EP) output
+  pdl_launch_dependents();
   const int t = blockIdx.x, k = blockIdx.y, K = a.K, H = a.H;
   const int T = valid_tokens(a), row = t * K + k;
   const bool live = t < T && live_id(a.ids[row], a.num_experts);
@@ -563,21 +568,26 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   a.fc2_early = fc2_early_start();
   if (ev) cudaEventRecord(ev[0], s);
   const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
+  // One GPU: the forward's first kernel, a plain launch. EP owner (xq_ready): after the unpack.
+  const bool pdl = a.xq_ready && transport_pdl();
+  const auto prepare = [&](auto kernel) {
+    return launch_kernel(pdl, kernel, pgrid, dim3(kPrepThreads), 0, s, a);
+  };
+  cudaError_t err = cudaErrorInvalidValue;
   switch (a.recipe) {
     case Recipe::kNvfp4:
-      prepare_kernel<Recipe::kNvfp4><<<pgrid, kPrepThreads, 0, s>>>(a);
+      err = prepare(prepare_kernel<Recipe::kNvfp4>);
       break;
     case Recipe::kMxfp4Mxfp8:
-      prepare_kernel<Recipe::kMxfp4Mxfp8><<<pgrid, kPrepThreads, 0, s>>>(a);
+      err = prepare(prepare_kernel<Recipe::kMxfp4Mxfp8>);
       break;
     case Recipe::kMxfp4Bf16:
-      prepare_kernel<Recipe::kMxfp4Bf16><<<pgrid, kPrepThreads, 0, s>>>(a);
+      err = prepare(prepare_kernel<Recipe::kMxfp4Bf16>);
       break;
     case Recipe::kBf16:
-      prepare_kernel<Recipe::kBf16><<<pgrid, kPrepThreads, 0, s>>>(a);
+      err = prepare(prepare_kernel<Recipe::kBf16>);
       break;
   }
-  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (a.fp8) {  // x folded to e4m3 rows for the fp8 GEMM (docs/gpu_kernels.md §8)
     if ((err = launch_fp8_fold(a.xq, a.tokens, a.H, a.xq8, a.xref, s)) != cudaSuccess) return err;
@@ -610,13 +620,14 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
 
 cudaError_t launch_finalize(const ForwardArgs& a, uint16_t* unfinalized_rows, cudaStream_t s) {
   if (a.tokens == 0) return cudaSuccess;
+  // After the EP combine (its wait orders the peers' rows): PDL, as the other EP kernels.
+  const bool pdl = transport_pdl();
   if (a.out) {
     const dim3 fgrid(a.tokens, (a.H / 8 + kFinThreads - 1) / kFinThreads);
-    finalize_kernel<<<fgrid, kFinThreads, 0, s>>>(a);
-  } else {
-    unfinalized_copy_kernel<<<dim3(a.tokens, a.K), kFinThreads, 0, s>>>(a, unfinalized_rows);
+    return launch_kernel(pdl, finalize_kernel, fgrid, dim3(kFinThreads), 0, s, a);
   }
-  return cudaGetLastError();
+  return launch_kernel(pdl, unfinalized_copy_kernel, dim3(a.tokens, a.K), dim3(kFinThreads), 0, s,
+                       a, unfinalized_rows);
 }
 
 cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, const uint8_t* raw,

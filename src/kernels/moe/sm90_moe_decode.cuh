@@ -30,11 +30,12 @@
 #include <cstdlib>
 
 #include "kernels/moe/sm90_moe_device.cuh"
+#include "kernels/pdl.cuh"
 
 namespace moe_ep::kern {
 
 // ---------------------------------------------------------------------------------------------
-// PTX helpers: mbarrier, bulk copy, programmatic dependent launch
+// PTX helpers: mbarrier, bulk copy (programmatic dependent launch: kernels/pdl.cuh)
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
@@ -112,33 +113,6 @@ __device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
                : "=r"(r0), "=r"(r1)
                : "r"(addr));
-}
-
-// Waits until the previous kernel in the stream has finished and its writes are visible (a
-// no-op without programmatic dependent launch).
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-// Lets the next kernel of the stream start launching its CTAs (they wait in pdl_wait).
-__device__ __forceinline__ void pdl_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-// Host side: launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
-// serialization, so its CTAs may become resident while the previous kernel of the stream ends
-// (the kernel calls pdl_wait before reading what that kernel wrote).
-template <class... KernelArgs, class... Args>
-cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                       cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 // ---------------------------------------------------------------------------------------------
