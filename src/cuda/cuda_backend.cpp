@@ -525,6 +525,13 @@ class CudaBackend final : public LayerBackend {
     // within 5% at 4096 tokens, 132 the fastest).
     dp.num_blocks = ep_blocks_for(num_sms_, in.tokens, 16);
     dp.fused_wait = true;  // the last block waits for every source (no wait launch)
+    // Rows at the owners in tile order (per-tile atomics, the default), or in token order after
+    // a count pass with MOE_EP_ORDERED_ROWS=1 (benchmark knob; same outputs either way).
+    static const bool ordered_rows = [] {
+      const char* v = std::getenv("MOE_EP_ORDERED_ROWS");
+      return v != nullptr && v[0] == '1' && v[1] == 0;
+    }();
+    dp.ordered_rows = ordered_rows;
     check(launch_ep_dispatch(dp, s), "launching EP dispatch");
     mark(2);
 

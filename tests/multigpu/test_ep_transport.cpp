@@ -149,6 +149,7 @@ struct RankCtx {
   int blocks = 0, threads = 512;
   bool fused = false;        // waits fused into the last block of dispatch / combine
   bool signal_only = false;  // experts store into the sources' combine areas; combine signals
+  bool ordered = false;      // dispatch rows in increasing token order (ordered_rows)
   int check_stride = 1;      // result rows checked: every check_stride-th token (large cases)
 
   // This rank's buffers and one workspace of geometry g on `c` (activation rows of act_data
@@ -209,6 +210,7 @@ struct RankCtx {
       dp.num_blocks = blocks;
       dp.num_threads = threads;
       dp.fused_wait = fused;
+      dp.ordered_rows = ordered;
       CK(launch_ep_dispatch(dp, stream));
       EpWaitParams wp{tp, EpStage::kDispatch};
       if (!fused) CK(launch_ep_wait(wp, stream));
@@ -261,15 +263,27 @@ struct RankCtx {
           meta(size_t(count) * L.meta_row_bytes);
       CK(cudaMemcpy(rows.data(), W.base + L.recv_act(s, 0), rows.size(), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(meta.data(), W.base + L.recv_meta(s, 0), meta.size(), cudaMemcpyDeviceToHost));
+      // Each expected token exactly once, in any order (in increasing order with ordered rows);
+      // every row is self-describing: its bytes, ids and weights are those of its meta token.
+      std::vector<int> slot_of(size_t(in.T), -1);
+      for (size_t i = 0; i < expect.size(); ++i) slot_of[size_t(expect[i])] = int(i);
+      std::vector<bool> seen(expect.size(), false);
       for (int i = 0; i < count; ++i) {
-        const int t = expect[size_t(i)];
+        const int t = *RecvMetaRow{meta.data() + size_t(i) * L.meta_row_bytes, g.K}.token();
+        REQUIRE(t >= 0 && t < in.T && slot_of[size_t(t)] >= 0 && !seen[size_t(slot_of[size_t(t)])],
+                what + ": recv_meta[src " + std::to_string(s) + "][row " + std::to_string(i) +
+                    "] names token " + std::to_string(t) +
+                    ", which is not a token with a slot here or came twice");
+        seen[size_t(slot_of[size_t(t)])] = true;
+        if (ordered)
+          REQUIRE(t == expect[size_t(i)], what + ": ordered row " + std::to_string(i) +
+                                              " holds token " + std::to_string(t) + ", expected " +
+                                              std::to_string(expect[size_t(i)]));
         for (int j = 0; j < g.act_bytes; ++j)
           REQUIRE(rows[size_t(i) * L.act_row_bytes + j] == test::act_byte(s, t, j),
                   what + ": recv_act[src " + std::to_string(s) + "][row " + std::to_string(i) +
                       "] byte " + std::to_string(j) + " is not token " + std::to_string(t) + "'s");
         RecvMetaRow m{meta.data() + size_t(i) * L.meta_row_bytes, g.K};
-        REQUIRE(*m.token() == t, what + ": recv_meta token " + std::to_string(*m.token()) +
-                                     ", expected " + std::to_string(t));
         REQUIRE(std::memcmp(m.ids(), in.ids.data() + size_t(t) * g.K, 4 * g.K) == 0,
                 what + ": recv_meta ids of token " + std::to_string(t));
         REQUIRE(std::memcmp(m.weights(), in.w.data() + size_t(t) * g.K, 4 * g.K) == 0,
@@ -478,6 +492,13 @@ TEST(MultiGpu, DataMovementBitwise) {
     c.blocks = 3;
     c.threads = 64;
     forward_and_verify(c, {256, 180}, Routing::kUniform, 77, false, "3 blocks x 64 threads");
+    // Rows in increasing token order (the count pass), on both grids.
+    c.ordered = true;
+    forward_and_verify(c, {256, 180}, Routing::kSkewed, 90, false, "ordered rows, 3 x 64");
+    c.blocks = 0;
+    c.threads = 512;
+    forward_and_verify(c, {100, 256}, Routing::kUniform, 91, true, "ordered rows, default grid");
+    c.ordered = false;
     // Waits fused into dispatch / combine, 1024 threads, and the few-block grids of small calls.
     c.fused = true;
     c.blocks = 0;
@@ -672,11 +693,12 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
   constexpr double kCeilingGBps = 367.0;
   struct TransferConfig {
     int blocks, threads;
-    bool fused;
+    bool fused, ordered = false;
   };
   const std::vector<TransferConfig> configs = {
-      {16, 512, true},   {64, 512, true},   {132, 512, false}, {132, 512, true},
-      {132, 1024, true}, {264, 512, false}, {264, 512, true},  {256, 512, true}};
+      {16, 512, true},        {64, 512, true},   {132, 512, false}, {132, 512, true},
+      {132, 512, true, true}, {132, 1024, true}, {264, 512, false}, {264, 512, true},
+      {264, 512, true, true}, {256, 512, true}};
   auto r = run_ranks(2, 120, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
@@ -730,7 +752,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       out[1] = v.front() * 1000.0;
       out[2] = v.back() * 1000.0;
     };
-    auto dispatch = [&](int tokens, int blocks, int threads, bool fused) {
+    auto dispatch = [&](int tokens, int blocks, int threads, bool fused, bool ordered = false) {
       EpDispatchParams dp;
       dp.tp = tp;
       dp.act = c.act;
@@ -742,6 +764,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       dp.num_blocks = blocks;
       dp.num_threads = threads;
       dp.fused_wait = fused;
+      dp.ordered_rows = ordered;
       CK(launch_ep_dispatch(dp, c.stream));
       if (!fused) CK(launch_ep_wait(EpWaitParams{tp, EpStage::kDispatch}, c.stream));
     };
@@ -777,7 +800,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
           comm.barrier();
           if (start == 1) comm.barrier_async(c.stream);
           CK(cudaEventRecord(ev[0], c.stream));
-          dispatch(T, cf.blocks, cf.threads, cf.fused);
+          dispatch(T, cf.blocks, cf.threads, cf.fused, cf.ordered);
           CK(cudaEventRecord(ev[1], c.stream));
           CK(cudaStreamSynchronize(c.stream));
           comm.barrier();
@@ -795,7 +818,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       comm.check();
       rep.val[nv++] = cf.blocks;
       rep.val[nv++] = cf.threads;
-      rep.val[nv++] = cf.fused;
+      rep.val[nv++] = int(cf.fused) + 2 * int(cf.ordered);
       for (int start = 0; start < 2; ++start)
         for (int st = 0; st < 2; ++st) {
           stats(t[start][st], rep.val + nv);
@@ -904,25 +927,30 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       "(fused or a wait kernel); host start = after a host barrier (launch latency and host "
       "skew included), device start = after an LSA barrier kernel on the same stream\n",
       db / 1e6, cb / 1e6, kCeilingGBps);
-  std::printf("%6s %7s %5s | %10s %6s | %10s %6s %6s | %10s %6s | %10s %6s %6s\n", "blocks",
-              "threads", "fused", "disp_host", "GB/s", "disp_dev", "GB/s", "frac", "comb_host",
-              "GB/s", "comb_dev", "GB/s", "frac");
+  std::printf(
+      "rows: atomic = each tile takes its rows from a per-owner counter (the default), "
+      "ordered = a count pass first, rows in token order\n");
+  std::printf("%6s %7s %5s %7s | %10s %6s | %10s %6s %6s | %10s %6s | %10s %6s %6s\n", "blocks",
+              "threads", "fused", "rows", "disp_host", "GB/s", "disp_dev", "GB/s", "frac",
+              "comb_host", "GB/s", "comb_dev", "GB/s", "frac");
   std::string json = "[\n";
   char buf[1024];
   const char* names[2] = {"dispatch+wait", "combine+wait"};
   for (int gi = 0; gi < ng; ++gi) {
     const int base = 3 + gi * 15;
     const int blocks = int(r.rep[0].val[base]), threads = int(r.rep[0].val[base + 1]);
-    const int fused = int(r.rep[0].val[base + 2]);
+    const int fused = int(r.rep[0].val[base + 2]) & 1;
+    const bool ordered = (int(r.rep[0].val[base + 2]) & 2) != 0;
     // [start][stage] medians at base + 3 + (start * 2 + stage) * 3
     auto med = [&](int start, int st) { return worst(base + 3 + (start * 2 + st) * 3); };
     auto gbps = [&](int st, double us) { return (st == 0 ? db : cb) / (us * 1e3); };
     std::printf(
-        "%6d %7d %5s | %10.1f %6.1f | %10.1f %6.1f %5.0f%% | %10.1f %6.1f | %10.1f %6.1f "
+        "%6d %7d %5s %7s | %10.1f %6.1f | %10.1f %6.1f %5.0f%% | %10.1f %6.1f | %10.1f %6.1f "
         "%5.0f%%\n",
-        blocks, threads, fused ? "yes" : "no", med(0, 0), gbps(0, med(0, 0)), med(1, 0),
-        gbps(0, med(1, 0)), 100 * gbps(0, med(1, 0)) / kCeilingGBps, med(0, 1), gbps(1, med(0, 1)),
-        med(1, 1), gbps(1, med(1, 1)), 100 * gbps(1, med(1, 1)) / kCeilingGBps);
+        blocks, threads, fused ? "yes" : "no", ordered ? "ordered" : "atomic", med(0, 0),
+        gbps(0, med(0, 0)), med(1, 0), gbps(0, med(1, 0)), 100 * gbps(0, med(1, 0)) / kCeilingGBps,
+        med(0, 1), gbps(1, med(0, 1)), med(1, 1), gbps(1, med(1, 1)),
+        100 * gbps(1, med(1, 1)) / kCeilingGBps);
     for (int start = 0; start < 2; ++start)
       for (int st = 0; st < 2; ++st) {
         const int o = base + 3 + (start * 2 + st) * 3;
@@ -934,10 +962,12 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
                       "\"start\": \"%s\", \"routing\": \"uniform\", \"median_us\": %.2f, "
                       "\"min_us\": %.2f, \"max_us\": %.2f, \"bytes_per_direction\": %.0f, "
                       "\"nvlink_GBps\": %.1f, \"ceiling_GBps\": %.0f, \"fraction\": %.3f, "
-                      "\"config\": {\"blocks\": %d, \"threads\": %d, \"fused_wait\": %s}},\n",
+                      "\"config\": {\"blocks\": %d, \"threads\": %d, \"fused_wait\": %s, "
+                      "\"rows\": \"%s\"}},\n",
                       names[st], start ? "device_barrier" : "host_barrier", m, worst(o + 1),
                       worst(o + 2), bytes, bytes / (m * 1e3), kCeilingGBps,
-                      bytes / (m * 1e3) / kCeilingGBps, blocks, threads, fused ? "true" : "false");
+                      bytes / (m * 1e3) / kCeilingGBps, blocks, threads, fused ? "true" : "false",
+                      ordered ? "ordered" : "atomic");
         json += buf;
       }
   }

@@ -130,11 +130,14 @@ __device__ __forceinline__ void cp_async_wait_all() {
 
 // ---------------------------------------------------------------------------------------------
 // dispatch. Block b handles tokens [b*chunk, (b+1)*chunk), one token per warp per tile of
-// `nwarps` tokens. A token's row at owner o is the number of this source's tokens before it with
-// a slot on o: the block counts the tokens before its chunk (one round of vector loads), then
-// takes a prefix over the tile's warps. The first 4 KB of each warp's token row is prefetched
-// into shared memory (cp.async) before the count, so it lands meanwhile; the row is read once and
-// stored to every owner rank of the token (itself included).
+// `nwarps` tokens. Rows at owner o: by default each tile takes as many rows as its tokens with a
+// slot on o from a per-owner counter (one atomicAdd per owner and tile, EpState::rows), and a
+// token's row is that base plus the earlier warps of the tile with a slot on o; the last block
+// publishes the totals as recv_count and resets the counters. With ordered_rows the rows are the
+// source's tokens in increasing order instead: the block first counts the tokens before its
+// chunk (one round of vector loads; block 0 counts all and publishes recv_count). The first 4 KB
+// of each warp's token row is prefetched into shared memory (cp.async) first, so it lands
+// meanwhile; the row is read once and stored to every owner rank of the token (itself included).
 __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParams p) {
   extern __shared__ int4 s_rows[];  // [nwarps][head16]: the head of each warp's current row
   __shared__ int s_base[kEpMaxRanks];
@@ -165,20 +168,23 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   };
   if (start + warp < end) prefetch(start + warp);
 
-  // 1. Rows each owner already gets from tokens before this chunk (block 0: over all tokens,
-  //    which are the counts it publishes).
+  // 1. ordered_rows: rows each owner already gets from tokens before this chunk (block 0: over
+  //    all tokens, which are the counts it publishes).
+  const bool ordered = p.ordered_rows;
   for (int o = tid; o < W; o += nthreads) s_base[o] = 0;
   __syncthreads();
-  count_tokens_before(p.topk_ids, K, own, blockIdx.x == 0 ? T : start, s_base);
-  __syncthreads();
-  if (blockIdx.x == 0) {
-    // recv_count[rank] at every owner (T = 0 included); the signal below orders it.
-    for (int o = tid; o < W; o += nthreads) {
-      *reinterpret_cast<int32_t*>(tp.peer_base[o] + L.recv_count(tp.rank)) = s_base[o];
-      s_base[o] = 0;
+  if (ordered) {
+    count_tokens_before(p.topk_ids, K, own, blockIdx.x == 0 ? T : start, s_base);
+    __syncthreads();
+    if (blockIdx.x == 0) {
+      // recv_count[rank] at every owner (T = 0 included); the signal below orders it.
+      for (int o = tid; o < W; o += nthreads) {
+        *reinterpret_cast<int32_t*>(tp.peer_base[o] + L.recv_count(tp.rank)) = s_base[o];
+        s_base[o] = 0;
+      }
     }
+    __syncthreads();
   }
-  __syncthreads();
 
   // 2. The chunk, one token per warp per tile.
   for (int tile = start; tile < end; tile += nwarps) {
@@ -211,6 +217,15 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
                           uint64_t(__reduce_or_sync(~0u, uint32_t(part >> 32))) << 32;
     if (lane == 0) s_mask[warp] = mask;
     __syncthreads();
+    if (!ordered) {
+      // The tile's rows at each owner: one atomic per owner (its latency overlaps the prefetch).
+      for (int o = tid; o < W; o += nthreads) {
+        int c = 0;
+        for (int w = 0; w < nwarps; ++w) c += int((s_mask[w] >> o) & 1);
+        s_base[o] = c != 0 ? int(atomicAdd(&tp.state->rows[o], uint32_t(c))) : 0;
+      }
+      __syncthreads();
+    }
     cp_async_wait_all();
     __syncwarp();
     for (uint64_t m = mask; m != 0; m &= m - 1) {
@@ -246,10 +261,12 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
       }
     }
     __syncthreads();  // every warp read s_mask / s_base of this tile
-    for (int o = tid; o < W; o += nthreads) {
-      int c = 0;
-      for (int w = 0; w < nwarps; ++w) c += int((s_mask[w] >> o) & 1);
-      s_base[o] += c;
+    if (ordered) {
+      for (int o = tid; o < W; o += nthreads) {
+        int c = 0;
+        for (int w = 0; w < nwarps; ++w) c += int((s_mask[w] >> o) & 1);
+        s_base[o] += c;
+      }
     }
     if (t + nwarps < end) prefetch(t + nwarps);  // this warp is done with its head buffer
     __syncthreads();
@@ -260,6 +277,13 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   if (grid_arrive_last(&tp.state->dispatch_arrived, &s_last)) {
     const uint64_t n = tp.state->call + 1;
     tp.state->call = n;
+    if (!ordered) {
+      // Every block's row atomics came before its arrival: the totals are final. recv_count[rank]
+      // at every owner (T = 0 included; the signal below orders it), and 0 for the next call.
+      for (int o = 0; o < W; ++o)
+        *reinterpret_cast<int32_t*>(tp.peer_base[o] + L.recv_count(tp.rank)) =
+            int32_t(atomicExch(&tp.state->rows[o], 0u));
+    }
     announce_call(tp);
     for (int o = 0; o < W; ++o)
       signal_release_sys(signal_slot(tp.peer_base[o], L, tp.rank), ep_dispatch_signal(n));

@@ -70,6 +70,9 @@ struct EpState {
   uint32_t combine_arrived;   // same for combine
   uint32_t error;             // device mirror of EpErrorRecord::flag (cheap to poll)
   uint32_t pad[3];
+  // Rows of the running dispatch taken so far at each owner (unordered rows; reset to 0 by the
+  // dispatch's last block when it publishes them as recv_count).
+  uint32_t rows[kEpMaxRanks];
 };
 
 // Signal values are epochs, never reset: call n (n >= 1) publishes 2n-1 after its dispatch
@@ -114,7 +117,9 @@ struct EpTransport {
 };
 
 // dispatch: every source token row goes once to each owner rank that holds one of its experts.
-// Row order at an owner: the source's tokens in increasing order (deterministic).
+// Row order at an owner: in the order tiles of tokens take rows (the metadata row names the
+// token; nothing downstream depends on the order), or with ordered_rows the source's tokens in
+// increasing order.
 struct EpDispatchParams {
   EpTransport tp;
   const uint8_t* act = nullptr;             // [T][act_stride] bytes; each row act_row_bytes long
@@ -129,6 +134,8 @@ struct EpDispatchParams {
   // The last block to finish also waits for every source's dispatch signal (what
   // launch_ep_wait(kDispatch) does), saving a launch.
   bool fused_wait = false;
+  // Rows in increasing token order (a count pass before the copies) instead of per-tile atomics.
+  bool ordered_rows = false;
 };
 
 // combine: every (source, received row, local slot) result row goes back to the source's
