@@ -384,6 +384,17 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
   // The default workspace still works after the small one was used.
   Inputs h2 = make_inputs(rank == 0 ? 77 : 12, rank, 950 + rank, Route::kUniform);
   rep.add(check_call(ep, one, cpu, h2, rank, "back to the default workspace"));
+  // A workspace of capacity 4 (a decode profile: W * 4 virtual tokens on the owner).
+  const WorkspaceId tiny = ep.create_workspace(4);
+  const Step tiny_steps[] = {{1, 1, Route::kUniform, "capacity 4, one token each"},
+                             {4, 2, Route::kUniform, "capacity 4, unequal"},
+                             {0, 3, Route::kUniform, "capacity 4, T=0 on rank 0"},
+                             {4, 4, Route::kUniform, "capacity 4, full"},
+                             {2, 3, Route::kOther, "capacity 4, all to the other rank"}};
+  for (const Step& s : tiny_steps) {
+    Inputs ht = make_inputs(rank == 0 ? s.t0 : s.t1, rank, 800 + 10 * i++ + rank, s.route);
+    rep.add(check_call(ep, one, cpu, ht, rank, s.what, tiny));
+  }
   // A workspace created with the other combine path (the mode is per workspace) holds the y
   // buffer [W*cap*K][H] bf16 exactly when it is unfused; the fused one holds a row pointer per
   // pair instead. Both serve calls on the same layer, bit for bit.

@@ -168,6 +168,17 @@ __device__ __forceinline__ void decode_e2m1x8_mulhi(uint32_t w, uint32_t (&r)[4]
   r[3] = (__umulhi(w & 0x68006800u, 0x22000000u) & 0x01C001C0u) | ((w & 0x04000400u) << 5);
 }
 
+// Scale tables per consumer warp: two (by chunk parity, so a chunk's table is written while the
+// previous one may still be read), or one where the second would keep a fourth CTA of two ring
+// slots off the SM: 4 x (2 x stage + static + 1 KB reserved) must fit 228 KB, and the static
+// shared memory is 5376 bytes with two tables, 3328 with one (ptxas). That is nvfp4 at tile 16
+// (26880-byte slots; 3 CTAs fit with two tables, 4 with one): measured 1.5-3 % faster there
+// (docs/gpu_kernels.md §6 "Session 11"), while mxfp4 at tile 16 (25856-byte slots) fits 4 CTAs
+// either way and was 1-2 % slower with one.
+constexpr int decode_scale_tables(int stage_bytes) {
+  return 4 * (2 * stage_bytes + 5376 + 1024) > 228 * 1024 ? 1 : 2;
+}
+
 // One chunk's operands of one consumer lane (kFW fragments).
 template <Recipe R, int kN, int kFW>
 struct PipeOps {
@@ -186,6 +197,9 @@ struct PipeConsumer {
   using RT = typename C::RT;
   using Ops = PipeOps<R, kN, kFW>;
   static constexpr int kNF = kN / 8, kSW = Ops::kSW;
+  // One scale table per warp instead of two (decode_scale_tables): the next chunk's table writes
+  // wait at a __syncwarp for every lane's reads of the previous one.
+  static constexpr bool kOneTable = decode_scale_tables(C::kStageBytes) == 1;
   static_assert(kN % 8 == 0 && kN <= kRingN, "MMA columns within the ring's");
   static_assert(RT::kFourBit, "the pipelined consumer decodes 4-bit weights");
   uint32_t ring, ring_end, full0, empty0;  // shared addresses: slot 0, past the last slot, bars
@@ -218,7 +232,8 @@ struct PipeConsumer {
     const uint32_t ss = st + kSub<kJ> * C::kSBytes;     // + s_off: its scales
     const uint32_t sb = st + kSub<kJ> * (kKChunk * 2);  // + b_off: its B columns
     // Scale bytes first: their table round trip is the longest chain of the chunk.
-    const uint32_t tbl = tbl0 + (chunk & 1) * tbl_step;
+    const uint32_t tbl = kOneTable ? tbl0 : tbl0 + (chunk & 1) * tbl_step;
+    if constexpr (kOneTable) __syncwarp();  // the previous chunk's table was read
     // Each lane converts 4 (nvfp4, 2 fragments) or 2 scale bytes; with one mxfp4 fragment (16
     // rows of 2 bytes) only lanes 0..15 have any.
     if constexpr (RT::kNvScale && kFW == 2) {
@@ -462,7 +477,9 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   constexpr int kNF = C::kNF, kCW = C::kCWarps;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(1024) uint32_t scale_lut[RT::kFourBit ? 256 : 1];
-  __shared__ uint4 scale_tbl[2][kCW][RT::kFourBit ? kFW * 16 : 1];  // per warp, double-buffered
+  // Per warp; double-buffered by chunk parity where the shared memory allows (decode_scale_tables).
+  constexpr int kTables = decode_scale_tables(C::kStageBytes);
+  __shared__ uint4 scale_tbl[kTables][kCW][RT::kFourBit ? kFW * 16 : 1];
   __shared__ __align__(8) uint64_t full_bar[C::kMaxStages];
   __shared__ __align__(8) uint64_t empty_bar[C::kMaxStages];
   __shared__ int pair_of[kN];  // t*K+k of each column
@@ -601,7 +618,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       pc.t_off = lane * (kWide ? 16 : 8);
       pc.s_lane = RT::kNvScale || kFW == 2 || lane < 16;
       pc.tbl0 = smem_addr(&scale_tbl[0][warp][0]);
-      pc.tbl_step = uint32_t(sizeof(scale_tbl[0]));
+      pc.tbl_step = kTables == 2 ? uint32_t(sizeof(scale_tbl[0])) : 0u;
       pc.lut = smem_addr(scale_lut);
       if (pc.lut & 1023) __trap();  // the lookups OR the index into the address
       pc.g_off = g * (RT::kNvScale ? 16 : 8);
@@ -644,7 +661,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     const uint32_t b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
     const uint32_t s_off = kSOff + warp * kFW * RT::kScaleBytes;
     const uint32_t tbl0 = smem_addr(&scale_tbl[0][warp][0]);
-    const uint32_t tbl_step = uint32_t(sizeof(scale_tbl[0]));
+    const uint32_t tbl_step = kTables == 2 ? uint32_t(sizeof(scale_tbl[0])) : 0u;
     const uint32_t lut = smem_addr(scale_lut);
     int slot = 0;
     uint32_t phase = 0, st = ring;
@@ -683,6 +700,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       uint4 sc_lo[kFW], sc_hi[kFW];
       if constexpr (RT::kFourBit) {
         const uint32_t tbl = tbl0 + (chunk & 1) * tbl_step;
+        if constexpr (kTables == 1) __syncwarp();  // the previous chunk's table was read
         if constexpr (RT::kNvScale) {
           if constexpr (kFW == 2) {
             const uint32_t v = lds32(st + s_off + lane * 4);
