@@ -48,7 +48,7 @@ scripts/gpu_round.sh build test sanitize multigpu cli
 PROFILE_CASES="decode 128 decode 64" PROFILE_ARGS="--experts 128" PROFILE_SOURCE=1 \
   scripts/gpu_round.sh profile
 # -> -e-{gpu_tests,multigpu_tests,cli,sanitize_racecheck}.log, -e-ep_transfer.json,
-#    -e-ncu-tile16-e128-128.txt, -e-ncu-tile8-e128-64.txt
+#    -e-ncu-tile16-e128-128{.txt,_sass.csv.gz}, -e-ncu-tile8-e128-64{.txt,_sass.csv.gz}
 
 # F (one scale table per warp at tile 16, every 4-bit recipe; ab_base = b30ef55):
 GTEST_FILTER='GpuLayer*' scripts/gpu_round.sh build test sanitize
