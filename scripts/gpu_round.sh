@@ -22,6 +22,9 @@
 #   runs only; AB_VARIANTS="base;this;base:MOE_EP_M64=4x1;..." names every run of a repetition
 #   (tree and environment) instead; AB_ARGS with --ep takes one recipe (bench_layer's rule).
 #   The table goes to $OUT/ab.log.
+#   pack = last: everything under $OUT into $OUT/all.tgz (the device tool returns at most 8
+#   files, two folders down; run `scripts/gpu_round.sh pack` once at the end of a call that ran
+#   several steps or several OUT=$OUT/sub invocations).
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
 set -uo pipefail
@@ -281,6 +284,17 @@ if has ab; then
     done >"$OUT/ab.log"
     cat "$OUT/ab.log"
   fi
+fi
+
+if has pack; then
+  (
+    cd "$OUT" || exit 1
+    mapfile -t files < <(ls -A | grep -vx all.tgz)
+    if [ ${#files[@]} -gt 0 ]; then
+      tar -czf all.tgz "${files[@]}" && rm -rf "${files[@]}"
+    fi
+  ) || status=1
+  echo "== packed $OUT into all.tgz ($(du -h "$OUT/all.tgz" 2>/dev/null | cut -f1))"
 fi
 
 exit $status

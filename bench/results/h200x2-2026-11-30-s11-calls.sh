@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Session 11's device calls (the `run` tool, nvidia-h200-x2, carry [".deps"]). Outputs:
 # bench/results/*-s11-*. From call B on, each call ends by packing $OUT into one archive (the
-# tool returns at most 8 files; call A lost its profile and ab logs to that limit).
+# tool returns at most 8 files; call A lost its profile and ab logs to that limit), with
+#   cd $OUT && tar czf all.tgz $(ls | grep -v all.tgz) && ls | grep -v all.tgz | xargs rm -rf
+# appended to the command; `scripts/gpu_round.sh pack` does the same since the end of session 11.
 exit 0  # a record, not a script to run
 
 # A (PDL on the EP kernels: the tree of the first session-11 commit; tile-16 ring knobs):
