@@ -117,6 +117,12 @@ __device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t add
 
 // ---------------------------------------------------------------------------------------------
 
+// The decode kernel's static shared memory (scale tables, barriers, column tables), as ptxas
+// reports it for the 4-bit kernels (4-chunk slots): with two scale tables per warp, and the
+// bound the ring sizing reserves for it (with the runtime's 1 KB).
+constexpr int kDecodeStaticTwoTables = 5376;
+constexpr int kDecodeStaticBound = 8 * 1024;
+
 // kCps K-chunks per ring slot (1, 2 or 4): a slot holds the weights of kCps consecutive chunks
 // (one bulk copy), then their scales (one), then per B row its kCps * 64 values (one per row).
 template <Recipe R, int kN, int kFW, int kCps = 1>
@@ -133,9 +139,10 @@ struct DecodeConfig {
   static constexpr int kBOff = kCps * (kWBytes + kSBytes);      // the slot's B rows
   static constexpr int kBBytes = kN * kBRow * 2;
   static constexpr int kStageBytes = kBOff + kBBytes;
-  // Static shared memory (tables, barriers) stays under 8 KB; 227 KB per CTA at most.
-  static constexpr int kMaxStages =
-      (227 * 1024 - 8 * 1024) / kStageBytes < 24 ? (227 * 1024 - 8 * 1024) / kStageBytes : 24;
+  // Static shared memory (tables, barriers) stays under kDecodeStaticBound.
+  static constexpr int kMaxStages = (kSmemPerCtaMax - kDecodeStaticBound) / kStageBytes < 24
+                                        ? (kSmemPerCtaMax - kDecodeStaticBound) / kStageBytes
+                                        : 24;
   static constexpr int kMinStages = kCps > 1 ? 2 : RT::kFourBit ? 4 : 3;
   static constexpr int kGuStride = 17;  // fp32 per (frag, column) row of the fc1 g/u tile
   static constexpr int kHS = kFc1TileH + 4;
@@ -176,7 +183,7 @@ __device__ __forceinline__ void decode_e2m1x8_mulhi(uint32_t w, uint32_t (&r)[4]
 // (docs/gpu_kernels.md §6 "Session 11"), while mxfp4 at tile 16 (25856-byte slots) fits 4 CTAs
 // either way and was 1-2 % slower with one.
 constexpr int decode_scale_tables(int stage_bytes) {
-  return 4 * (2 * stage_bytes + 5376 + 1024) > 228 * 1024 ? 1 : 2;
+  return 4 * (2 * stage_bytes + kDecodeStaticTwoTables + kSmemReservedPerCta) > kSmemPerSm ? 1 : 2;
 }
 
 // One chunk's operands of one consumer lane (kFW fragments).
@@ -618,7 +625,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       pc.t_off = lane * (kWide ? 16 : 8);
       pc.s_lane = RT::kNvScale || kFW == 2 || lane < 16;
       pc.tbl0 = smem_addr(&scale_tbl[0][warp][0]);
-      pc.tbl_step = kTables == 2 ? uint32_t(sizeof(scale_tbl[0])) : 0u;
+      pc.tbl_step = uint32_t(sizeof(scale_tbl[0]));  // unused with one table
       pc.lut = smem_addr(scale_lut);
       if (pc.lut & 1023) __trap();  // the lookups OR the index into the address
       pc.g_off = g * (RT::kNvScale ? 16 : 8);
@@ -661,7 +668,8 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     const uint32_t b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
     const uint32_t s_off = kSOff + warp * kFW * RT::kScaleBytes;
     const uint32_t tbl0 = smem_addr(&scale_tbl[0][warp][0]);
-    const uint32_t tbl_step = kTables == 2 ? uint32_t(sizeof(scale_tbl[0])) : 0u;
+    static_assert(kTables == 2, "the plain loop's 1-chunk slots leave room for both tables");
+    const uint32_t tbl_step = uint32_t(sizeof(scale_tbl[0]));
     const uint32_t lut = smem_addr(scale_lut);
     int slot = 0;
     uint32_t phase = 0, st = ring;
@@ -700,7 +708,6 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       uint4 sc_lo[kFW], sc_hi[kFW];
       if constexpr (RT::kFourBit) {
         const uint32_t tbl = tbl0 + (chunk & 1) * tbl_step;
-        if constexpr (kTables == 1) __syncwarp();  // the previous chunk's table was read
         if constexpr (RT::kNvScale) {
           if constexpr (kFW == 2) {
             const uint32_t v = lds32(st + s_off + lane * 4);
@@ -931,8 +938,7 @@ int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, in
 template <Recipe R, int kN, int kFW, int kCps>
 int decode_stages(int per_sm) {
   using C = DecodeConfig<R, kN, kFW, kCps>;
-  constexpr int kSmemPerSm = 228 * 1024, kStatic = 8 * 1024;  // static smem + reserve, rounded
-  const int stages = (kSmemPerSm / per_sm - kStatic) / C::kStageBytes;
+  const int stages = (kSmemPerSm / per_sm - kDecodeStaticBound) / C::kStageBytes;
   return std::max(C::kMinStages, std::min({C::kMaxStages, decode_max_stages(), stages}));
 }
 

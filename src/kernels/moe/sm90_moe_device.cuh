@@ -18,6 +18,12 @@
 
 namespace moe_ep::kern {
 
+// Shared memory of a Hopper SM (H100 / H200) as the kernels' ring sizing sees it: 228 KB per
+// SM, at most 227 KB for one CTA, and 1 KB of every resident CTA's share kept by the runtime.
+constexpr int kSmemPerSm = 228 * 1024;
+constexpr int kSmemPerCtaMax = 227 * 1024;
+constexpr int kSmemReservedPerCta = 1024;
+
 // ---------------------------------------------------------------------------------------------
 // PTX helpers
 

@@ -364,7 +364,8 @@ struct Wgmma3Config {
   // alignment of the ring come out of the SM's share.
   static constexpr int kStaticBytes = 256 * 4 + kWg3MaxN * (8 + 4 + 4);
   static constexpr int kBudget =
-      (kMinB == 1 ? 232448 : 233472 / kMinB - 1024) - kStaticBytes - 1024;
+      (kMinB == 1 ? kSmemPerCtaMax : kSmemPerSm / kMinB - kSmemReservedPerCta) - kStaticBytes -
+      1024;
   static constexpr int kMaxStages = 8;
   static constexpr int kStagesMaxN =
       kBudget / stage_bytes(kWg3MaxN) < kMaxStages ? kBudget / stage_bytes(kWg3MaxN) : kMaxStages;
@@ -380,8 +381,8 @@ struct Wgmma3Config {
   static constexpr int kSmemBytes =
       (kRingBytes > kG * kEpiBytes ? kRingBytes : kG * kEpiBytes) + 1024;
   // kMinB CTAs fit an SM (228 KB, 1 KB reserved per CTA) and one CTA the 227 KB per-CTA limit.
-  static_assert(kMinB * (kSmemBytes + kStaticBytes + 1024) <= 233472 &&
-                    kSmemBytes + kStaticBytes <= 232448,
+  static_assert(kMinB * (kSmemBytes + kStaticBytes + kSmemReservedPerCta) <= kSmemPerSm &&
+                    kSmemBytes + kStaticBytes <= kSmemPerCtaMax,
                 "the ring and the static tables fit kMinB CTAs per SM");
 };
 
