@@ -199,6 +199,14 @@ struct PoisonedOut {
   }
 };
 
+// One forward of `h` on GPU 0 into a poisoned [T][H] output; its bits on the host.
+std::vector<uint16_t> forward_bits(MegaLayer& layer, const DeviceInputs& d, const HostInputs& h) {
+  PoisonedOut out(size_t(h.T) * h.H);
+  layer.forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {h.T, h.H},
+                                                          Device{DeviceKind::kCUDA, 0}));
+  return out.host();
+}
+
 std::vector<uint16_t> to_host_bf16(const TensorView& v) {
   std::vector<uint16_t> h(size_t(v.numel()));
   cudaDeviceSynchronize();
@@ -247,19 +255,12 @@ void compare_shape(const Shape& s, const Options& o, const std::vector<int>& tok
       const Tensor ref_t = cpu->forward(host_view(h));
       std::vector<uint16_t> ref(size_t(T) * s.H);
       if (T) std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
-      PoisonedOut out(size_t(T) * s.H);
-      const TensorView ov =
-          TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0});
-      gpu->forward(device_view(d, h), ov);
-      const std::vector<uint16_t> got = out.host();
+      const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
       std::string why;
       const double err = rel_l2(got, ref, &why);
       EXPECT_LE(err, 5e-3) << why;
       if (T == 128 || T == capacity) {
-        PoisonedOut again(size_t(T) * s.H);
-        gpu->forward(device_view(d, h), TensorView::contiguous(again.p, DType::kBF16, {T, s.H},
-                                                               Device{DeviceKind::kCUDA, 0}));
-        EXPECT_TRUE(again.host() == got) << "repeated forward is not bitwise identical";
+        EXPECT_TRUE(forward_bits(*gpu, d, h) == got) << "repeated forward is not bitwise identical";
       }
       std::printf("[ gpu-vs-cpu ] %-8s %-12s T=%-5d rel_l2=%.3e\n", s.name, recipe_name(r), T, err);
     }
@@ -309,11 +310,8 @@ TEST(GpuLayer, Qwen3Capacity4096) {
       const Tensor ref_t = cpu->forward(host_view(h));
       std::vector<uint16_t> ref(size_t(T) * s.H);
       std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
-      PoisonedOut out(size_t(T) * s.H);
-      gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H},
-                                                             Device{DeviceKind::kCUDA, 0}));
       std::string why;
-      const double err = rel_l2(out.host(), ref, &why);
+      const double err = rel_l2(forward_bits(*gpu, d, h), ref, &why);
       EXPECT_LE(err, 5e-3) << why;
       std::printf("[ gpu-vs-cpu ] qwen3    %-12s T=%-5d rel_l2=%.3e\n", recipe_name(r), T, err);
     }
@@ -585,11 +583,7 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 60 + T);
       DeviceInputs d(h);
       const Device dev{DeviceKind::kCUDA, 0};
-      auto eager = [&] {
-        PoisonedOut out(size_t(T) * s.H);
-        gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
-        return out.host();
-      };
+      auto eager = [&] { return forward_bits(*gpu, d, h); };
       std::vector<uint16_t> ref;
       {
         SplitKOverride off(1, 1);
@@ -671,7 +665,6 @@ TEST(GpuLayer, DecodeSlotChunksSameBits) {
   ASSERT_EQ(rs.fc1_chunks, 45);
   ASSERT_EQ(rs.fc2_chunks, 45);
   Master m(s, 27);
-  const Device dev{DeviceKind::kCUDA, 0};
   for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
@@ -688,10 +681,7 @@ TEST(GpuLayer, DecodeSlotChunksSameBits) {
           SCOPED_TRACE("T = " + std::to_string(T) + ", splits " + std::to_string(splits) +
                        ", chunks per slot " + std::to_string(cps));
           CpsOverride c(cps);
-          PoisonedOut out(size_t(T) * s.H);
-          gpu->forward(device_view(d, h),
-                       TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
-          const std::vector<uint16_t> got = out.host();
+          const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
           EXPECT_EQ(kern::last_decode_cps(), cps);
           EXPECT_EQ(kern::last_decode_splits(true), splits);
           if (cps == 1) {
@@ -732,7 +722,6 @@ TEST(GpuLayer, M64ShapesSameBits) {
   SKIP_WITHOUT_GPU();
   const Shape s = kGptOss;
   Master m(s, 31);
-  const Device dev{DeviceKind::kCUDA, 0};
   for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
@@ -746,9 +735,7 @@ TEST(GpuLayer, M64ShapesSameBits) {
       for (const char* knob : {"1x3", "2x2", "2x1", "3x1", "4x1", "4x1,2x2"}) {
         SCOPED_TRACE("T = " + std::to_string(T) + ", MOE_EP_M64 " + knob);
         M64ShapeOverride o(knob);
-        PoisonedOut out(size_t(T) * s.H);
-        gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
-        const std::vector<uint16_t> got = out.host();
+        const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
         const kern::M64Shapes want = kern::parse_m64_shapes(knob);
         EXPECT_EQ(kern::last_m64_shape(true), want[1]);
         EXPECT_EQ(kern::last_m64_shape(false), want[0]);
@@ -790,7 +777,6 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
   Master m(s, 37);
-  const Device dev{DeviceKind::kCUDA, 0};
   for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
@@ -802,9 +788,7 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
       DeviceInputs d(h);
       auto run = [&](int tile) {
         TileOverride o(tile);
-        PoisonedOut out(size_t(T) * s.H);
-        gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
-        return out.host();
+        return forward_bits(*gpu, d, h);
       };
       const std::vector<uint16_t> t8 = run(8), t16 = run(16);
       EXPECT_TRUE(t16 == t8) << "tile 16 differs from tile 8";
@@ -850,16 +834,12 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
       const Tensor ref_t = cpu->forward(host_view(h));
       std::vector<uint16_t> ref(size_t(T) * s.H);
       std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
-      PoisonedOut out(size_t(T) * s.H), again(size_t(T) * s.H);
-      const Device dev{DeviceKind::kCUDA, 0};
-      gpu->forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
-      gpu->forward(device_view(d, h), TensorView::contiguous(again.p, DType::kBF16, {T, s.H}, dev));
-      const std::vector<uint16_t> got = out.host();
+      const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
       std::string why;
       const double err = rel_l2(got, ref, &why);
       EXPECT_LE(err, 5e-3) << why;
       EXPECT_GT(err, 0.0) << "bitwise equal to the CPU: the fp8 path did not run";
-      EXPECT_TRUE(again.host() == got) << "repeated forward is not bitwise identical";
+      EXPECT_TRUE(forward_bits(*gpu, d, h) == got) << "repeated forward is not bitwise identical";
       std::printf("[ fp8-vs-cpu ] %-8s T=%-5d rel_l2=%.3e\n", s.name, T, err);
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);

@@ -269,7 +269,8 @@ struct RankCtx {
       for (size_t i = 0; i < expect.size(); ++i) slot_of[size_t(expect[i])] = int(i);
       std::vector<bool> seen(expect.size(), false);
       for (int i = 0; i < count; ++i) {
-        const int t = *RecvMetaRow{meta.data() + size_t(i) * L.meta_row_bytes, g.K}.token();
+        RecvMetaRow m{meta.data() + size_t(i) * L.meta_row_bytes, g.K};
+        const int t = *m.token();
         REQUIRE(t >= 0 && t < in.T && slot_of[size_t(t)] >= 0 && !seen[size_t(slot_of[size_t(t)])],
                 what + ": recv_meta[src " + std::to_string(s) + "][row " + std::to_string(i) +
                     "] names token " + std::to_string(t) +
@@ -283,7 +284,6 @@ struct RankCtx {
           REQUIRE(rows[size_t(i) * L.act_row_bytes + j] == test::act_byte(s, t, j),
                   what + ": recv_act[src " + std::to_string(s) + "][row " + std::to_string(i) +
                       "] byte " + std::to_string(j) + " is not token " + std::to_string(t) + "'s");
-        RecvMetaRow m{meta.data() + size_t(i) * L.meta_row_bytes, g.K};
         REQUIRE(std::memcmp(m.ids(), in.ids.data() + size_t(t) * g.K, 4 * g.K) == 0,
                 what + ": recv_meta ids of token " + std::to_string(t));
         REQUIRE(std::memcmp(m.weights(), in.w.data() + size_t(t) * g.K, 4 * g.K) == 0,
