@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/env_switch.h"
 #include "common/workspace_layout.h"
 #include "cuda/comm/nccl_comm.h"
 #include "cuda/stage_timing.h"
@@ -527,10 +528,7 @@ class CudaBackend final : public LayerBackend {
     dp.fused_wait = true;  // the last block waits for every source (no wait launch)
     // Rows at the owners in tile order (per-tile atomics, the default), or in token order after
     // a count pass with MOE_EP_ORDERED_ROWS=1 (benchmark knob; same outputs either way).
-    static const bool ordered_rows = [] {
-      const char* v = std::getenv("MOE_EP_ORDERED_ROWS");
-      return v != nullptr && v[0] == '1' && v[1] == 0;
-    }();
+    static const bool ordered_rows = env_switch("MOE_EP_ORDERED_ROWS", false);
     dp.ordered_rows = ordered_rows;
     check(launch_ep_dispatch(dp, s), "launching EP dispatch");
     mark(2);

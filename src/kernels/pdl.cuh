@@ -7,7 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
+#include "common/env_switch.h"
 
 namespace moe_ep {
 
@@ -49,10 +49,7 @@ cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
 // with PDL; MOE_EP_TRANSPORT_PDL=0 (benchmark knob, read once per process) launches them plainly
 // for A/B runs. Either way they call pdl_wait first, so the results are the same.
 inline bool transport_pdl() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOE_EP_TRANSPORT_PDL");
-    return !(v && v[0] == '0' && !v[1]);
-  }();
+  static const bool on = env_switch("MOE_EP_TRANSPORT_PDL", true);
   return on;
 }
 

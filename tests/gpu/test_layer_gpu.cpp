@@ -750,11 +750,7 @@ TEST(GpuLayer, M64ShapesSameBits) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer
-// (half the MMAs and B loads) and the others on the 16-column one; either way a column gets the
-// same MMAs in the same k order as in a tile of 8, so forcing tile 16 or 8 gives the same bits.
-// Qwen3 (E 16, K 8): T = 3 (1.5 rows per expert: every tile narrow), 12 (6: narrow and wide
-// tiles in one launch), 24 (12: mostly wide).
+// A test's tile width for the next forwards (kern::set_tile_n_override), cleared at scope end.
 struct TileOverride {
   explicit TileOverride(int n) { kern::set_tile_n_override(n); }
   ~TileOverride() { kern::set_tile_n_override(0); }
@@ -773,6 +769,11 @@ TEST(GpuLayerHost, TileOverrideRoundTrip) {
   EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);
 }
 
+// The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer
+// (half the MMAs and B loads) and the others on the 16-column one; either way a column gets the
+// same MMAs in the same k order as in a tile of 8, so forcing tile 16 or 8 gives the same bits.
+// Qwen3 (E 16, K 8): T = 3 (1.5 rows per expert: every tile narrow), 12 (6: narrow and wide
+// tiles in one launch), 24 (12: mostly wide).
 TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;

@@ -6,13 +6,33 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
+#include "common/env_switch.h"
 #include "kernels/moe/moe_params.h"
 
 namespace moe_ep::kern {
 namespace {
+
+// The on/off knobs: exactly "1" or "0" switch, anything else keeps the default.
+TEST(KernelParams, EnvSwitchKnobValues) {
+  const char* name = "MOE_EP_TEST_ENV_SWITCH";
+  unsetenv(name);
+  EXPECT_TRUE(env_switch(name, true));
+  EXPECT_FALSE(env_switch(name, false));
+  setenv(name, "0", 1);
+  EXPECT_FALSE(env_switch(name, true));
+  setenv(name, "1", 1);
+  EXPECT_TRUE(env_switch(name, false));
+  for (const char* other : {"", "01", "10", "2", "yes", "0 "}) {
+    setenv(name, other, 1);
+    EXPECT_TRUE(env_switch(name, true)) << "'" << other << "'";
+    EXPECT_FALSE(env_switch(name, false)) << "'" << other << "'";
+  }
+  unsetenv(name);
+}
 
 // The host's estimate of the routing tiles (the decode ring and split-K policy size from it):
 // one per pair below the expert count, else full tiles. DSV3 (256 experts, K 8).

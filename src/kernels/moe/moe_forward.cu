@@ -554,11 +554,8 @@ cudaError_t launch_fp8_fold(const uint16_t* src, int rows, int cols, uint8_t* ds
 }
 
 bool fc2_early_start() {
-  static const bool v = [] {
-    const char* e = std::getenv("MOE_EP_FC2_EARLY");
-    return e == nullptr || std::atoi(e) != 0;
-  }();
-  return v;
+  static const bool on = env_switch("MOE_EP_FC2_EARLY", true);
+  return on;
 }
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "common/env_switch.h"
 #include "kernels/moe/sm90_moe_device.cuh"
 #include "kernels/pdl.cuh"
 
@@ -949,10 +950,7 @@ int decode_stages(int per_sm) {
 // Variants measured and dropped: the wait for the next chunk before the current one's math, the
 // old decode of register 3, one fragment per consumer warp (8 warps; 1 token 93.4 vs 89.8 us).
 inline bool decode_pipelined() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOE_EP_DECODE_PIPE");
-    return !(v && v[0] == '0' && !v[1]);
-  }();
+  static const bool on = env_switch("MOE_EP_DECODE_PIPE", true);
   return on;
 }
 
@@ -1011,10 +1009,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
 // 2448 -> 2144 / 3447 -> 3055 us; docs/gpu_kernels.md §6). MOE_EP_DECODE16=0 (benchmark knob,
 // read once per process) sends tile_n 16 back to sm90_moe_gemm_kernel.
 inline bool decode_tile16() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOE_EP_DECODE16");
-    return !(v && v[0] == '0');
-  }();
+  static const bool on = env_switch("MOE_EP_DECODE16", true);
   return on;
 }
 
