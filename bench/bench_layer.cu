@@ -188,10 +188,12 @@ double median(std::vector<float> v) {
 
 // BENCH.md's timing: one forward per input set captured into a CUDA graph, 6 warm-up replays,
 // then `iters` replays alternating the sets, each between two events. Returns their µs.
+// `barrier` (EP > 1): a barrier of every rank enqueued before each timed replay, outside its
+// events, so the ranks start each replay together (BENCH.md); null: replays back to back.
 template <class MakeInputs>
 std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs,
                                       const InputSet (&sets)[2], const TensorView& out,
-                                      cudaStream_t st, int iters) {
+                                      cudaStream_t st, int iters, EpComm* barrier = nullptr) {
   cudaGraphExec_t exec[2];
   for (int k = 0; k < 2; ++k) {
     cudaGraph_t g;
@@ -205,6 +207,7 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
   std::vector<cudaEvent_t> ev(2 * iters);
   for (auto& e : ev) CK(cudaEventCreate(&e));
   for (int it = 0; it < iters; ++it) {
+    if (barrier) barrier->barrier_async(st);
     CK(cudaEventRecord(ev[2 * it], st));
     CK(cudaGraphLaunch(exec[it & 1], st));
     CK(cudaEventRecord(ev[2 * it + 1], st));
@@ -238,6 +241,7 @@ struct EpCase {
 };
 struct EpShared {
   SharedUniqueId uid;
+  SharedUniqueId barrier_uid;  // the benchmark's own communicator for the per-replay barrier
   char device[256];
   struct Rank {
     int done, failed, ncases;
@@ -257,6 +261,16 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
   }
   const NcclUniqueIdBytes uid = sh->uid.exchange(rank);
   auto& me = sh->rank[rank];
+  // BENCH.md: with EP > 1, barrier before each timed iteration. The barrier is an NCCL LSA
+  // barrier kernel on a communicator of the benchmark's own, enqueued before each replay's
+  // start event. MOE_EP_BENCH_BARRIER=0 times the replays back to back instead (the method
+  // before session 13, for comparison).
+  std::unique_ptr<EpComm> barrier;
+  if (const char* b = std::getenv("MOE_EP_BENCH_BARRIER"); !(b && std::strcmp(b, "0") == 0)) {
+    EpCommOptions o;
+    o.device = rank;
+    barrier = std::make_unique<EpComm>(sh->barrier_uid.exchange(rank), rank, world, o);
+  }
   const Device gpu{DeviceKind::kCUDA, rank};
   const int El = s.E / world;
   cudaStream_t st;
@@ -319,7 +333,8 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
       for (int it = 0; it < 4; ++it) layer->forward(inputs(sets[it & 1]), ov);
       CK(cudaStreamSynchronize(st));
       step(T, "timed graph replays");
-      const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters);
+      const std::vector<float> us =
+          time_graph_replays(*layer, inputs, sets, ov, st, iters, barrier.get());
       step(T, "stage-event graph");
       // Weight bytes this rank streams: its experts that any rank's tokens touch. Every rank
       // regenerates the peers' ids (same seeds) to count them.
@@ -358,6 +373,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         CK(cudaGraphDestroy(g));
       }
       for (int it = 0; it < std::max(5, iters / 2); ++it) {
+        if (barrier) barrier->barrier_async(st);
         CK(cudaGraphLaunch(staged, st));
         CK(cudaStreamSynchronize(st));
         for (int j = 0; j + 1 < debug::kEpStageEvents; ++j) {
@@ -436,6 +452,12 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   const std::string fc = fc_env ? fc_env : "";
   const char* combine = fc == "0" ? "copy" : fc == "2" ? "fused+fence" : "fused";
   std::printf("combine: %s (MOE_EP_FUSED_COMBINE=%s)\n", combine, fc_env ? fc_env : "unset");
+  const char* bar_env = std::getenv("MOE_EP_BENCH_BARRIER");
+  const bool replay_barrier = !(bar_env && std::strcmp(bar_env, "0") == 0);
+  const char* timing = replay_barrier
+                           ? "cuda graph replay after a barrier of the ranks, slowest rank's median"
+                           : "cuda graph replays back to back, slowest rank's median";
+  std::printf("timing: %s\n", timing);
   FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (js) std::fprintf(js, "[\n");
   std::printf("%-8s %-12s %4s %6s %12s %12s %12s %14s %s\n", "shape", "recipe", "ep", "tokens",
@@ -479,11 +501,11 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
                    "\"stages_us_rank0_graph\": {\"quantize\": %.2f, \"dispatch_wait\": %.2f, "
                    "\"unpack\": %.2f, \"route_fc1_fc2\": %.2f, \"combine_wait\": %.2f, "
                    "\"finalize\": %.2f}, \"combine\": \"%s\", "
-                   "\"timing\": \"cuda graph replay, slowest rank's median\"}",
+                   "\"timing\": \"%s\"}",
                    c ? ",\n" : "", commit ? commit : "unknown", world, sh->device, world, world,
                    s.name.c_str(), s.H, s.I, s.E, s.K, rn[0].c_str(), T, med, mn, mx, per.c_str(),
                    bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters, sg[0], sg[1], sg[2],
-                   sg[3], sg[4], sg[5], combine);
+                   sg[3], sg[4], sg[5], combine, timing);
   }
   if (js) {
     std::fprintf(js, "\n]\n");

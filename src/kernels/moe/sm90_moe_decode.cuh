@@ -517,10 +517,9 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     pdl_wait();
     pdl_launch_dependents();
   }
-  const int tile_idx = blockIdx.x;
-  if (tile_idx >= *a.num_tiles) return;
+  int tile_idx, mtile;
+  if (!tile_item(a, tile_idx, mtile)) return;
   const TileInfo tile = a.tiles[tile_idx];
-  const int mtile = blockIdx.y;
   const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
   const int split = blockIdx.z;
   const int c0 = split * ms.chunks / splits;

@@ -167,6 +167,21 @@ __device__ __forceinline__ MTileStream mtile_stream(const ForwardArgs& a, int ex
   return m;
 }
 
+// The routing tile and M-tile of a CTA of a (tile, M-tile) grid. The grid is sized for the host's
+// bound on the tiles (max_tiles), the device knows how many there are. Item blockIdx.y *
+// gridDim.x + blockIdx.x runs tile item % n, M-tile item / n for the n live tiles: the same
+// tile-fastest order as (blockIdx.x, blockIdx.y) had, but every CTA without a tile comes after
+// the live ones instead of between them (at 128 tokens a quarter to a half of the grid), so
+// those start and exit in the grid's tail. False: no tile for this CTA.
+__device__ __forceinline__ bool tile_item(const ForwardArgs& a, int& tile_idx, int& mtile) {
+  const unsigned n = unsigned(*a.num_tiles);
+  const unsigned item = blockIdx.y * gridDim.x + blockIdx.x;
+  if (item >= n * gridDim.y) return false;  // n = 0 included
+  tile_idx = int(item % n);
+  mtile = int(item / n);
+  return true;
+}
+
 // Column n of a routing tile: its pair t*K+k (-1 past the tile's rows), the element offset of
 // its B row (fc1: token t's row of xq; fc2: the tile's own row of h, sorted order) and its top-k
 // weight (fc1; 0 otherwise).
@@ -389,10 +404,9 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   __shared__ int pair_of[kN];       // t*K+k of each column
   __shared__ float tw_of[kN];
 
-  const int tile_idx = blockIdx.x;
-  if (tile_idx >= *a.num_tiles) return;
+  int tile_idx, mtile;
+  if (!tile_item(a, tile_idx, mtile)) return;
   const TileInfo tile = a.tiles[tile_idx];
-  const int mtile = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2;
 
