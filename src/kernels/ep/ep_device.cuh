@@ -32,6 +32,17 @@ __device__ __forceinline__ void signal_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// The same reduction without ordering of its own: after fence_release_sys, the two form a
+// release pattern (PTX memory model), so one fence serves every signal after it. Each
+// red.release.sys compiles to its own MEMBAR.ALL.SYS (cuobjdump, sm_90a), and the last block of
+// a dispatch issued 2W of them back to back.
+__device__ __forceinline__ void signal_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("red.relaxed.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void fence_release_sys() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
 __device__ __forceinline__ uint64_t* signal_slot(uint8_t* base, const WorkspaceLayout& l,
                                                  int peer) {
   return reinterpret_cast<uint64_t*>(base + l.signal(peer));
@@ -110,14 +121,33 @@ __device__ __forceinline__ bool wait_signal(const EpTransport& tp, EpStage stage
 
 // One thread of the dispatch's last block, before its signals: count this forward call on the
 // communicator and announce (call, workspace) to every rank (ep_params.h), so a peer that waits
-// in another workspace learns of the mismatch instead of timing out.
+// in another workspace learns of the mismatch instead of timing out. Nothing is read under the
+// announce, so it needs no release of its own: publish_signals' fence orders it with the rest.
 __device__ __forceinline__ void announce_call(const EpTransport& tp) {
   if (tp.calls == nullptr) return;
   const uint64_t c = *tp.calls + 1;
   *tp.calls = c;
   for (int r = 0; r < tp.world_size; ++r)
-    if (tp.announce[r] != nullptr)
-      signal_release_sys(tp.announce[r] + tp.rank, ep_announce(c, tp.workspace));
+    if (tp.announce[r] != nullptr) {
+      if (tp.release_each)
+        signal_release_sys(tp.announce[r] + tp.rank, ep_announce(c, tp.workspace));
+      else
+        signal_relaxed_sys(tp.announce[r] + tp.rank, ep_announce(c, tp.workspace));
+    }
+}
+
+// The last block's signal `v` into this rank's slot at every rank: one system release fence
+// (every store this thread made or synchronized with before it: its block's and, through
+// grid_arrive_last, every other block's) and then a relaxed reduction per rank.
+__device__ __forceinline__ void publish_signals(const EpTransport& tp, uint64_t v) {
+  if (!tp.release_each) fence_release_sys();
+  for (int r = 0; r < tp.world_size; ++r) {
+    uint64_t* slot = signal_slot(tp.peer_base[r], tp.layout, tp.rank);
+    if (tp.release_each)
+      signal_release_sys(slot, v);
+    else
+      signal_relaxed_sys(slot, v);
+  }
 }
 
 // Every thread t < W of the calling block waits for peer t's signal `target` (fused waits).
@@ -131,7 +161,9 @@ __device__ __forceinline__ void wait_all_peers(const EpTransport& tp, EpStage st
 // to arrive; that thread may then publish signals (its stores are ordered after every block's
 // data stores). `counter` is reset by the last block, so the next launch starts at 0.
 // `s_last` (shared) tells the whole block whether it is the last one (for fused waits).
-__device__ __forceinline__ bool grid_arrive_last(uint32_t* counter, int* s_last = nullptr) {
+// `release_each` (EpTransport): the acquire side as a system fence, as before session 13.
+__device__ __forceinline__ bool grid_arrive_last(uint32_t* counter, int* s_last = nullptr,
+                                                 bool release_each = false) {
   __syncthreads();  // every thread of this block finished its stores (CTA-scope order)
   bool last = false;
   if (threadIdx.x == 0) {
@@ -141,8 +173,13 @@ __device__ __forceinline__ bool grid_arrive_last(uint32_t* counter, int* s_last 
     const uint32_t prev = atomicAdd(counter, 1u);
     last = prev == gridDim.x - 1;
     if (last) {
-      // Acquire side of the arrivals: orders every block's stores before our signal stores.
-      __threadfence_system();
+      // Acquire side of the arrivals: every block's system fence + arrival synchronizes with
+      // this fence (same GPU, so GPU scope is enough), which orders their stores before the
+      // signals' release (publish_signals) cumulatively.
+      if (release_each)
+        __threadfence_system();
+      else
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
       *counter = 0u;
     }
     if (s_last != nullptr) *s_last = last;

@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
 
   // 3. The last block to finish publishes epoch 2n-1 to every owner (release after all rows),
   //    and with fused_wait waits for every source's epoch 2n-1 before the kernel ends.
-  if (grid_arrive_last(&tp.state->dispatch_arrived, &s_last)) {
+  if (grid_arrive_last(&tp.state->dispatch_arrived, &s_last, tp.release_each)) {
     const uint64_t n = tp.state->call + 1;
     tp.state->call = n;
     if (!ordered) {
@@ -285,8 +285,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
             int32_t(atomicExch(&tp.state->rows[o], 0u));
     }
     announce_call(tp);
-    for (int o = 0; o < W; ++o)
-      signal_release_sys(signal_slot(tp.peer_base[o], L, tp.rank), ep_dispatch_signal(n));
+    publish_signals(tp, ep_dispatch_signal(n));
   }
   if (p.fused_wait) {
     __syncthreads();
@@ -390,10 +389,8 @@ __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams 
   }
   // The last block publishes epoch 2n to every source (release after all result rows), and
   // with fused_wait waits for every owner's epoch 2n.
-  if (grid_arrive_last(&tp.state->combine_arrived, &s_last)) {
-    const uint64_t n = tp.state->call;
-    for (int s = 0; s < W; ++s)
-      signal_release_sys(signal_slot(tp.peer_base[s], L, tp.rank), ep_combine_signal(n));
+  if (grid_arrive_last(&tp.state->combine_arrived, &s_last, tp.release_each)) {
+    publish_signals(tp, ep_combine_signal(tp.state->call));
   }
   if (p.fused_wait) {
     __syncthreads();

@@ -114,6 +114,11 @@ struct EpTransport {
   int workspace = -1;
   uint64_t* calls = nullptr;
   uint64_t* announce[kEpMaxRanks] = {};
+  // How the last block of dispatch / combine publishes (ep_device.cuh, publish_signals): false,
+  // one system fence before all of its signal (and announce) reductions; true, a release
+  // reduction per signal (a system fence each: the protocol until session 13, kept as the
+  // benchmark knob MOE_EP_RELEASE_EACH=1 for A/B runs).
+  bool release_each = false;
 };
 
 // dispatch: every source token row goes once to each owner rank that holds one of its experts.
