@@ -168,8 +168,12 @@ __device__ __forceinline__ bool grid_arrive_last(uint32_t* counter, int* s_last 
   bool last = false;
   if (threadIdx.x == 0) {
     // Cumulative system fence: the block's peer stores (made visible to thread 0 by the barrier
-    // above) are ordered before the arrival below, so before the last block's signal.
-    __threadfence_system();
+    // above) are ordered before the arrival below, so before the last block's signal. A release
+    // fence is all this needs (with the relaxed arrival it is a release pattern).
+    if (release_each)
+      __threadfence_system();
+    else
+      fence_release_sys();
     const uint32_t prev = atomicAdd(counter, 1u);
     last = prev == gridDim.x - 1;
     if (last) {
