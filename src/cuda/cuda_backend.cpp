@@ -265,7 +265,7 @@ class CudaBackend final : public LayerBackend {
     off =
         al(off + size_t(kern::max_tiles(int(rows), El_, kern::kMinTileN)) * sizeof(kern::TileInfo));
     ws->num_tiles_off = off;
-    off = al(off + 4);
+    off = al(off + 8);  // the tile count, then the narrow ones' (ForwardArgs::tile_split)
     ws->counts_off = off;
     off = al(off + size_t(El_) * 4);
     ws->splitk = recipe_traits(cfg_.recipe.recipe).weights_4bit && !fp8_;  // decode kernel only

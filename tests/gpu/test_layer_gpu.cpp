@@ -769,11 +769,35 @@ TEST(GpuLayerHost, TileOverrideRoundTrip) {
   EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);
 }
 
+// A test's choice of tile 16's row split (kern::set_decode16_split_override), cleared at scope
+// end.
+struct Split16Override {
+  explicit Split16Override(bool on) { kern::set_decode16_split_override(on ? 1 : 0); }
+  ~Split16Override() { kern::set_decode16_split_override(-1); }
+};
+
+// The override the test below uses (host state only: runs without a GPU).
+TEST(GpuLayerHost, Split16OverrideRoundTrip) {
+  const bool before = kern::decode16_split();
+  {
+    Split16Override on(true);
+    EXPECT_TRUE(kern::decode16_split());
+  }
+  {
+    Split16Override off(false);
+    EXPECT_FALSE(kern::decode16_split());
+  }
+  EXPECT_EQ(kern::decode16_split(), before);  // back to the knob
+}
+
 // The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer
 // (half the MMAs and B loads) and the others on the 16-column one; either way a column gets the
 // same MMAs in the same k order as in a tile of 8, so forcing tile 16 or 8 gives the same bits.
+// With the row split (ForwardArgs::tile_split) route puts the narrow tiles first and each GEMM
+// runs them on the tile-8 kernel and the rest on the tile-16 kernel: the same bits again.
 // Qwen3 (E 16, K 8): T = 3 (1.5 rows per expert: every tile narrow), 12 (6: narrow and wide
-// tiles in one launch), 24 (12: mostly wide).
+// tiles in one launch), 24 (12: mostly wide), 40 (20: a full tile of 16 and a narrow or wide
+// remainder per expert).
 TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
@@ -783,16 +807,61 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
     const PackedExperts p = pack(s, r, m, Options{});
     auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 64, true, Options{}), p);
     gpu->warmup();
-    for (int T : {3, 12, 24}) {
+    for (int T : {3, 12, 24, 40}) {
       SCOPED_TRACE("T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 70 + T);
       DeviceInputs d(h);
-      auto run = [&](int tile) {
+      auto run = [&](int tile, bool split) {
         TileOverride o(tile);
+        Split16Override so(split);
         return forward_bits(*gpu, d, h);
       };
-      const std::vector<uint16_t> t8 = run(8), t16 = run(16);
+      const std::vector<uint16_t> t8 = run(8, false), t16 = run(16, false);
       EXPECT_TRUE(t16 == t8) << "tile 16 differs from tile 8";
+      EXPECT_TRUE(run(16, true) == t8) << "tile 16 split by rows differs from tile 8";
+      if (T != 40) continue;
+      // The split captured in a CUDA graph at T and replayed with device counts (route orders
+      // each replay's tiles on the device) against eager tile-8 forwards of the first n tokens.
+      int32_t* n_dev = nullptr;
+      CUDA_OK(cudaMalloc(&n_dev, 4));
+      cudaStream_t st;
+      CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      PoisonedOut out(size_t(T) * s.H);
+      ForwardInputs f = device_view(d, h);
+      f.stream = st;
+      f.num_tokens = n_dev;
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      {
+        TileOverride o(16);
+        Split16Override so(true);
+        CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        gpu->forward(
+            f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0}));
+        CUDA_OK(cudaStreamEndCapture(st, &graph));
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      }
+      for (int n : {40, 12, 3}) {
+        SCOPED_TRACE("graph replay, n = " + std::to_string(n));
+        CUDA_OK(cudaMemcpy(n_dev, &n, 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaGraphLaunch(exec, st));
+        CUDA_OK(cudaStreamSynchronize(st));
+        const std::vector<uint16_t> got = out.host();
+        HostInputs hn = h;
+        hn.T = n;
+        hn.x.resize(size_t(n) * s.H);
+        hn.ids.resize(size_t(n) * s.K);
+        hn.w.resize(size_t(n) * s.K);
+        DeviceInputs dn(hn);
+        TileOverride o(8);
+        const std::vector<uint16_t> want = forward_bits(*gpu, dn, hn);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()))
+            << "graph replay with the split differs from the eager tile-8 forward";
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(st);
+      cudaFree(n_dev);
       bool nonzero = false;
       for (uint16_t v : t8) nonzero |= (v & 0x7fff) != 0;
       EXPECT_TRUE(nonzero);

@@ -71,66 +71,92 @@ __device__ void route(const ForwardArgs& a) {
     if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
   }
   __syncthreads();
-  // Exclusive scans of the pair and tile counts over El <= 2 * kPrepThreads experts: two per
-  // thread, a warp scan, then the warp totals (a serial warp-0 loop over 32-expert groups cost
-  // microseconds at 256 experts).
-  __shared__ int warp_p[kPrepThreads / 32], warp_t[kPrepThreads / 32];
+  // Exclusive scans of the pair, tile and narrow-tile counts over El <= 2 * kPrepThreads
+  // experts: two per thread, a warp scan, then the warp totals (a serial warp-0 loop over
+  // 32-expert groups cost microseconds at 256 experts). A narrow tile (tile_split only) is an
+  // expert's last tile when it has at most tn / 2 rows; those come first in the list.
+  __shared__ int warp_p[kPrepThreads / 32], warp_t[kPrepThreads / 32], warp_n[kPrepThreads / 32];
+  __shared__ int noff[kMaxLocalExperts];
+  __shared__ int narrow_total;
+  const auto narrow_of = [&](int c) {
+    const int r = c % tn;
+    return a.tile_split && r != 0 && 2 * r <= tn ? 1 : 0;
+  };
   {
     const int e0 = 2 * tid, e1 = e0 + 1;
     const int c0 = e0 < El ? cnt[e0] : 0, c1 = e1 < El ? cnt[e1] : 0;
     const int n0 = (c0 + tn - 1) / tn, n1 = (c1 + tn - 1) / tn;
-    int ip = c0 + c1, it = n0 + n1;
+    const int q0 = narrow_of(c0), q1 = narrow_of(c1);
+    int ip = c0 + c1, it = n0 + n1, iq = q0 + q1;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const int y = __shfl_up_sync(0xffffffffu, ip, o), z = __shfl_up_sync(0xffffffffu, it, o);
+      const int w = __shfl_up_sync(0xffffffffu, iq, o);
       if (lane >= o) {
         ip += y;
         it += z;
+        iq += w;
       }
     }
     if (lane == 31) {
       warp_p[warp] = ip;
       warp_t[warp] = it;
+      warp_n[warp] = iq;
     }
     __syncthreads();
     if (warp == 0) {
       constexpr int kW = kPrepThreads / 32;
       int wp = lane < kW ? warp_p[lane] : 0, wt = lane < kW ? warp_t[lane] : 0;
+      int wn = lane < kW ? warp_n[lane] : 0;
 #pragma unroll
       for (int o = 1; o < kW; o <<= 1) {
         const int y = __shfl_up_sync(0xffffffffu, wp, o), z = __shfl_up_sync(0xffffffffu, wt, o);
+        const int w = __shfl_up_sync(0xffffffffu, wn, o);
         if (lane >= o) {
           wp += y;
           wt += z;
+          wn += w;
         }
       }
       if (lane < kW) {
         warp_p[lane] = wp;  // inclusive
         warp_t[lane] = wt;
+        warp_n[lane] = wn;
       }
-      if (lane == kW - 1) *a.num_tiles = wt;
+      if (lane == kW - 1) {
+        a.num_tiles[0] = wt;
+        a.num_tiles[1] = wn;
+        narrow_total = wn;
+      }
     }
     __syncthreads();
     const int bp = (warp ? warp_p[warp - 1] : 0) + ip - c0 - c1;
     const int bt = (warp ? warp_t[warp - 1] : 0) + it - n0 - n1;
+    const int bq = (warp ? warp_n[warp - 1] : 0) + iq - q0 - q1;
     if (e0 < El) {
       off[e0] = bp;
       toff[e0] = bt;
+      noff[e0] = bq;
     }
     if (e1 < El) {
       off[e1] = bp + c0;
       toff[e1] = bt + n0;
+      noff[e1] = bq + q0;
     }
   }
   __syncthreads();
   for (int e = tid; e < El; e += kPrepThreads) {
     const int c = cnt[e];
+    // Wide tiles after every narrow one: the expert's place among the wide tiles is its tile
+    // offset minus the narrow tiles before it. Without tile_split there are none (the old order).
+    const int narrow = narrow_of(c), wide0 = narrow_total + toff[e] - noff[e];
     for (int j = 0; j * tn < c; ++j) {
       TileInfo ti;
       ti.expert = e;
       ti.start = off[e] + j * tn;
       ti.rows = min(tn, c - j * tn);
-      a.tiles[toff[e] + j] = ti;
+      const bool last = (j + 1) * tn >= c;
+      a.tiles[narrow && last ? noff[e] : wide0 + j] = ti;
     }
     cnt[e] = 0;  // becomes the placement cursor
   }
@@ -553,6 +579,18 @@ cudaError_t launch_fp8_fold(const uint16_t* src, int rows, int cols, uint8_t* ds
   return cudaGetLastError();
 }
 
+namespace {
+std::atomic<int> g_split16_override{-1};
+}
+void set_decode16_split_override(int on) {
+  g_split16_override.store(on < 0 ? -1 : on != 0, std::memory_order_relaxed);
+}
+bool decode16_split() {
+  static const bool env = env_switch("MOE_EP_DECODE16_SPLIT", false);
+  const int o = g_split16_override.load(std::memory_order_relaxed);
+  return o < 0 ? env : o != 0;
+}
+
 bool fc2_early_start() {
   static const bool on = env_switch("MOE_EP_FC2_EARLY", true);
   return on;
@@ -563,6 +601,8 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   ForwardArgs a = args;
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   a.fc2_early = fc2_early_start();
+  // Route orders the tiles for the split, and the decode GEMMs run it (launch_decode).
+  a.tile_split = a.tile_n == 16 && a.recipe != Recipe::kBf16 && !a.fp8 && decode16_split();
   if (ev) cudaEventRecord(ev[0], s);
   const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
   // One GPU: the forward's first kernel, a plain launch. EP owner (xq_ready): after the unpack.

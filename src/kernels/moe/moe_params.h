@@ -159,6 +159,10 @@ inline M64Shapes parse_m64_shapes(const char* e) {
 // A test's tile width for the next forwards (8, 16, 128 or kM64TileN, as MOE_EP_TILE_N; 0
 // clears it): forward_tile_n (moe_launch.h) takes it before the knob and the choice.
 void set_tile_n_override(int tile_n);
+// Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): MOE_EP_DECODE16_SPLIT=1
+// (benchmark knob, read once per process) or a test's override (1 on, 0 off, -1 the knob).
+bool decode16_split();
+void set_decode16_split_override(int on);
 
 // ForwardArgs::fc2_early: true, or MOE_EP_FC2_EARLY=0 (read once per process) for A/B runs.
 bool fc2_early_start();
@@ -263,7 +267,7 @@ struct ForwardArgs {
   uint16_t* h = nullptr;               // bf16 [T*K, I]: fc1 output in sorted order (q*s)
   int32_t* sorted_pairs = nullptr;     // [T*K]: t*K+k grouped by expert
   TileInfo* tiles = nullptr;           // [max_tiles]
-  int32_t* num_tiles = nullptr;        // [1]
+  int32_t* num_tiles = nullptr;        // [2]: the tiles; the narrow ones first (tile_split)
   int32_t* counts = nullptr;           // [local_experts] scratch
   float* splitk_partials = nullptr;    // [kSplitKSlots] x kSplitKSlotBytes; null: no split-K
   int32_t* splitk_counters = nullptr;  // [kSplitKSlots / 2], zero between kernels
@@ -294,6 +298,15 @@ struct ForwardArgs {
   // a 1/W share of their K slots each, under uniform routing), where `tokens` counts W *
   // capacity rows; sizes fc1's decode ring (owner_fc1_ctas_per_sm). 0: not an EP owner.
   int owner_pairs = 0;
+  // Tiles of 16 split by rows (decode16_split): route writes the tiles of at most 8 rows first and
+  // their count at num_tiles[1]; the decode GEMMs then run those on the tile-8 kernel
+  // (tile_part 1) and the rest on the tile-16 kernel (tile_part 2), each CTA grid over its own
+  // part of the list (tile_item). pdl_late: the kernel is the second launch of such a pair, and
+  // everything it reads was complete before it could launch, so it skips the wait at its start
+  // and waits before it exits instead (so it still completes after the first).
+  bool tile_split = false;
+  int tile_part = 0;  // 0: every tile
+  bool pdl_late = false;
   // The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1 at construction, single GPU;
   // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
   // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_ws_kernel.

@@ -512,13 +512,26 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     }
     mbar_init_fence();
   }
+  // The second launch of a split pair (ForwardArgs::pdl_late) waits for the first at its end,
+  // on every way out.
+  struct LateWait {
+    bool on;
+    __device__ ~LateWait() {
+      if (on) pdl_wait();
+    }
+  } late{a.pdl_late};
   if constexpr (!kEarly) {
     // Everything below reads what earlier kernels of the forward wrote (tile list, xq).
-    pdl_wait();
+    if (!a.pdl_late) pdl_wait();
     pdl_launch_dependents();
   }
   int tile_idx, mtile;
-  if (!tile_item(a, tile_idx, mtile)) return;
+  if (!tile_item(a, tile_idx, mtile)) {
+    // A split pair's second launch skips its first wait, so this grid may let it launch only in
+    // order: a CTA without a tile still waits for the grid before it (fc2's early start).
+    if (kEarly && a.tile_split && !a.pdl_late) pdl_wait();
+    return;
+  }
   const TileInfo tile = a.tiles[tile_idx];
   const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
   const int split = blockIdx.z;
@@ -543,7 +556,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       for (int i = 0; i < early; ++i) queue_weights(i, smem + i * C::kStageBytes, &full_bar[i]);
     }
     // Everything below reads what fc1 wrote (h).
-    pdl_wait();
+    if (!a.pdl_late) pdl_wait();
     pdl_launch_dependents();
   }
 
@@ -983,6 +996,18 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
                     s, a, stages, splits);
 }
 
+// One launch of a pair split by tile rows (ForwardArgs::tile_split): the 4-chunk pipelined
+// kernel of kN columns over `tiles` x mtiles CTAs.
+template <Recipe R, int kN, bool kFc1>
+cudaError_t launch_decode_part(const ForwardArgs& a, cudaStream_t s, int tiles, int mtiles,
+                               int per_sm) {
+  using C = DecodeConfig<R, kN, 2, 4>;
+  if (tiles == 0) return cudaSuccess;
+  const int stages = decode_stages<R, kN, 2, 4>(per_sm);
+  return launch_pdl(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 4>, dim3(tiles, mtiles, 1),
+                    dim3(C::kThreads), C::smem_bytes(stages), s, a, stages, 1);
+}
+
 template <Recipe R, int kN, bool kFc1>
 cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, kN);
@@ -993,6 +1018,21 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   note_decode_splits(kFc1, splits);
   const int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
   if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
+    if (a.tile_split) {
+      // Tiles of at most 8 rows (the list's first num_tiles[1]) on the tile-8 kernel: its smaller
+      // ring slots and one consumer loop. Then the rest on this kernel, which never runs its
+      // narrow loop then, and waits for the first launch at its end (pdl_late). Grids: at most
+      // one narrow tile per touched expert; a wide tile holds at least 9 rows.
+      const int pairs = a.tokens * a.K;
+      ForwardArgs narrow = a, wide = a;
+      narrow.tile_part = 1;
+      wide.tile_part = 2;
+      wide.pdl_late = true;
+      const cudaError_t e = launch_decode_part<R, 8, kFc1>(
+          narrow, s, std::min(tiles, std::min(pairs, a.local_experts)), mtiles, per_sm);
+      if (e != cudaSuccess) return e;
+      return launch_decode_part<R, kN, kFc1>(wide, s, std::min(tiles, pairs / 9), mtiles, per_sm);
+    }
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
   } else {
     const int cps = decode_pipelined() ? decode_chunks_per_slot() : 1;

@@ -172,12 +172,23 @@ __device__ __forceinline__ MTileStream mtile_stream(const ForwardArgs& a, int ex
 // gridDim.x + blockIdx.x runs tile item % n, M-tile item / n for the n live tiles: the same
 // tile-fastest order as (blockIdx.x, blockIdx.y) had, but every CTA without a tile comes after
 // the live ones instead of between them (at 128 tokens a quarter to a half of the grid), so
-// those start and exit in the grid's tail. False: no tile for this CTA.
+// those start and exit in the grid's tail. With a split tile list (ForwardArgs::tile_part) the
+// grid covers its part only: the first num_tiles[1] tiles (1) or the rest (2). False: no tile
+// for this CTA.
 __device__ __forceinline__ bool tile_item(const ForwardArgs& a, int& tile_idx, int& mtile) {
-  const unsigned n = unsigned(*a.num_tiles);
+  unsigned lo = 0, n = unsigned(a.num_tiles[0]);
+  if (a.tile_part != 0) {
+    const unsigned narrow = unsigned(a.num_tiles[1]);
+    if (a.tile_part == 1) {
+      n = narrow;
+    } else {
+      lo = narrow;
+      n -= narrow;
+    }
+  }
   const unsigned item = blockIdx.y * gridDim.x + blockIdx.x;
   if (item >= n * gridDim.y) return false;  // n = 0 included
-  tile_idx = int(item % n);
+  tile_idx = int(lo + item % n);
   mtile = int(item / n);
   return true;
 }
