@@ -776,18 +776,31 @@ struct Split16Override {
   ~Split16Override() { kern::set_decode16_split_override(-1); }
 };
 
-// The override the test below uses (host state only: runs without a GPU).
-TEST(GpuLayerHost, Split16OverrideRoundTrip) {
-  const bool before = kern::decode16_split();
+// The override the test below uses and the default policy (host state only: runs without a GPU).
+TEST(GpuLayerHost, Split16OverrideAndPolicy) {
+  const int before = kern::decode16_split_mode();
   {
     Split16Override on(true);
-    EXPECT_TRUE(kern::decode16_split());
+    EXPECT_EQ(kern::decode16_split_mode(), 1);
+    EXPECT_TRUE(kern::decode16_split_for(100000, 1));  // forced: whatever the rows
   }
   {
     Split16Override off(false);
-    EXPECT_FALSE(kern::decode16_split());
+    EXPECT_EQ(kern::decode16_split_mode(), 0);
+    EXPECT_FALSE(kern::decode16_split_for(8, 8));
   }
-  EXPECT_EQ(kern::decode16_split(), before);  // back to the knob
+  EXPECT_EQ(kern::decode16_split_mode(), before);  // back to the knob
+  kern::set_decode16_split_override(2);            // any other value: on
+  EXPECT_EQ(kern::decode16_split_mode(), 1);
+  kern::set_decode16_split_override(-1);
+  if (before == -1) {  // the default: by the expected rows per expert
+    const int E = 128;
+    EXPECT_TRUE(kern::decode16_split_for(8 * E, E));  // 8 rows
+    EXPECT_TRUE(kern::decode16_split_for(int64_t(kern::kSplit16MaxMeanRows * E), E));
+    EXPECT_FALSE(kern::decode16_split_for(int64_t(kern::kSplit16MaxMeanRows * E) + 1, E));
+    EXPECT_FALSE(kern::decode16_split_for(16 * E, E));  // 16 rows
+    EXPECT_FALSE(kern::decode16_split_for(8, 0));       // no experts
+  }
 }
 
 // The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer

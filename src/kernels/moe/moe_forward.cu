@@ -580,15 +580,29 @@ cudaError_t launch_fp8_fold(const uint16_t* src, int rows, int cols, uint8_t* ds
 }
 
 namespace {
-std::atomic<int> g_split16_override{-1};
+std::atomic<int> g_split16_override{-2};  // -2: none (the knob)
 }
-void set_decode16_split_override(int on) {
-  g_split16_override.store(on < 0 ? -1 : on != 0, std::memory_order_relaxed);
+void set_decode16_split_override(int mode) {
+  g_split16_override.store(mode < 0 ? -2 : mode != 0, std::memory_order_relaxed);
 }
-bool decode16_split() {
-  static const bool env = env_switch("MOE_EP_DECODE16_SPLIT", false);
+int decode16_split_mode() {
+  static const int env = [] {
+    const char* v = std::getenv("MOE_EP_DECODE16_SPLIT");
+    if (v && std::strcmp(v, "1") == 0) return 1;
+    if (v && std::strcmp(v, "0") == 0) return 0;
+    return -1;
+  }();
   const int o = g_split16_override.load(std::memory_order_relaxed);
-  return o < 0 ? env : o != 0;
+  return o == -2 ? env : o;
+}
+// Measured on the H200x2 (docs/gpu_kernels.md §6 "Session 13"): at a mean of 8 rows per expert
+// 3-11 % faster (E = 128 x 128 tokens, DSV3 256 tokens, EP = 2 at 128 tokens per rank), at 16
+// rows 3 % slower (DSV3 512 tokens): there most experts have a tile of 16 and a remainder, which
+// then run in different launches and each read the expert's weights from memory.
+bool decode16_split_for(int64_t pairs, int local_experts) {
+  const int mode = decode16_split_mode();
+  if (mode >= 0) return mode == 1;
+  return local_experts > 0 && double(pairs) <= kSplit16MaxMeanRows * local_experts;
 }
 
 bool fc2_early_start() {
@@ -602,7 +616,12 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   a.fc2_early = fc2_early_start();
   // Route orders the tiles for the split, and the decode GEMMs run it (launch_decode).
-  a.tile_split = a.tile_n == 16 && a.recipe != Recipe::kBf16 && !a.fp8 && decode16_split();
+  // The expected pairs: T * K on one GPU; an EP owner's grid counts W * capacity rows, its
+  // expected pairs are owner_pairs.
+  a.tile_split =
+      a.tile_n == 16 && a.recipe != Recipe::kBf16 && !a.fp8 &&
+      decode16_split_for(a.owner_pairs ? int64_t(a.owner_pairs) : int64_t(a.tokens) * a.K,
+                         a.local_experts);
   if (ev) cudaEventRecord(ev[0], s);
   const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
   // One GPU: the forward's first kernel, a plain launch. EP owner (xq_ready): after the unpack.

@@ -159,10 +159,15 @@ inline M64Shapes parse_m64_shapes(const char* e) {
 // A test's tile width for the next forwards (8, 16, 128 or kM64TileN, as MOE_EP_TILE_N; 0
 // clears it): forward_tile_n (moe_launch.h) takes it before the knob and the choice.
 void set_tile_n_override(int tile_n);
-// Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): MOE_EP_DECODE16_SPLIT=1
-// (benchmark knob, read once per process) or a test's override (1 on, 0 off, -1 the knob).
-bool decode16_split();
-void set_decode16_split_override(int on);
+// Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): 1 always, 0 never, -1
+// (default) where the expected rows per expert are at most kSplit16MaxMeanRows. From
+// MOE_EP_DECODE16_SPLIT=0|1 (benchmark knob, read once per process) or a test's override (1, 0;
+// -1 back to the knob).
+constexpr double kSplit16MaxMeanRows = 12.0;
+int decode16_split_mode();
+void set_decode16_split_override(int mode);
+// The split for `pairs` routed pairs (expected) over `local_experts` experts at tile 16.
+bool decode16_split_for(int64_t pairs, int local_experts);
 
 // ForwardArgs::fc2_early: true, or MOE_EP_FC2_EARLY=0 (read once per process) for A/B runs.
 bool fc2_early_start();
