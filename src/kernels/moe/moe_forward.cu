@@ -598,7 +598,8 @@ int decode16_split_mode() {
 // Measured on the H200x2 (docs/gpu_kernels.md §6 "Session 13"): at a mean of 8 rows per expert
 // 3-11 % faster (E = 128 x 128 tokens, DSV3 256 tokens, EP = 2 at 128 tokens per rank), at 16
 // rows 3 % slower (DSV3 512 tokens): there most experts have a tile of 16 and a remainder, which
-// then run in different launches and each read the expert's weights from memory.
+// then run in different launches and each read the expert's weights from memory. At 12 rows no
+// gain (DSV3 384 tokens), hence the bound of 10.
 bool decode16_split_for(int64_t pairs, int local_experts) {
   const int mode = decode16_split_mode();
   if (mode >= 0) return mode == 1;

@@ -163,7 +163,7 @@ void set_tile_n_override(int tile_n);
 // (default) where the expected rows per expert are at most kSplit16MaxMeanRows. From
 // MOE_EP_DECODE16_SPLIT=0|1 (benchmark knob, read once per process) or a test's override (1, 0;
 // -1 back to the knob).
-constexpr double kSplit16MaxMeanRows = 12.0;
+constexpr double kSplit16MaxMeanRows = 10.0;
 int decode16_split_mode();
 void set_decode16_split_override(int mode);
 // The split for `pairs` routed pairs (expected) over `local_experts` experts at tile 16.
