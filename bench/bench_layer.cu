@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -188,12 +189,13 @@ double median(std::vector<float> v) {
 
 // BENCH.md's timing: one forward per input set captured into a CUDA graph, 6 warm-up replays,
 // then `iters` replays alternating the sets, each between two events. Returns their µs.
-// `barrier` (EP > 1): a barrier of every rank enqueued before each timed replay, outside its
+// `barrier` (EP > 1): enqueues a barrier of every rank before each timed replay, outside its
 // events, so the ranks start each replay together (BENCH.md); null: replays back to back.
 template <class MakeInputs>
 std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs,
                                       const InputSet (&sets)[2], const TensorView& out,
-                                      cudaStream_t st, int iters, EpComm* barrier = nullptr) {
+                                      cudaStream_t st, int iters,
+                                      const std::function<void()>* barrier = nullptr) {
   cudaGraphExec_t exec[2];
   for (int k = 0; k < 2; ++k) {
     cudaGraph_t g;
@@ -207,7 +209,7 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
   std::vector<cudaEvent_t> ev(2 * iters);
   for (auto& e : ev) CK(cudaEventCreate(&e));
   for (int it = 0; it < iters; ++it) {
-    if (barrier) barrier->barrier_async(st);
+    if (barrier) (*barrier)();
     CK(cudaEventRecord(ev[2 * it], st));
     CK(cudaGraphLaunch(exec[it & 1], st));
     CK(cudaEventRecord(ev[2 * it + 1], st));
@@ -241,7 +243,6 @@ struct EpCase {
 };
 struct EpShared {
   SharedUniqueId uid;
-  SharedUniqueId barrier_uid;  // the benchmark's own communicator for the per-replay barrier
   char device[256];
   struct Rank {
     int done, failed, ncases;
@@ -261,16 +262,11 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
   }
   const NcclUniqueIdBytes uid = sh->uid.exchange(rank);
   auto& me = sh->rank[rank];
-  // BENCH.md: with EP > 1, barrier before each timed iteration. The barrier is an NCCL LSA
-  // barrier kernel on a communicator of the benchmark's own, enqueued before each replay's
-  // start event. MOE_EP_BENCH_BARRIER=0 times the replays back to back instead (the method
-  // before session 13, for comparison).
-  std::unique_ptr<EpComm> barrier;
-  if (const char* b = std::getenv("MOE_EP_BENCH_BARRIER"); !(b && std::strcmp(b, "0") == 0)) {
-    EpCommOptions o;
-    o.device = rank;
-    barrier = std::make_unique<EpComm>(sh->barrier_uid.exchange(rank), rank, world, o);
-  }
+  // BENCH.md: with EP > 1, barrier before each timed iteration (below: a forward of 0 tokens).
+  // MOE_EP_BENCH_BARRIER=0 times the replays back to back instead (the method before session
+  // 13, for comparison).
+  const char* bar_env = std::getenv("MOE_EP_BENCH_BARRIER");
+  const bool use_barrier = !(bar_env && std::strcmp(bar_env, "0") == 0);
   const Device gpu{DeviceKind::kCUDA, rank};
   const int El = s.E / world;
   cudaStream_t st;
@@ -333,8 +329,20 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
       for (int it = 0; it < 4; ++it) layer->forward(inputs(sets[it & 1]), ov);
       CK(cudaStreamSynchronize(st));
       step(T, "timed graph replays");
+      // The barrier: a forward of 0 tokens on every rank, enqueued eagerly on the stream. Every
+      // rank takes part in every call, and its dispatch and combine wait for every peer's
+      // signals, so each rank leaves it within a signal's latency of the others. (Session 13
+      // first used an LSA barrier kernel on a second NCCL communicator of the benchmark's own;
+      // one run then failed at construction, so the benchmark keeps to the layer's own.)
+      const std::function<void()> barrier = [&] {
+        ForwardInputs z = inputs(sets[0]);
+        z.hidden_states = TensorView::contiguous(sets[0].x, DType::kBF16, {0, s.H}, gpu);
+        z.topk_ids = TensorView::contiguous(sets[0].ids, DType::kI32, {0, s.K}, gpu);
+        z.topk_weights = TensorView::contiguous(sets[0].w, DType::kF32, {0, s.K}, gpu);
+        layer->forward(z, TensorView::contiguous(out, DType::kBF16, {0, s.H}, gpu));
+      };
       const std::vector<float> us =
-          time_graph_replays(*layer, inputs, sets, ov, st, iters, barrier.get());
+          time_graph_replays(*layer, inputs, sets, ov, st, iters, use_barrier ? &barrier : nullptr);
       step(T, "stage-event graph");
       // Weight bytes this rank streams: its experts that any rank's tokens touch. Every rank
       // regenerates the peers' ids (same seeds) to count them.
@@ -373,7 +381,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         CK(cudaGraphDestroy(g));
       }
       for (int it = 0; it < std::max(5, iters / 2); ++it) {
-        if (barrier) barrier->barrier_async(st);
+        if (use_barrier) barrier();
         CK(cudaGraphLaunch(staged, st));
         CK(cudaStreamSynchronize(st));
         for (int j = 0; j + 1 < debug::kEpStageEvents; ++j) {
@@ -455,7 +463,8 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   const char* bar_env = std::getenv("MOE_EP_BENCH_BARRIER");
   const bool replay_barrier = !(bar_env && std::strcmp(bar_env, "0") == 0);
   const char* timing = replay_barrier
-                           ? "cuda graph replay after a barrier of the ranks, slowest rank's median"
+                           ? "cuda graph replay after a forward of 0 tokens on every rank (a "
+                             "barrier), slowest rank's median"
                            : "cuda graph replays back to back, slowest rank's median";
   std::printf("timing: %s\n", timing);
   FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
