@@ -381,7 +381,13 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         CK(cudaGraphDestroy(g));
       }
       for (int it = 0; it < std::max(5, iters / 2); ++it) {
-        if (use_barrier) barrier();
+        if (use_barrier) {
+          // The stage events are nodes of the staged graph: the eager barrier must not record
+          // them (cudaErrorIllegalState).
+          debug::set_ep_stage_events(nullptr);
+          barrier();
+          debug::set_ep_stage_events(sev);
+        }
         CK(cudaGraphLaunch(staged, st));
         CK(cudaStreamSynchronize(st));
         for (int j = 0; j + 1 < debug::kEpStageEvents; ++j) {
