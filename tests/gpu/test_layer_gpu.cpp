@@ -199,6 +199,34 @@ struct PoisonedOut {
   }
 };
 
+// The first n tokens of `h`.
+HostInputs first_tokens(const HostInputs& h, int n) {
+  HostInputs hn = h;
+  hn.T = n;
+  hn.x.resize(size_t(n) * h.H);
+  hn.ids.resize(size_t(n) * h.K);
+  hn.w.resize(size_t(n) * h.K);
+  return hn;
+}
+
+// A stream and a device token count for forwards captured in a CUDA graph and replayed with
+// other counts.
+struct CountedStream {
+  int32_t* n_dev = nullptr;
+  cudaStream_t st = nullptr;
+  CountedStream() {
+    EXPECT_EQ(cudaMalloc(&n_dev, 4), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  }
+  ~CountedStream() {
+    cudaStreamDestroy(st);
+    cudaFree(n_dev);
+  }
+  CountedStream(const CountedStream&) = delete;
+  CountedStream& operator=(const CountedStream&) = delete;
+  void set(int n) { CUDA_OK(cudaMemcpy(n_dev, &n, 4, cudaMemcpyHostToDevice)); }
+};
+
 // One forward of `h` on GPU 0 into a poisoned [T][H] output; its bits on the host.
 std::vector<uint16_t> forward_bits(MegaLayer& layer, const DeviceInputs& d, const HostInputs& h) {
   PoisonedOut out(size_t(h.T) * h.H);
@@ -411,14 +439,12 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
     const int T = 128;
     HostInputs h = make_inputs(T, s.H, s.K, s.E, 31);
     DeviceInputs d(h);
-    int32_t* n_dev = nullptr;
-    CUDA_OK(cudaMalloc(&n_dev, 4));
-    cudaStream_t st;
-    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CountedStream cs;
+    cudaStream_t st = cs.st;
     PoisonedOut out(size_t(T) * s.H);
     ForwardInputs f = device_view(d, h);
     f.stream = st;
-    f.num_tokens = n_dev;
+    f.num_tokens = cs.n_dev;
     f.workspace = small;
     const TensorView ov =
         TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0});
@@ -430,18 +456,14 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int n : {128, 77, 1, 0}) {
       SCOPED_TRACE("n = " + std::to_string(n));
-      CUDA_OK(cudaMemcpy(n_dev, &n, 4, cudaMemcpyHostToDevice));
+      cs.set(n);
       CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
       CUDA_OK(cudaGraphLaunch(exec, st));
       CUDA_OK(cudaStreamSynchronize(st));
       const std::vector<uint16_t> got = out.host();
       std::vector<uint16_t> want(got.size(), 0);
       if (n > 0) {
-        HostInputs hn = h;
-        hn.T = n;
-        hn.x.resize(size_t(n) * s.H);
-        hn.ids.resize(size_t(n) * s.K);
-        hn.w.resize(size_t(n) * s.K);
+        const HostInputs hn = first_tokens(h, n);
         DeviceInputs dn(hn);
         const Tensor eager = gpu->forward(device_view(dn, hn));
         const std::vector<uint16_t> e = to_host_bf16(eager.view());
@@ -457,8 +479,6 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    cudaStreamDestroy(st);
-    cudaFree(n_dev);
   }
 }
 
@@ -835,36 +855,29 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
       if (T != 40) continue;
       // The split captured in a CUDA graph at T and replayed with device counts (route orders
       // each replay's tiles on the device) against eager tile-8 forwards of the first n tokens.
-      int32_t* n_dev = nullptr;
-      CUDA_OK(cudaMalloc(&n_dev, 4));
-      cudaStream_t st;
-      CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      CountedStream cs;
       PoisonedOut out(size_t(T) * s.H);
       ForwardInputs f = device_view(d, h);
-      f.stream = st;
-      f.num_tokens = n_dev;
+      f.stream = cs.st;
+      f.num_tokens = cs.n_dev;
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       {
         TileOverride o(16);
         Split16Override so(true);
-        CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        CUDA_OK(cudaStreamBeginCapture(cs.st, cudaStreamCaptureModeThreadLocal));
         gpu->forward(
             f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0}));
-        CUDA_OK(cudaStreamEndCapture(st, &graph));
+        CUDA_OK(cudaStreamEndCapture(cs.st, &graph));
         CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
       }
       for (int n : {40, 12, 3}) {
         SCOPED_TRACE("graph replay, n = " + std::to_string(n));
-        CUDA_OK(cudaMemcpy(n_dev, &n, 4, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaGraphLaunch(exec, st));
-        CUDA_OK(cudaStreamSynchronize(st));
+        cs.set(n);
+        CUDA_OK(cudaGraphLaunch(exec, cs.st));
+        CUDA_OK(cudaStreamSynchronize(cs.st));
         const std::vector<uint16_t> got = out.host();
-        HostInputs hn = h;
-        hn.T = n;
-        hn.x.resize(size_t(n) * s.H);
-        hn.ids.resize(size_t(n) * s.K);
-        hn.w.resize(size_t(n) * s.K);
+        const HostInputs hn = first_tokens(h, n);
         DeviceInputs dn(hn);
         TileOverride o(8);
         const std::vector<uint16_t> want = forward_bits(*gpu, dn, hn);
@@ -873,8 +886,6 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
       }
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
-      cudaStreamDestroy(st);
-      cudaFree(n_dev);
       bool nonzero = false;
       for (uint16_t v : t8) nonzero |= (v & 0x7fff) != 0;
       EXPECT_TRUE(nonzero);
