@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/env_switch.h"
 #include "cuda/comm/nccl_comm.h"
 #include "cuda/stage_timing.h"
 #include "cuda_check.h"
@@ -187,6 +188,14 @@ double median(std::vector<float> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// BENCH.md: with EP > 1, a barrier of the ranks before each timed iteration (ep_rank: a forward
+// of 0 tokens). MOE_EP_BENCH_BARRIER=0 times the replays back to back instead (the method
+// before session 13, for comparison).
+bool bench_replay_barrier() {
+  static const bool on = env_switch("MOE_EP_BENCH_BARRIER", true);
+  return on;
+}
+
 // BENCH.md's timing: one forward per input set captured into a CUDA graph, 6 warm-up replays,
 // then `iters` replays alternating the sets, each between two events. Returns their µs.
 // `barrier` (EP > 1): enqueues a barrier of every rank before each timed replay, outside its
@@ -262,11 +271,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
   }
   const NcclUniqueIdBytes uid = sh->uid.exchange(rank);
   auto& me = sh->rank[rank];
-  // BENCH.md: with EP > 1, barrier before each timed iteration (below: a forward of 0 tokens).
-  // MOE_EP_BENCH_BARRIER=0 times the replays back to back instead (the method before session
-  // 13, for comparison).
-  const char* bar_env = std::getenv("MOE_EP_BENCH_BARRIER");
-  const bool use_barrier = !(bar_env && std::strcmp(bar_env, "0") == 0);
+  const bool use_barrier = bench_replay_barrier();
   const Device gpu{DeviceKind::kCUDA, rank};
   const int El = s.E / world;
   cudaStream_t st;
@@ -466,9 +471,7 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   const std::string fc = fc_env ? fc_env : "";
   const char* combine = fc == "0" ? "copy" : fc == "2" ? "fused+fence" : "fused";
   std::printf("combine: %s (MOE_EP_FUSED_COMBINE=%s)\n", combine, fc_env ? fc_env : "unset");
-  const char* bar_env = std::getenv("MOE_EP_BENCH_BARRIER");
-  const bool replay_barrier = !(bar_env && std::strcmp(bar_env, "0") == 0);
-  const char* timing = replay_barrier
+  const char* timing = bench_replay_barrier()
                            ? "cuda graph replay after a forward of 0 tokens on every rank (a "
                              "barrier), slowest rank's median"
                            : "cuda graph replays back to back, slowest rank's median";

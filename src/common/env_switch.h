@@ -1,7 +1,8 @@
 // On/off benchmark knobs read from the environment (MOE_EP_TRANSPORT_PDL, MOE_EP_DECODE_PIPE,
-// MOE_EP_DECODE16, MOE_EP_FC2_EARLY, MOE_EP_ORDERED_ROWS): "1" turns the switch on, "0" off, and
-// anything else (unset included) leaves the default. Callers keep the value in a function-local
-// static, so each knob is read once per process and never on the forward path.
+// MOE_EP_DECODE16, MOE_EP_FC2_EARLY, MOE_EP_ORDERED_ROWS, MOE_EP_RELEASE_EACH,
+// MOE_EP_DECODE16_SPLIT, MOE_EP_BENCH_BARRIER): "1" turns the switch on, "0" off, and anything
+// else (unset included) leaves the default. Callers keep the value in a function-local static,
+// so each knob is read once per process and never on the forward path.
 #pragma once
 
 #include <cstdlib>
@@ -9,11 +10,17 @@
 
 namespace moe_ep {
 
-inline bool env_switch(const char* name, bool default_on) {
+// 1 for exactly "1", 0 for exactly "0", -1 otherwise (a knob whose default is a policy).
+inline int env_mode(const char* name) {
   const char* v = std::getenv(name);
-  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
-  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
-  return default_on;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return 1;
+  if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
+  return -1;
+}
+
+inline bool env_switch(const char* name, bool default_on) {
+  const int m = env_mode(name);
+  return m < 0 ? default_on : m == 1;
 }
 
 }  // namespace moe_ep

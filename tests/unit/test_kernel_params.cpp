@@ -30,8 +30,14 @@ TEST(KernelParams, EnvSwitchKnobValues) {
     setenv(name, other, 1);
     EXPECT_TRUE(env_switch(name, true)) << "'" << other << "'";
     EXPECT_FALSE(env_switch(name, false)) << "'" << other << "'";
+    EXPECT_EQ(env_mode(name), -1) << "'" << other << "'";
   }
+  setenv(name, "0", 1);
+  EXPECT_EQ(env_mode(name), 0);
+  setenv(name, "1", 1);
+  EXPECT_EQ(env_mode(name), 1);
   unsetenv(name);
+  EXPECT_EQ(env_mode(name), -1);
 }
 
 // The host's estimate of the routing tiles (the decode ring and split-K policy size from it):

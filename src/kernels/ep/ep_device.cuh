@@ -43,6 +43,16 @@ __device__ __forceinline__ void fence_release_sys() {
   asm volatile("fence.acq_rel.sys;" ::: "memory");
 }
 
+// A signal or announce word into a peer's memory: the release reduction of each signal
+// (EpTransport::release_each, the protocol before session 13), else relaxed, after
+// publish_signals' one fence.
+__device__ __forceinline__ void signal_sys(const EpTransport& tp, uint64_t* p, uint64_t v) {
+  if (tp.release_each)
+    signal_release_sys(p, v);
+  else
+    signal_relaxed_sys(p, v);
+}
+
 __device__ __forceinline__ uint64_t* signal_slot(uint8_t* base, const WorkspaceLayout& l,
                                                  int peer) {
   return reinterpret_cast<uint64_t*>(base + l.signal(peer));
@@ -128,12 +138,8 @@ __device__ __forceinline__ void announce_call(const EpTransport& tp) {
   const uint64_t c = *tp.calls + 1;
   *tp.calls = c;
   for (int r = 0; r < tp.world_size; ++r)
-    if (tp.announce[r] != nullptr) {
-      if (tp.release_each)
-        signal_release_sys(tp.announce[r] + tp.rank, ep_announce(c, tp.workspace));
-      else
-        signal_relaxed_sys(tp.announce[r] + tp.rank, ep_announce(c, tp.workspace));
-    }
+    if (tp.announce[r] != nullptr)
+      signal_sys(tp, tp.announce[r] + tp.rank, ep_announce(c, tp.workspace));
 }
 
 // The last block's signal `v` into this rank's slot at every rank: one system release fence
@@ -141,13 +147,8 @@ __device__ __forceinline__ void announce_call(const EpTransport& tp) {
 // grid_arrive_last, every other block's) and then a relaxed reduction per rank.
 __device__ __forceinline__ void publish_signals(const EpTransport& tp, uint64_t v) {
   if (!tp.release_each) fence_release_sys();
-  for (int r = 0; r < tp.world_size; ++r) {
-    uint64_t* slot = signal_slot(tp.peer_base[r], tp.layout, tp.rank);
-    if (tp.release_each)
-      signal_release_sys(slot, v);
-    else
-      signal_relaxed_sys(slot, v);
-  }
+  for (int r = 0; r < tp.world_size; ++r)
+    signal_sys(tp, signal_slot(tp.peer_base[r], tp.layout, tp.rank), v);
 }
 
 // Every thread t < W of the calling block waits for peer t's signal `target` (fused waits).

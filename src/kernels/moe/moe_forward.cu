@@ -586,12 +586,7 @@ void set_decode16_split_override(int mode) {
   g_split16_override.store(mode < 0 ? -2 : mode != 0, std::memory_order_relaxed);
 }
 int decode16_split_mode() {
-  static const int env = [] {
-    const char* v = std::getenv("MOE_EP_DECODE16_SPLIT");
-    if (v && std::strcmp(v, "1") == 0) return 1;
-    if (v && std::strcmp(v, "0") == 0) return 0;
-    return -1;
-  }();
+  static const int env = env_mode("MOE_EP_DECODE16_SPLIT");
   const int o = g_split16_override.load(std::memory_order_relaxed);
   return o == -2 ? env : o;
 }

@@ -988,24 +988,13 @@ template <Recipe R, int kN, bool kFc1, int kCps>
 cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, int mtiles,
                               int splits, int per_sm) {
   using C = DecodeConfig<R, kN, 2, kCps>;
+  if (tiles == 0) return cudaSuccess;
   const int stages = decode_stages<R, kN, 2, kCps>(per_sm);
   const auto kernel = kCps == 1 && !decode_pipelined()
                           ? sm90_moe_decode_kernel<R, kN, 2, kFc1>
                           : sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
   return launch_pdl(kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads), C::smem_bytes(stages),
                     s, a, stages, splits);
-}
-
-// One launch of a pair split by tile rows (ForwardArgs::tile_split): the 4-chunk pipelined
-// kernel of kN columns over `tiles` x mtiles CTAs.
-template <Recipe R, int kN, bool kFc1>
-cudaError_t launch_decode_part(const ForwardArgs& a, cudaStream_t s, int tiles, int mtiles,
-                               int per_sm) {
-  using C = DecodeConfig<R, kN, 2, 4>;
-  if (tiles == 0) return cudaSuccess;
-  const int stages = decode_stages<R, kN, 2, 4>(per_sm);
-  return launch_pdl(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 4>, dim3(tiles, mtiles, 1),
-                    dim3(C::kThreads), C::smem_bytes(stages), s, a, stages, 1);
 }
 
 template <Recipe R, int kN, bool kFc1>
@@ -1028,10 +1017,11 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
       narrow.tile_part = 1;
       wide.tile_part = 2;
       wide.pdl_late = true;
-      const cudaError_t e = launch_decode_part<R, 8, kFc1>(
-          narrow, s, std::min(tiles, std::min(pairs, a.local_experts)), mtiles, per_sm);
+      const cudaError_t e = launch_decode_cps<R, 8, kFc1, 4>(
+          narrow, s, std::min(tiles, std::min(pairs, a.local_experts)), mtiles, 1, per_sm);
       if (e != cudaSuccess) return e;
-      return launch_decode_part<R, kN, kFc1>(wide, s, std::min(tiles, pairs / 9), mtiles, per_sm);
+      return launch_decode_cps<R, kN, kFc1, 4>(wide, s, std::min(tiles, pairs / 9), mtiles, 1,
+                                               per_sm);
     }
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
   } else {
