@@ -669,6 +669,35 @@ TEST(QuantizeMath, MarksteinDivisionEveryMantissaPair) {
   }
 }
 
+// The per-element NVFP4 path of the forward's activation quantizer (kern::quantize4): every
+// bf16 input times several norm constants, against every positive finite E4M3 scale, gives the
+// reference's code and q * s bit for bit.
+TEST(QuantizeMath, Nvfp4ElementEveryBf16AndScale) {
+  const float ncs[] = {1.0f, 0.7315f, 3.25f, 1.0f / 448.0f};
+  int64_t checked = 0, bad = 0;
+  for (int sb = 1; sb < 0x7f; ++sb) {
+    const float s = e4m3_to_float(uint8_t(sb));
+    const float r = 1.0f / s;
+    for (float nc : ncs)
+      for (uint32_t u = 0; u < 0x10000u; ++u) {
+        const float xn = mul_rn(bf16_to_float(uint16_t(u)), nc);
+        if (!std::isfinite(xn)) continue;  // the quantizer takes the reference there
+        float d = 0.0f;
+        const uint8_t code = qm::nvfp4_element(xn, s, r, &d);
+        const uint8_t want = float_to_e2m1(div_rn(xn, s));
+        const float dwant = e2m1_to_float(want) * s;
+        ++checked;
+        if (code != want || bits(d) != bits(dwant)) {
+          if (++bad <= 5)
+            ADD_FAILURE() << "x " << std::hex << u << " nc " << nc << " s " << s << ": code "
+                          << int(code) << " want " << int(want);
+        }
+      }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(checked, int64_t(126) * 4 * 60000);
+}
+
 TEST(QuantizeMath, FastDivision) {
   std::mt19937 rng(4);
   for (uint32_t d = 1; d < 70000; d += (d < 2048 ? 1 : 97)) {

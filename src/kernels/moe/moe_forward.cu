@@ -218,19 +218,31 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   uint16_t* xq = a.xq + size_t(t) * H;
   const int i0 = c0 + 4 * tid;
   const bool on = i0 < c1;  // H is a multiple of the block (16 / 32): whole groups are on or off
-  float v[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = on ? fmt::bf16_to_float(x[i0 + i]) : 0.0f;
+  // One 8-byte load of x where its rows allow (the caller's tensor need not be aligned).
+  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.x_stride) * 2) & 7) == 0;
+  uint32_t w[2] = {0u, 0u};
+  if (on) {
+    if (vec) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(x + i0));
+      w[0] = u.x;
+      w[1] = u.y;
+    } else {
+      w[0] = uint32_t(x[i0]) | uint32_t(x[i0 + 1]) << 16;
+      w[1] = uint32_t(x[i0 + 2]) | uint32_t(x[i0 + 3]) << 16;
+    }
+  }
   uint32_t o[2];
   if constexpr (kQuantizesActivations<R>) {
+    const float v[4] = {fmt::bf16_to_float(w[0] & 0xffffu), fmt::bf16_to_float(w[0] >> 16),
+                        fmt::bf16_to_float(w[1] & 0xffffu), fmt::bf16_to_float(w[1] >> 16)};
     uint8_t q[4];
     float d[4];
     quantize4<R>(v, a.input_norm_const, q, d);
     o[0] = uint32_t(fmt::float_to_bf16(d[0])) | (uint32_t(fmt::float_to_bf16(d[1])) << 16);
     o[1] = uint32_t(fmt::float_to_bf16(d[2])) | (uint32_t(fmt::float_to_bf16(d[3])) << 16);
   } else {
-    o[0] = on ? uint32_t(x[i0]) | (uint32_t(x[i0 + 1]) << 16) : 0u;
-    o[1] = on ? uint32_t(x[i0 + 2]) | (uint32_t(x[i0 + 3]) << 16) : 0u;
+    o[0] = w[0];
+    o[1] = w[1];
   }
   if (on) *reinterpret_cast<uint2*>(xq + i0) = make_uint2(o[0], o[1]);
 }

@@ -8,10 +8,13 @@
 
 #include <cstdint>
 
+#include "kernels/quantize/quantize_math.h"
 #include "moe_ep/config.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
+
+namespace qmath = kernels::qmath;
 
 // The activation format of a recipe with 4-bit or 8-bit activations.
 template <Recipe R>
@@ -32,22 +35,56 @@ __device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_con
   for (int m = 1; m < kLanes; m <<= 1)
     amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   if constexpr (R == Recipe::kNvfp4) {
+    const float amax_n = fmt::mul_rn(amax, norm_const);
+    if (!qmath::finite_hd(amax_n)) {  // an Inf element, or amax * nc overflows: the reference
+      const uint8_t sb = fmt::float_to_e4m3(fmt::div_rn(amax_n, fmt::kE2M1Max));
+      const float s = fmt::e4m3_to_float(sb);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        q[i] = s != 0.0f ? fmt::float_to_e2m1(fmt::div_rn(fmt::mul_rn(v[i], norm_const), s)) : 0;
+        d[i] = fmt::e2m1_to_float(q[i]) * s;
+      }
+      return sb;
+    }
+    // The quantize kernels' exact element math (kernels/quantize/quantize_math.h, proven equal
+    // to the formats.h reference by the unit tests): the block scale and each element's quotient
+    // by two FMAs after a multiply (one IEEE division per block, for RN(1 / s)), the E2M1 code
+    // by one float add, and q * s from the code's value.
     const uint8_t sb =
-        fmt::float_to_e4m3(fmt::div_rn(fmt::mul_rn(amax, norm_const), fmt::kE2M1Max));
-    const float s = fmt::e4m3_to_float(sb);
+        qmath::e4m3(qmath::div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max));
+    const float s = qmath::e4m3_value(sb);
+    if (s == 0.0f) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        q[i] = 0;
+        d[i] = 0.0f;
+      }
+      return sb;
+    }
+    const float r = fmt::div_rn(1.0f, s);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      q[i] = s != 0.0f ? fmt::float_to_e2m1(fmt::div_rn(fmt::mul_rn(v[i], norm_const), s)) : 0;
-      d[i] = fmt::e2m1_to_float(q[i]) * s;
+      const float xn = fmt::mul_rn(v[i], norm_const);
+      if (!qmath::finite_hd(xn)) {  // a NaN element (the block's amax ignores it)
+        q[i] = fmt::float_to_e2m1(fmt::div_rn(xn, s));
+        d[i] = fmt::e2m1_to_float(q[i]) * s;
+        continue;
+      }
+      q[i] = qmath::nvfp4_element(xn, s, r, &d[i]);
     }
     return sb;
   } else {
     const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
     const float inv = fmt::exp2i(127 - int(sb)), s = fmt::ue8m0_to_float(sb);
+    // The conversion instruction (qmath::e4m3_pair: the rounding, saturation and NaN of
+    // fmt::float_to_e4m3) and back (exact).
+    const uint32_t p01 = qmath::e4m3_pair(fmt::mul_rn(v[0], inv), fmt::mul_rn(v[1], inv));
+    const uint32_t p23 = qmath::e4m3_pair(fmt::mul_rn(v[2], inv), fmt::mul_rn(v[3], inv));
+    const uint32_t p = p01 | (p23 << 16);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      q[i] = fmt::float_to_e4m3(fmt::mul_rn(v[i], inv));
-      d[i] = fmt::e4m3_to_float(q[i]) * s;
+      q[i] = uint8_t(p >> (8 * i));
+      d[i] = qmath::e4m3_value(q[i]) * s;
     }
     return sb;
   }

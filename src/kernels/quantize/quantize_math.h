@@ -130,6 +130,18 @@ MOE_EP_HD uint32_t e2m1_mag_code_biased(float q) {
 
 MOE_EP_HD uint32_t e2m1_mag_code(float q) { return e2m1_mag_code_biased(q) - 254u; }
 
+// One NVFP4 element: the E2M1 code (sign in bit 3) of fmt::float_to_e2m1(fmt::div_rn(xn, s)), for
+// finite xn, s > 0 an E4M3 value and r = RN(1 / s); *d = the code's value times s, as
+// fmt::e2m1_to_float(code) * s (exact). The sign is xn's (s > 0; -0 gives code 8, as there).
+MOE_EP_HD uint8_t nvfp4_element(float xn, float s, float r, float* d) {
+  const uint32_t code = e2m1_mag_code(div_by_scale(fabs_hd(xn), s, r));
+  const uint32_t neg = fmt::float_bits(xn) >> 31;
+  // |E2M1 value| * 2 for codes 0..7 is 0 1 2 3 4 6 8 12.
+  const float mag = fmt::mul_rn(float((0xC8643210u >> (4 * code)) & 0xfu) * 0.5f, s);
+  *d = neg ? -mag : mag;
+  return uint8_t(code | (neg << 3));
+}
+
 // Sign bits of 8 bf16 elements (4 words) at the top of each E2M1 nibble: odd elements' signs
 // are the top bits of bytes 3 of the words, even elements' of bytes 1.
 MOE_EP_HD uint32_t e2m1_signs(const uint32_t* w) {
