@@ -698,6 +698,62 @@ TEST(QuantizeMath, Nvfp4ElementEveryBf16AndScale) {
   EXPECT_GT(checked, int64_t(126) * 4 * 60000);
 }
 
+// The EP unpack's element math (kern ep_unpack_kernel): every E2M1 code at every place of the
+// word, times every E4M3 scale byte, is fmt::float_to_bf16 of the reference product; only NaN
+// scales leave the fast path.
+TEST(QuantizeMath, Nvfp4Unpack8EveryCodeAndScale) {
+  std::mt19937 rng(11);
+  int64_t checked = 0;
+  for (int sb = 0; sb < 256; ++sb) {
+    const float s = e4m3_to_float(uint8_t(sb));
+    const bool nan_scale = (sb & 0x7f) == 0x7f;
+    for (int j = 0; j < 8; ++j)
+      for (uint32_t c = 0; c < 16; ++c) {
+        const uint32_t p = (rng() & ~(0xfu << (4 * j))) | (c << (4 * j));
+        uint32_t o[4] = {};
+        const bool fast = qm::nvfp4_unpack8(p, uint8_t(sb), o);
+        ASSERT_EQ(fast, !nan_scale) << "scale byte " << sb;
+        if (!fast) continue;
+        for (int e = 0; e < 8; ++e) {
+          const uint16_t got = uint16_t(o[e / 2] >> (16 * (e % 2)));
+          const uint16_t want = float_to_bf16(e2m1_to_float(uint8_t((p >> (4 * e)) & 0xf)) * s);
+          ASSERT_EQ(got, want) << "scale byte " << sb << " word " << std::hex << p << " element "
+                               << e;
+          ++checked;
+        }
+      }
+  }
+  EXPECT_EQ(checked, int64_t(254) * 8 * 16 * 8);
+}
+
+// MXFP8: every E4M3 code at every place, times every UE8M0 byte; NaN codes, the NaN scale and
+// scales below 2^-100 leave the fast path, nothing else does.
+TEST(QuantizeMath, Mxfp8Unpack8EveryCodeAndScale) {
+  std::mt19937 rng(12);
+  int64_t checked = 0;
+  for (int sb = 0; sb < 256; ++sb) {
+    const float s = ue8m0_to_float(uint8_t(sb));
+    for (int j = 0; j < 8; ++j)
+      for (uint32_t c = 0; c < 256; ++c) {
+        uint32_t q[2] = {rng() & 0x7e7e7e7eu, rng() & 0x7e7e7e7eu};  // no NaN codes elsewhere
+        q[j / 4] = (q[j / 4] & ~(0xffu << (8 * (j % 4)))) | (c << (8 * (j % 4)));
+        uint32_t o[4] = {};
+        const bool fast = qm::mxfp8_unpack8(q, uint8_t(sb), o);
+        ASSERT_EQ(fast, sb != 0xff && sb >= 27 && (c & 0x7f) != 0x7f)
+            << "scale byte " << sb << " code " << c;
+        if (!fast) continue;
+        for (int e = 0; e < 8; ++e) {
+          const uint16_t got = uint16_t(o[e / 2] >> (16 * (e % 2)));
+          const uint16_t want =
+              float_to_bf16(e4m3_to_float(uint8_t(q[e / 4] >> (8 * (e % 4)))) * s);
+          ASSERT_EQ(got, want) << "scale byte " << sb << " code " << c << " element " << e;
+          ++checked;
+        }
+      }
+  }
+  EXPECT_GT(checked, int64_t(227) * 8 * 254 * 8);
+}
+
 TEST(QuantizeMath, FastDivision) {
   std::mt19937 rng(4);
   for (uint32_t d = 1; d < 70000; d += (d < 2048 ? 1 : 97)) {

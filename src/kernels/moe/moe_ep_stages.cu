@@ -7,6 +7,7 @@
 
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/quant4_device.cuh"
+#include "kernels/quantize/quantize_math.h"
 #include "kernels/pdl.cuh"
 #include "moe_ep/formats.h"
 
@@ -26,15 +27,14 @@ __device__ __forceinline__ int valid_count(int bound, const int32_t* dev) {
 constexpr int kEpElems = 4 * kThreads256;
 __host__ __device__ inline int ep_blocks_per_row(int H) { return (H + kEpElems - 1) / kEpElems; }
 
-// Block t * nb + part: part `part` of token t's row quantized into its activation row (data
+// Block (t, part): part `part` of token t's row quantized into its activation row (data
 // bytes, then one scale byte per block), and (part 0) token t's ids checked (the first bad one
 // recorded, as the single-GPU route does). Rows past the valid count are left alone (dispatch
 // never reads them).
 template <Recipe R>
 __global__ void __launch_bounds__(kThreads256) ep_source_kernel(const EpSourceArgs a) {
   pdl_launch_dependents();  // dispatch may launch; it waits for this grid in pdl_wait
-  const int nb = ep_blocks_per_row(a.H);
-  const int t = blockIdx.x / nb, part = blockIdx.x % nb, tid = threadIdx.x;
+  const int t = blockIdx.x, part = blockIdx.y, tid = threadIdx.x;
   if (t >= valid_count(a.tokens, a.num_tokens)) return;
   const int K = a.K, H = a.H;
   if (part == 0) {
@@ -87,16 +87,19 @@ __global__ void __launch_bounds__(kThreads256) ep_source_kernel(const EpSourceAr
   }
 }
 
-// Block v * nb + part, v = src * capacity + row: part `part` of virtual token v's xq row (q * s
+// Block (i, part, src): part `part` of virtual token v = src * capacity + i, its xq row (q * s
 // in bf16, exact: the same bits the single-GPU prepare writes for the same token, so EP and
-// EP = 1 outputs agree bit for bit) and (part 0) its ids and weights.
+// EP = 1 outputs agree bit for bit) and (part 0) its ids and weights. 8 elements per thread
+// (one 16-byte store) on qmath's unpack math; the grid's three indices take the place of
+// per-thread divisions.
+constexpr int kUnpackThreads = kEpElems / 8;
+
 template <Recipe R>
-__global__ void __launch_bounds__(kThreads256) ep_unpack_kernel(const EpUnpackArgs a) {
+__global__ void __launch_bounds__(kUnpackThreads) ep_unpack_kernel(const EpUnpackArgs a) {
   pdl_wait();  // the received rows and counts: dispatch (and its wait) completed first
   pdl_launch_dependents();
-  const int nb = ep_blocks_per_row(a.H);
-  const int v = blockIdx.x / nb, part = blockIdx.x % nb, tid = threadIdx.x;
-  const int src = v / a.capacity, i = v % a.capacity, K = a.K, H = a.H;
+  const int i = blockIdx.x, part = blockIdx.y, src = blockIdx.z, tid = threadIdx.x;
+  const int K = a.K, H = a.H;
   int n = *reinterpret_cast<const int32_t*>(a.window + a.recv_count_off + size_t(src) * 4);
   n = n < 0 ? 0 : (n > a.capacity ? a.capacity : n);
   // A failed wait of this call (or an earlier sticky error): the counts and rows may be stale or
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(kThreads256) ep_unpack_kernel(const EpUnpackAr
   const size_t r = size_t(src) * a.capacity + i;
   if (i >= n) {
     if (part == 0)
-      for (int k = tid; k < K; k += kThreads256) {
+      for (int k = tid; k < K; k += kUnpackThreads) {
         a.ids[r * K + k] = -1;
         if (a.y_dst != nullptr) a.y_dst[r * K + k] = nullptr;
       }
@@ -121,7 +124,7 @@ __global__ void __launch_bounds__(kThreads256) ep_unpack_kernel(const EpUnpackAr
     // token index outside the source's combine area gets no slot (never computed, never stored;
     // the unfused combine skips such a row, too).
     const bool tok_ok = a.y_dst == nullptr || (tok >= 0 && tok < a.capacity);
-    for (int k = tid; k < K; k += kThreads256) {
+    for (int k = tid; k < K; k += kUnpackThreads) {
       const int id = mids[k];
       const bool local = tok_ok && id >= a.expert_base && id < a.expert_base + a.local_experts;
       a.ids[r * K + k] = local ? id : -1;
@@ -131,40 +134,50 @@ __global__ void __launch_bounds__(kThreads256) ep_unpack_kernel(const EpUnpackAr
             local ? a.peer_combine[src] + (size_t(tok) * K + k) * size_t(H) : nullptr;
     }
   }
-  const int i0 = part * kEpElems + 4 * tid;
+  const int i0 = part * kEpElems + 8 * tid;  // H is a multiple of 64
   if (i0 >= H) return;
   const uint8_t* row = a.window + a.recv_act_off + r * a.act_row_bytes;
-  uint32_t o[2];
+  uint32_t o[4];
   if constexpr (R == Recipe::kNvfp4) {
-    const uint32_t p = *reinterpret_cast<const uint16_t*>(row + i0 / 2);
-    const float s = fmt::e4m3_to_float(row[a.act_data_bytes + i0 / fmt::kNvfp4Block]);
+    const uint32_t p = *reinterpret_cast<const uint32_t*>(row + i0 / 2);
+    const uint8_t sb = row[a.act_data_bytes + i0 / fmt::kNvfp4Block];
+    if (!qmath::nvfp4_unpack8(p, sb, o)) {  // a NaN scale: the reference
+      const float s = fmt::e4m3_to_float(sb);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint32_t byte = (p >> (8 * j)) & 0xffu;
-      o[j] = uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(byte & 0xf) * s)) |
-             (uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(byte >> 4) * s)) << 16);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t byte = (p >> (8 * j)) & 0xffu;
+        o[j] = uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(byte & 0xf) * s)) |
+               (uint32_t(fmt::float_to_bf16(fmt::e2m1_to_float(byte >> 4) * s)) << 16);
+      }
     }
   } else if constexpr (R == Recipe::kMxfp4Mxfp8) {
-    const uint32_t q = *reinterpret_cast<const uint32_t*>(row + i0);
-    const float s = fmt::ue8m0_to_float(row[a.act_data_bytes + i0 / fmt::kMxBlock]);
+    const uint2 u = *reinterpret_cast<const uint2*>(row + i0);
+    const uint32_t q[2] = {u.x, u.y};
+    const uint8_t sb = row[a.act_data_bytes + i0 / fmt::kMxBlock];
+    if (!qmath::mxfp8_unpack8(q, sb, o)) {  // NaN codes or scales, tiny scales: the reference
+      const float s = fmt::ue8m0_to_float(sb);
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      o[j] =
-          uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float((q >> (16 * j)) & 0xffu) * s)) |
-          (uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float((q >> (16 * j + 8)) & 0xffu) * s)) << 16);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t w = q[j / 2] >> (16 * (j % 2));
+        o[j] = uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float(w & 0xffu) * s)) |
+               (uint32_t(fmt::float_to_bf16(fmt::e4m3_to_float((w >> 8) & 0xffu) * s)) << 16);
+      }
+    }
   } else {
-    const uint2 u = *reinterpret_cast<const uint2*>(row + size_t(i0) * 2);
+    const uint4 u = *reinterpret_cast<const uint4*>(row + size_t(i0) * 2);
     o[0] = u.x;
     o[1] = u.y;
+    o[2] = u.z;
+    o[3] = u.w;
   }
-  *reinterpret_cast<uint2*>(a.xq + r * H + i0) = make_uint2(o[0], o[1]);
+  *reinterpret_cast<uint4*>(a.xq + r * H + i0) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 }  // namespace
 
 cudaError_t launch_ep_source(const EpSourceArgs& a, cudaStream_t s) {
   if (a.tokens == 0) return cudaSuccess;
-  const unsigned blocks = unsigned(a.tokens) * unsigned(ep_blocks_per_row(a.H));
+  const dim3 blocks(unsigned(a.tokens), unsigned(ep_blocks_per_row(a.H)));
   switch (a.recipe) {
     case Recipe::kNvfp4:
       ep_source_kernel<Recipe::kNvfp4><<<blocks, kThreads256, 0, s>>>(a);
@@ -183,10 +196,10 @@ cudaError_t launch_ep_source(const EpSourceArgs& a, cudaStream_t s) {
 }
 
 cudaError_t launch_ep_unpack(const EpUnpackArgs& a, cudaStream_t s) {
-  const unsigned blocks = unsigned(a.world * a.capacity) * unsigned(ep_blocks_per_row(a.H));
-  if (blocks == 0) return cudaSuccess;
+  if (a.world <= 0 || a.capacity <= 0 || a.H <= 0) return cudaSuccess;
   const bool pdl = transport_pdl();
-  const dim3 grid(blocks), block(kThreads256);
+  const dim3 grid(unsigned(a.capacity), unsigned(ep_blocks_per_row(a.H)), unsigned(a.world));
+  const dim3 block(kUnpackThreads);
   switch (a.recipe) {
     case Recipe::kNvfp4:
       return launch_kernel(pdl, ep_unpack_kernel<Recipe::kNvfp4>, grid, block, 0, s, a);

@@ -181,8 +181,8 @@ __host__ __device__ inline int quant_blocks_per_token(int H) {
   return (H + kQuantElems - 1) / kQuantElems;
 }
 
-// Block 0 routes; blocks 1.. quantize: token t = (blockIdx.x - 1) / nb, part (blockIdx.x - 1) % nb
-// of its row. Writes xq (x as the GEMM sees it: q*s in bf16, exact, the same per-block
+// Block (0, 0) routes (the other blocks of column 0 have nothing to do); block (t + 1, part)
+// quantizes part `part` of token t's row. Writes xq (x as the GEMM sees it: q*s in bf16, exact, the same per-block
 // arithmetic as fmt::quantize_block_*) and, for the unfinalized outputs, weights/indices and
 // zero rows for empty slots.
 template <Recipe R>
@@ -192,11 +192,10 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   pdl_wait();
   pdl_launch_dependents();  // fc1 may launch; it waits for this grid in pdl_wait
   if (blockIdx.x == 0) {
-    route(a);
+    if (blockIdx.y == 0) route(a);
     return;
   }
-  const int nb = quant_blocks_per_token(a.H);
-  const int t = (blockIdx.x - 1) / nb, part = (blockIdx.x - 1) % nb, tid = threadIdx.x;
+  const int t = blockIdx.x - 1, part = blockIdx.y, tid = threadIdx.x;
   const int T = valid_tokens(a), K = a.K, H = a.H;
   const int c0 = part * kQuantElems, c1 = min(H, c0 + kQuantElems);
   if (a.weights_out) {
@@ -631,7 +630,7 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
       decode16_split_for(a.owner_pairs ? int64_t(a.owner_pairs) : int64_t(a.tokens) * a.K,
                          a.local_experts);
   if (ev) cudaEventRecord(ev[0], s);
-  const dim3 pgrid(a.xq_ready ? 1 : a.tokens * quant_blocks_per_token(a.H) + 1);
+  const dim3 pgrid(a.xq_ready ? 1 : a.tokens + 1, a.xq_ready ? 1 : quant_blocks_per_token(a.H));
   // One GPU: the forward's first kernel, a plain launch. EP owner (xq_ready): after the unpack.
   const bool pdl = a.xq_ready && transport_pdl();
   const auto prepare = [&](auto kernel) {

@@ -142,6 +142,45 @@ MOE_EP_HD uint8_t nvfp4_element(float xn, float s, float r, float* d) {
   return uint8_t(code | (neg << 3));
 }
 
+// The EP unpack (owner side): 8 received activation elements into their bf16 q * s, bit for bit
+// fmt::float_to_bf16(dequant(...)) (q * s is exact in bf16 there, so the bf16 is the product's
+// top half). o[j] holds elements 2j (low half) and 2j + 1. They return false where the fast path
+// does not apply (a NaN scale, MXFP8 NaN codes or a scale below 2^-100), and the caller then
+// takes the reference per element.
+
+// NVFP4: p holds 8 E2M1 nibbles (element j in bits 4j..4j+3), sb their block's E4M3 scale byte.
+// |E2M1| * 2 for magnitude codes 0..7 is 0 1 2 3 4 6 8 12 (a nibble table in one constant), and
+// times s / 2 is exact; the element's sign flips the product's (so a negative scale and -0 come
+// out as the reference's float product).
+MOE_EP_HD bool nvfp4_unpack8(uint32_t p, uint8_t sb, uint32_t (&o)[4]) {
+  if ((sb & 0x7fu) == 0x7fu) return false;
+  const float hs = 0.5f * e4m3_value(sb);
+  MOE_EP_UNROLL
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t code4 = j == 0 ? (p << 2) & 0x1cu : (p >> (4 * j - 2)) & 0x1cu;  // 4 * mag
+    const float m = fmt::mul_rn(float((0xC8643210u >> code4) & 0xfu), hs);
+    const uint32_t b = (fmt::float_bits(m) ^ ((p << (28 - 4 * j)) & 0x80000000u)) >> 16;
+    o[j / 2] = (j & 1) ? o[j / 2] | (b << 16) : b;
+  }
+  return true;
+}
+
+// MXFP8: q holds 8 E4M3 codes (element j in byte j of q[j / 4]), sb their block's UE8M0 byte.
+// With s >= 2^-100 every product is a normal float with at most 4 significant bits, or Inf where
+// the reference's float product overflows too.
+MOE_EP_HD bool mxfp8_unpack8(const uint32_t (&q)[2], uint8_t sb, uint32_t (&o)[4]) {
+  const uint32_t nan = ((q[0] & 0x7f7f7f7fu) + 0x01010101u) | ((q[1] & 0x7f7f7f7fu) + 0x01010101u);
+  if (sb == 0xffu || sb < 27u || (nan & 0x80808080u) != 0u) return false;  // 0x7f: NaN code
+  const float s = fmt::bits_float(uint32_t(sb) << 23);
+  MOE_EP_UNROLL
+  for (int j = 0; j < 8; ++j) {
+    const float v = fmt::mul_rn(e4m3_value(uint8_t(q[j / 4] >> (8 * (j % 4)))), s);
+    const uint32_t b = fmt::float_bits(v) >> 16;
+    o[j / 2] = (j & 1) ? o[j / 2] | (b << 16) : b;
+  }
+  return true;
+}
+
 // Sign bits of 8 bf16 elements (4 words) at the top of each E2M1 nibble: odd elements' signs
 // are the top bits of bytes 3 of the words, even elements' of bytes 1.
 MOE_EP_HD uint32_t e2m1_signs(const uint32_t* w) {
