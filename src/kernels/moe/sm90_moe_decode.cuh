@@ -966,21 +966,23 @@ inline bool decode_pipelined() {
   return on;
 }
 
-// MOE_EP_DECODE_CPS=1|2|4 (benchmark knob, read once per process): K-chunks per ring slot of
-// the pipelined consumer (the plain loop always takes one); unset = the policy below.
-inline int decode_forced_cps() {
-  static const int n = [] {
-    const int k = decode_env_int("MOE_EP_DECODE_CPS", 1, 4);
-    return k == 3 ? 0 : k;
+// MOE_EP_DECODE_CPS=N or N,M (benchmark knob, read once per process; 1, 2 or 4; fc1 N, fc2 M):
+// K-chunks per ring slot of the pipelined tile-8 consumer (the plain loop always takes one);
+// unset = the policy below.
+inline int decode_forced_cps(bool fc1) {
+  static const std::array<int, 2> n = [] {
+    std::array<int, 2> k = knob_fc1_fc2(std::getenv("MOE_EP_DECODE_CPS"), 1, 4, 0);
+    for (int& c : k) c = c == 3 ? 0 : c;
+    return k;
   }();
-  return n;
+  return n[fc1];
 }
 // K-chunks per ring slot: 4 (fewer, larger copies and a quarter of the barrier waits per byte;
 // measured against 1 and 2 in docs/gpu_kernels.md §6), unless a test's override or the knob
 // says otherwise.
-inline int decode_chunks_per_slot() {
+inline int decode_chunks_per_slot(bool fc1) {
   if (const int o = decode_cps_override()) return o;
-  const int f = decode_forced_cps();
+  const int f = decode_forced_cps(fc1);
   return f ? f : 4;
 }
 
@@ -1025,7 +1027,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
     }
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
   } else {
-    const int cps = decode_pipelined() ? decode_chunks_per_slot() : 1;
+    const int cps = decode_pipelined() ? decode_chunks_per_slot(kFc1) : 1;
     note_decode_cps(cps);
     if (cps == 4) return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
     if (cps == 2) return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, splits, per_sm);
