@@ -7,8 +7,8 @@
 
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/quant4_device.cuh"
-#include "kernels/quantize/quantize_math.h"
 #include "kernels/pdl.cuh"
+#include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {

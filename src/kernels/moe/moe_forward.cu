@@ -182,9 +182,9 @@ __host__ __device__ inline int quant_blocks_per_token(int H) {
 }
 
 // Block (0, 0) routes (the other blocks of column 0 have nothing to do); block (t + 1, part)
-// quantizes part `part` of token t's row. Writes xq (x as the GEMM sees it: q*s in bf16, exact, the same per-block
-// arithmetic as fmt::quantize_block_*) and, for the unfinalized outputs, weights/indices and
-// zero rows for empty slots.
+// quantizes part `part` of token t's row. Writes xq (x as the GEMM sees it: q*s in bf16, exact, the
+// same per-block arithmetic as fmt::quantize_block_*) and, for the unfinalized outputs,
+// weights/indices and zero rows for empty slots.
 template <Recipe R>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs a) {
   // An EP owner's prepare (route only) launches with PDL after the unpack kernel, whose ids it
