@@ -217,19 +217,8 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   uint16_t* xq = a.xq + size_t(t) * H;
   const int i0 = c0 + 4 * tid;
   const bool on = i0 < c1;  // H is a multiple of the block (16 / 32): whole groups are on or off
-  // One 8-byte load of x where its rows allow (the caller's tensor need not be aligned).
-  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.x_stride) * 2) & 7) == 0;
-  uint32_t w[2] = {0u, 0u};
-  if (on) {
-    if (vec) {
-      const uint2 u = __ldg(reinterpret_cast<const uint2*>(x + i0));
-      w[0] = u.x;
-      w[1] = u.y;
-    } else {
-      w[0] = uint32_t(x[i0]) | uint32_t(x[i0 + 1]) << 16;
-      w[1] = uint32_t(x[i0 + 2]) | uint32_t(x[i0 + 3]) << 16;
-    }
-  }
+  uint32_t w[2];
+  load_x4(x, i0, on, x_rows8(a.x, a.x_stride), w);
   uint32_t o[2];
   if constexpr (kQuantizesActivations<R>) {
     const float v[4] = {fmt::bf16_to_float(w[0] & 0xffffu), fmt::bf16_to_float(w[0] >> 16),

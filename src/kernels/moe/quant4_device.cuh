@@ -20,6 +20,25 @@ namespace qmath = kernels::qmath;
 template <Recipe R>
 constexpr bool kQuantizesActivations = R == Recipe::kNvfp4 || R == Recipe::kMxfp4Mxfp8;
 
+// Elements i0 .. i0 + 3 of a bf16 row x as two words (low half first; zeros where !on), by one
+// 8-byte load where the caller's rows allow it (x_rows8: base and stride 8-byte aligned).
+__device__ __forceinline__ bool x_rows8(const uint16_t* x, int64_t stride) {
+  return ((reinterpret_cast<uintptr_t>(x) | uintptr_t(stride) * 2) & 7) == 0;
+}
+__device__ __forceinline__ void load_x4(const uint16_t* x, int i0, bool on, bool vec,
+                                        uint32_t (&w)[2]) {
+  w[0] = w[1] = 0u;
+  if (!on) return;
+  if (vec) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(x + i0));
+    w[0] = u.x;
+    w[1] = u.y;
+  } else {
+    w[0] = uint32_t(x[i0]) | uint32_t(x[i0 + 1]) << 16;
+    w[1] = uint32_t(x[i0 + 2]) | uint32_t(x[i0 + 3]) << 16;
+  }
+}
+
 // v: this thread's 4 elements (lanes of one block are consecutive and all active, also those
 // past the row's end, with zeros). Returns the block's scale byte; q = the 4 codes (E2M1 codes
 // for NVFP4, E4M3 bytes for MXFP8), d = q * s as floats (exact).
