@@ -55,24 +55,17 @@ __device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_con
     amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   if constexpr (R == Recipe::kNvfp4) {
     const float amax_n = fmt::mul_rn(amax, norm_const);
-    if (!qmath::finite_hd(amax_n)) {  // an Inf element, or amax * nc overflows: the reference
-      const uint8_t sb = fmt::float_to_e4m3(fmt::div_rn(amax_n, fmt::kE2M1Max));
-      const float s = fmt::e4m3_to_float(sb);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        q[i] = s != 0.0f ? fmt::float_to_e2m1(fmt::div_rn(fmt::mul_rn(v[i], norm_const), s)) : 0;
-        d[i] = fmt::e2m1_to_float(q[i]) * s;
-      }
-      return sb;
-    }
     // The quantize kernels' exact element math (kernels/quantize/quantize_math.h, proven equal
     // to the formats.h reference by the unit tests): the block scale and each element's quotient
     // by two FMAs after a multiply (one IEEE division per block, for RN(1 / s)), the E2M1 code
-    // by one float add, and q * s from the code's value.
+    // by one float add, and q * s from the code's value. The reference's arithmetic itself for a
+    // block with an Inf element or an overflowing amax * nc, and for a NaN element.
+    const bool fast = qmath::finite_hd(amax_n);
     const uint8_t sb =
-        qmath::e4m3(qmath::div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max));
+        fast ? qmath::e4m3(qmath::div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max))
+             : fmt::float_to_e4m3(fmt::div_rn(amax_n, fmt::kE2M1Max));
     const float s = qmath::e4m3_value(sb);
-    if (s == 0.0f) {
+    if (s == 0.0f) {  // the reference's codes 0 and values 0 * 0
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         q[i] = 0;
@@ -84,12 +77,12 @@ __device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_con
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float xn = fmt::mul_rn(v[i], norm_const);
-      if (!qmath::finite_hd(xn)) {  // a NaN element (the block's amax ignores it)
+      if (fast && qmath::finite_hd(xn)) {
+        q[i] = qmath::nvfp4_element(xn, s, r, &d[i]);
+      } else {
         q[i] = fmt::float_to_e2m1(fmt::div_rn(xn, s));
         d[i] = fmt::e2m1_to_float(q[i]) * s;
-        continue;
       }
-      q[i] = qmath::nvfp4_element(xn, s, r, &d[i]);
     }
     return sb;
   } else {

@@ -130,14 +130,17 @@ MOE_EP_HD uint32_t e2m1_mag_code_biased(float q) {
 
 MOE_EP_HD uint32_t e2m1_mag_code(float q) { return e2m1_mag_code_biased(q) - 254u; }
 
+// |E2M1 value| * 2 of the magnitude code c = code4 / 4 (0..7): 0 1 2 3 4 6 8 12, a nibble table in
+// one constant. Taking 4c saves the shift where the caller has the code in place already.
+MOE_EP_HD uint32_t e2m1_twice(uint32_t code4) { return (0xC8643210u >> code4) & 0xfu; }
+
 // One NVFP4 element: the E2M1 code (sign in bit 3) of fmt::float_to_e2m1(fmt::div_rn(xn, s)), for
 // finite xn, s > 0 an E4M3 value and r = RN(1 / s); *d = the code's value times s, as
 // fmt::e2m1_to_float(code) * s (exact). The sign is xn's (s > 0; -0 gives code 8, as there).
 MOE_EP_HD uint8_t nvfp4_element(float xn, float s, float r, float* d) {
   const uint32_t code = e2m1_mag_code(div_by_scale(fabs_hd(xn), s, r));
   const uint32_t neg = fmt::float_bits(xn) >> 31;
-  // |E2M1 value| * 2 for codes 0..7 is 0 1 2 3 4 6 8 12.
-  const float mag = fmt::mul_rn(float((0xC8643210u >> (4 * code)) & 0xfu) * 0.5f, s);
+  const float mag = fmt::mul_rn(float(e2m1_twice(4 * code)) * 0.5f, s);
   *d = neg ? -mag : mag;
   return uint8_t(code | (neg << 3));
 }
@@ -149,16 +152,15 @@ MOE_EP_HD uint8_t nvfp4_element(float xn, float s, float r, float* d) {
 // takes the reference per element.
 
 // NVFP4: p holds 8 E2M1 nibbles (element j in bits 4j..4j+3), sb their block's E4M3 scale byte.
-// |E2M1| * 2 for magnitude codes 0..7 is 0 1 2 3 4 6 8 12 (a nibble table in one constant), and
-// times s / 2 is exact; the element's sign flips the product's (so a negative scale and -0 come
-// out as the reference's float product).
+// |E2M1| * 2 (e2m1_twice) times s / 2 is exact; the element's sign flips the product's (so a
+// negative scale and -0 come out as the reference's float product).
 MOE_EP_HD bool nvfp4_unpack8(uint32_t p, uint8_t sb, uint32_t (&o)[4]) {
   if ((sb & 0x7fu) == 0x7fu) return false;
   const float hs = 0.5f * e4m3_value(sb);
   MOE_EP_UNROLL
   for (int j = 0; j < 8; ++j) {
     const uint32_t code4 = j == 0 ? (p << 2) & 0x1cu : (p >> (4 * j - 2)) & 0x1cu;  // 4 * mag
-    const float m = fmt::mul_rn(float((0xC8643210u >> code4) & 0xfu), hs);
+    const float m = fmt::mul_rn(float(e2m1_twice(code4)), hs);
     const uint32_t b = (fmt::float_bits(m) ^ ((p << (28 - 4 * j)) & 0x80000000u)) >> 16;
     o[j / 2] = (j & 1) ? o[j / 2] | (b << 16) : b;
   }
@@ -171,7 +173,7 @@ MOE_EP_HD bool nvfp4_unpack8(uint32_t p, uint8_t sb, uint32_t (&o)[4]) {
 MOE_EP_HD bool mxfp8_unpack8(const uint32_t (&q)[2], uint8_t sb, uint32_t (&o)[4]) {
   const uint32_t nan = ((q[0] & 0x7f7f7f7fu) + 0x01010101u) | ((q[1] & 0x7f7f7f7fu) + 0x01010101u);
   if (sb == 0xffu || sb < 27u || (nan & 0x80808080u) != 0u) return false;  // 0x7f: NaN code
-  const float s = fmt::bits_float(uint32_t(sb) << 23);
+  const float s = fmt::ue8m0_to_float(sb);
   MOE_EP_UNROLL
   for (int j = 0; j < 8; ++j) {
     const float v = fmt::mul_rn(e4m3_value(uint8_t(q[j / 4] >> (8 * (j % 4)))), s);
