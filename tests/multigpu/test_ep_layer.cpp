@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../edge_activations.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
 #include "moe_ep/weight_prep.h"
@@ -301,6 +302,10 @@ void every_recipe_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
     ep.warmup();
     Inputs h = make_inputs(rank == 0 ? 64 : 37, rank, 100 + rank, Route::kUniform);
     rep.add(check_call(ep, one, cpu, h, rank, std::string(recipe_name(r)) + " T=64/37"));
+    // The quantizers' special cases (edge_activations.h) through the EP source and unpack.
+    Inputs he = make_inputs(rank == 0 ? 9 : 6, rank, 200 + rank, Route::kUniform);
+    plant_edge_activations(he.x, he.T, kH, r);
+    check_call(ep, one, cpu, he, rank, std::string(recipe_name(r)) + " edge activations");
     ep.destroy();
   }
   // Unfinalized outputs (nvfp4): rows / weights / indices equal to the single-GPU layer's.
