@@ -172,11 +172,13 @@ __device__ void route(const ForwardArgs& a) {
 
 __device__ __forceinline__ bool live_id(int id, int E) { return id >= 0 && id < E; }
 
-// Elements of a token row one quantizing block covers: 4 per thread (a 16-wide NVFP4 block =
-// 4 lanes, a 32-wide MX block = 8 lanes), so a decode token spreads over several SMs and each
+// Elements of a token row one quantizing block covers: 8 per thread (a 16-wide NVFP4 block =
+// 2 lanes, a 32-wide MX block = 4 lanes), so a decode token spreads over several SMs and each
 // thread's chain is one block's worth of divisions, not 16 elements' (that chain dominated
-// prepare at 1 token).
-constexpr int kQuantElems = 4 * kPrepThreads;
+// prepare at 1 token). 8 rather than 4 per thread: the block's scale and its reciprocal are
+// computed by half as many lanes.
+constexpr int kQuantPerThread = 8;
+constexpr int kQuantElems = kQuantPerThread * kPrepThreads;
 __host__ __device__ inline int quant_blocks_per_token(int H) {
   return (H + kQuantElems - 1) / kQuantElems;
 }
@@ -215,24 +217,30 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   if (t >= T) return;
   const uint16_t* x = a.x + int64_t(t) * a.x_stride;
   uint16_t* xq = a.xq + size_t(t) * H;
-  const int i0 = c0 + 4 * tid;
+  const int i0 = c0 + kQuantPerThread * tid;
   const bool on = i0 < c1;  // H is a multiple of the block (16 / 32): whole groups are on or off
-  uint32_t w[2];
-  load_x4(x, i0, on, x_rows8(a.x, a.x_stride), w);
-  uint32_t o[2];
+  uint32_t w[4];
+  load_x8(x, i0, on, x_rows16(a.x, a.x_stride), x_rows8(a.x, a.x_stride), w);
+  uint32_t o[4];
   if constexpr (kQuantizesActivations<R>) {
-    const float v[4] = {fmt::bf16_to_float(w[0] & 0xffffu), fmt::bf16_to_float(w[0] >> 16),
-                        fmt::bf16_to_float(w[1] & 0xffffu), fmt::bf16_to_float(w[1] >> 16)};
-    uint8_t q[4];
-    float d[4];
-    quantize4<R>(v, a.input_norm_const, q, d);
-    o[0] = uint32_t(fmt::float_to_bf16(d[0])) | (uint32_t(fmt::float_to_bf16(d[1])) << 16);
-    o[1] = uint32_t(fmt::float_to_bf16(d[2])) | (uint32_t(fmt::float_to_bf16(d[3])) << 16);
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = fmt::bf16_to_float(w[j] & 0xffffu);
+      v[2 * j + 1] = fmt::bf16_to_float(w[j] >> 16);
+    }
+    uint8_t q[8];
+    float d[8];
+    quantize_n<R, 8>(v, a.input_norm_const, q, d);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      o[j] = uint32_t(fmt::float_to_bf16(d[2 * j])) |
+             (uint32_t(fmt::float_to_bf16(d[2 * j + 1])) << 16);
   } else {
-    o[0] = w[0];
-    o[1] = w[1];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = w[j];
   }
-  if (on) *reinterpret_cast<uint2*>(xq + i0) = make_uint2(o[0], o[1]);
+  if (on) *reinterpret_cast<uint4*>(xq + i0) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 // out[t] = bf16(sum_k c * float(y[t,k])) in slot order, multiply and add rounded separately.

@@ -39,17 +39,37 @@ __device__ __forceinline__ void load_x4(const uint16_t* x, int i0, bool on, bool
   }
 }
 
-// v: this thread's 4 elements (lanes of one block are consecutive and all active, also those
-// past the row's end, with zeros). Returns the block's scale byte; q = the 4 codes (E2M1 codes
-// for NVFP4, E4M3 bytes for MXFP8), d = q * s as floats (exact).
-template <Recipe R>
-__device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_const, uint8_t (&q)[4],
-                                             float (&d)[4]) {
+// Elements i0 .. i0 + 7 as four words: one 16-byte load where the rows allow it (x_rows16),
+// else two load_x4.
+__device__ __forceinline__ bool x_rows16(const uint16_t* x, int64_t stride) {
+  return ((reinterpret_cast<uintptr_t>(x) | uintptr_t(stride) * 2) & 15) == 0;
+}
+__device__ __forceinline__ void load_x8(const uint16_t* x, int i0, bool on, bool vec16, bool vec8,
+                                        uint32_t (&w)[4]) {
+  if (on && vec16) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(x + i0));
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    return;
+  }
+  uint32_t a[2], b[2];
+  load_x4(x, i0, on, vec8, a);
+  load_x4(x, i0 + 4, on, vec8, b);
+  w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
+}
+
+// v: this thread's N (4 or 8) elements (lanes of one block are consecutive and all active, also
+// those past the row's end, with zeros). Returns the block's scale byte; q = the N codes (E2M1
+// codes for NVFP4, E4M3 bytes for MXFP8), d = q * s as floats (exact). The amax is the same
+// whatever the lanes' split (a maximum), so N = 4 and 8 give the same bits.
+template <Recipe R, int N>
+__device__ __forceinline__ uint8_t quantize_n(const float (&v)[N], float norm_const,
+                                              uint8_t (&q)[N], float (&d)[N]) {
   static_assert(kQuantizesActivations<R>, "bf16 activations are not quantized");
-  constexpr int kLanes = R == Recipe::kNvfp4 ? fmt::kNvfp4Block / 4 : fmt::kMxBlock / 4;
+  static_assert(N == 4 || N == 8, "4 or 8 elements per lane");
+  constexpr int kLanes = R == Recipe::kNvfp4 ? fmt::kNvfp4Block / N : fmt::kMxBlock / N;
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
+  for (int i = 0; i < N; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
 #pragma unroll
   for (int m = 1; m < kLanes; m <<= 1)
     amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
@@ -67,7 +87,7 @@ __device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_con
     const float s = qmath::e4m3_value(sb);
     if (s == 0.0f) {  // the reference's codes 0 and values 0 * 0
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < N; ++i) {
         q[i] = 0;
         d[i] = 0.0f;
       }
@@ -75,7 +95,7 @@ __device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_con
     }
     const float r = fmt::div_rn(1.0f, s);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < N; ++i) {
       const float xn = fmt::mul_rn(v[i], norm_const);
       if (fast && qmath::finite_hd(xn)) {
         q[i] = qmath::nvfp4_element(xn, s, r, &d[i]);
@@ -90,16 +110,22 @@ __device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_con
     const float inv = fmt::exp2i(127 - int(sb)), s = fmt::ue8m0_to_float(sb);
     // The conversion instruction (qmath::e4m3_pair: the rounding, saturation and NaN of
     // fmt::float_to_e4m3) and back (exact).
-    const uint32_t p01 = qmath::e4m3_pair(fmt::mul_rn(v[0], inv), fmt::mul_rn(v[1], inv));
-    const uint32_t p23 = qmath::e4m3_pair(fmt::mul_rn(v[2], inv), fmt::mul_rn(v[3], inv));
-    const uint32_t p = p01 | (p23 << 16);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      q[i] = uint8_t(p >> (8 * i));
+    for (int i = 0; i < N; i += 2) {
+      const uint32_t p = qmath::e4m3_pair(fmt::mul_rn(v[i], inv), fmt::mul_rn(v[i + 1], inv));
+      q[i] = uint8_t(p);
+      q[i + 1] = uint8_t(p >> 8);
       d[i] = qmath::e4m3_value(q[i]) * s;
+      d[i + 1] = qmath::e4m3_value(q[i + 1]) * s;
     }
     return sb;
   }
+}
+
+template <Recipe R>
+__device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_const, uint8_t (&q)[4],
+                                             float (&d)[4]) {
+  return quantize_n<R, 4>(v, norm_const, q, d);
 }
 
 }  // namespace moe_ep::kern
