@@ -172,32 +172,30 @@ __global__ void __launch_bounds__(kUnpackThreads) ep_unpack_kernel(const EpUnpac
   if (a.ep_error != nullptr && *reinterpret_cast<const volatile uint32_t*>(a.ep_error) != 0u) n = 0;
   const int rows = min(kUnpackRows, a.capacity - first);
   if (part == 0) {
-    for (int j = 0; j < rows; ++j) {
+    // The rows' (row, slot) items spread over the threads (one chain of loads each, not one per
+    // row in turn).
+    for (int it = tid; it < rows * K; it += kUnpackThreads) {
+      const int j = it / K, k = it - j * K;
       const size_t r = r0 + j;
       if (first + j >= n) {
-        for (int k = tid; k < K; k += kUnpackThreads) {
-          a.ids[r * K + k] = -1;
-          if (a.y_dst != nullptr) a.y_dst[r * K + k] = nullptr;
-        }
+        a.ids[r * K + k] = -1;
+        if (a.y_dst != nullptr) a.y_dst[r * K + k] = nullptr;
         continue;
       }
       const uint8_t* meta = a.window + a.recv_meta_off + r * a.meta_row_bytes;
-      const int32_t* mids = reinterpret_cast<const int32_t*>(meta + 4);
-      const float* mw = reinterpret_cast<const float*>(meta + 4 + 4 * K);
+      const int id = reinterpret_cast<const int32_t*>(meta + 4)[k];
+      const float w = reinterpret_cast<const float*>(meta + 4 + 4 * K)[k];
       const int tok = *reinterpret_cast<const int32_t*>(meta);
       // Fused combine: fc2 writes this row's local slots at the source's combine row tok*K+k. A
       // token index outside the source's combine area gets no slot (never computed, never
       // stored; the unfused combine skips such a row, too).
       const bool tok_ok = a.y_dst == nullptr || (tok >= 0 && tok < a.capacity);
-      for (int k = tid; k < K; k += kUnpackThreads) {
-        const int id = mids[k];
-        const bool local = tok_ok && id >= a.expert_base && id < a.expert_base + a.local_experts;
-        a.ids[r * K + k] = local ? id : -1;
-        a.weights[r * K + k] = mw[k];
-        if (a.y_dst != nullptr)
-          a.y_dst[r * K + k] =
-              local ? a.peer_combine[src] + (size_t(tok) * K + k) * size_t(H) : nullptr;
-      }
+      const bool local = tok_ok && id >= a.expert_base && id < a.expert_base + a.local_experts;
+      a.ids[r * K + k] = local ? id : -1;
+      a.weights[r * K + k] = w;
+      if (a.y_dst != nullptr)
+        a.y_dst[r * K + k] =
+            local ? a.peer_combine[src] + (size_t(tok) * K + k) * size_t(H) : nullptr;
     }
   }
   if (!on) return;

@@ -194,23 +194,30 @@ __device__ void route(const ForwardArgs& a) {
 
 __device__ __forceinline__ bool live_id(int id, int E) { return id >= 0 && id < E; }
 
-// Elements of a token row one quantizing block covers: 8 per thread (a 16-wide NVFP4 block =
-// 2 lanes, a 32-wide MX block = 4 lanes), so a decode token spreads over several SMs and each
-// thread's chain is one block's worth of divisions, not 16 elements' (that chain dominated
-// prepare at 1 token). 8 rather than 4 per thread: the block's scale and its reciprocal are
-// computed by half as many lanes.
-constexpr int kQuantPerThread = 8;
-constexpr int kQuantElems = kQuantPerThread * kPrepThreads;
-__host__ __device__ inline int quant_blocks_per_token(int H) {
-  return (H + kQuantElems - 1) / kQuantElems;
+// Elements of a token row one quantizing block covers: kN per thread (4 or 8; a 16-wide NVFP4
+// block = 16 / kN lanes, a 32-wide MX block = 32 / kN), so a decode token spreads over several
+// SMs and each thread's chain is one block's worth of divisions, not 16 elements' (that chain
+// dominated prepare at 1 token). From kPrepWideTokens tokens on 8 per thread (the block's scale
+// and its reciprocal on half as many lanes: prepare at DSV3 4096 tokens 83-88 -> 62-77 us with
+// route's batched ids, docs/gpu_kernels.md §6 "Session 15"); below it 4, whose shorter chains
+// and twice as many blocks cost 1-2 us less at 1 token.
+constexpr int kPrepWideTokens = 256;
+__host__ __device__ inline int quant_per_thread(int tokens) {
+  return tokens >= kPrepWideTokens ? 8 : 4;
+}
+__host__ __device__ inline int quant_blocks_per_token(int H, int per_thread) {
+  const int elems = per_thread * kPrepThreads;
+  return (H + elems - 1) / elems;
 }
 
 // Block (0, 0) routes (the other blocks of column 0 have nothing to do); block (t + 1, part)
-// quantizes part `part` of token t's row. Writes xq (x as the GEMM sees it: q*s in bf16, exact, the
-// same per-block arithmetic as fmt::quantize_block_*) and, for the unfinalized outputs,
-// weights/indices and zero rows for empty slots.
-template <Recipe R>
+// quantizes part `part` of token t's row, kN elements per thread. Writes xq (x as the GEMM sees
+// it: q*s in bf16, exact, the same per-block arithmetic as fmt::quantize_block_*, whatever kN)
+// and, for the unfinalized outputs, weights/indices and zero rows for empty slots.
+template <Recipe R, int kN>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs a) {
+  static_assert(kN == 4 || kN == 8, "4 or 8 elements per thread");
+  constexpr int kElems = kN * kPrepThreads;
   // An EP owner's prepare (route only) launches with PDL after the unpack kernel, whose ids it
   // reads; on one GPU it is the forward's first kernel, a plain launch (the wait is a no-op).
   pdl_wait();
@@ -221,7 +228,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   }
   const int t = blockIdx.x - 1, part = blockIdx.y, tid = threadIdx.x;
   const int T = valid_tokens(a), K = a.K, H = a.H;
-  const int c0 = part * kQuantElems, c1 = min(H, c0 + kQuantElems);
+  const int c0 = part * kElems, c1 = min(H, c0 + kElems);
   if (a.weights_out) {
     for (int k = 0; k < K; ++k) {
       const int row = t * K + k;
@@ -239,30 +246,38 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   if (t >= T) return;
   const uint16_t* x = a.x + int64_t(t) * a.x_stride;
   uint16_t* xq = a.xq + size_t(t) * H;
-  const int i0 = c0 + kQuantPerThread * tid;
-  const bool on = i0 < c1;  // H is a multiple of the block (16 / 32): whole groups are on or off
-  uint32_t w[4];
-  load_x8(x, i0, on, x_rows16(a.x, a.x_stride), x_rows8(a.x, a.x_stride), w);
-  uint32_t o[4];
+  const int i0 = c0 + kN * tid;
+  const bool on = i0 < c1;    // H is a multiple of the block (16 / 32): whole groups are on or off
+  constexpr int kW = kN / 2;  // bf16 pairs
+  uint32_t w[kW];
+  if constexpr (kN == 8)
+    load_x8(x, i0, on, x_rows16(a.x, a.x_stride), x_rows8(a.x, a.x_stride), w);
+  else
+    load_x4(x, i0, on, x_rows8(a.x, a.x_stride), w);
+  uint32_t o[kW];
   if constexpr (kQuantizesActivations<R>) {
-    float v[8];
+    float v[kN];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kW; ++j) {
       v[2 * j] = fmt::bf16_to_float(w[j] & 0xffffu);
       v[2 * j + 1] = fmt::bf16_to_float(w[j] >> 16);
     }
-    uint8_t q[8];
-    float d[8];
-    quantize_n<R, 8>(v, a.input_norm_const, q, d);
+    uint8_t q[kN];
+    float d[kN];
+    quantize_n<R, kN>(v, a.input_norm_const, q, d);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kW; ++j)
       o[j] = uint32_t(fmt::float_to_bf16(d[2 * j])) |
              (uint32_t(fmt::float_to_bf16(d[2 * j + 1])) << 16);
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) o[j] = w[j];
+    for (int j = 0; j < kW; ++j) o[j] = w[j];
   }
-  if (on) *reinterpret_cast<uint4*>(xq + i0) = make_uint4(o[0], o[1], o[2], o[3]);
+  if (!on) return;
+  if constexpr (kN == 8)
+    *reinterpret_cast<uint4*>(xq + i0) = make_uint4(o[0], o[1], o[2], o[3]);
+  else
+    *reinterpret_cast<uint2*>(xq + i0) = make_uint2(o[0], o[1]);
 }
 
 // out[t] = bf16(sum_k c * float(y[t,k])) in slot order, multiply and add rounded separately.
@@ -441,6 +456,15 @@ __global__ void preprocess_scales_kernel(PrepShape p, bool nv, const uint8_t* ra
 
 }  // namespace
 
+namespace {
+template <Recipe R>
+cudaError_t prepare_attributes() {
+  cudaFuncAttributes attr;
+  cudaError_t err = cudaFuncGetAttributes(&attr, prepare_kernel<R, 4>);
+  return err == cudaSuccess ? cudaFuncGetAttributes(&attr, prepare_kernel<R, 8>) : err;
+}
+}  // namespace
+
 cudaError_t set_kernel_attributes(Recipe recipe) {
   // Querying attributes loads each module now, not lazily inside a graph capture.
   cudaFuncAttributes attr;
@@ -448,16 +472,16 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
   if (err == cudaSuccess) {
     switch (recipe) {
       case Recipe::kNvfp4:
-        err = cudaFuncGetAttributes(&attr, prepare_kernel<Recipe::kNvfp4>);
+        err = prepare_attributes<Recipe::kNvfp4>();
         break;
       case Recipe::kMxfp4Mxfp8:
-        err = cudaFuncGetAttributes(&attr, prepare_kernel<Recipe::kMxfp4Mxfp8>);
+        err = prepare_attributes<Recipe::kMxfp4Mxfp8>();
         break;
       case Recipe::kMxfp4Bf16:
-        err = cudaFuncGetAttributes(&attr, prepare_kernel<Recipe::kMxfp4Bf16>);
+        err = prepare_attributes<Recipe::kMxfp4Bf16>();
         break;
       case Recipe::kBf16:
-        err = cudaFuncGetAttributes(&attr, prepare_kernel<Recipe::kBf16>);
+        err = prepare_attributes<Recipe::kBf16>();
         break;
     }
   }
@@ -649,25 +673,26 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
       decode16_split_for(a.owner_pairs ? int64_t(a.owner_pairs) : int64_t(a.tokens) * a.K,
                          a.local_experts);
   if (ev) cudaEventRecord(ev[0], s);
-  const dim3 pgrid(a.xq_ready ? 1 : a.tokens + 1, a.xq_ready ? 1 : quant_blocks_per_token(a.H));
+  const int qn = quant_per_thread(a.tokens);
+  const dim3 pgrid(a.xq_ready ? 1 : a.tokens + 1, a.xq_ready ? 1 : quant_blocks_per_token(a.H, qn));
   // One GPU: the forward's first kernel, a plain launch. EP owner (xq_ready): after the unpack.
   const bool pdl = a.xq_ready && transport_pdl();
-  const auto prepare = [&](auto kernel) {
-    return launch_kernel(pdl, kernel, pgrid, dim3(kPrepThreads), 0, s, a);
+  const auto prepare = [&](auto narrow, auto wide) {
+    return launch_kernel(pdl, qn == 8 ? wide : narrow, pgrid, dim3(kPrepThreads), 0, s, a);
   };
   cudaError_t err = cudaErrorInvalidValue;
   switch (a.recipe) {
     case Recipe::kNvfp4:
-      err = prepare(prepare_kernel<Recipe::kNvfp4>);
+      err = prepare(prepare_kernel<Recipe::kNvfp4, 4>, prepare_kernel<Recipe::kNvfp4, 8>);
       break;
     case Recipe::kMxfp4Mxfp8:
-      err = prepare(prepare_kernel<Recipe::kMxfp4Mxfp8>);
+      err = prepare(prepare_kernel<Recipe::kMxfp4Mxfp8, 4>, prepare_kernel<Recipe::kMxfp4Mxfp8, 8>);
       break;
     case Recipe::kMxfp4Bf16:
-      err = prepare(prepare_kernel<Recipe::kMxfp4Bf16>);
+      err = prepare(prepare_kernel<Recipe::kMxfp4Bf16, 4>, prepare_kernel<Recipe::kMxfp4Bf16, 8>);
       break;
     case Recipe::kBf16:
-      err = prepare(prepare_kernel<Recipe::kBf16>);
+      err = prepare(prepare_kernel<Recipe::kBf16, 4>, prepare_kernel<Recipe::kBf16, 8>);
       break;
   }
   if (err != cudaSuccess) return err;
