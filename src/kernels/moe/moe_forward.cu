@@ -32,7 +32,8 @@ int fp8_tile_n() {
 }
 
 constexpr int kPrepThreads = 512;
-constexpr int kRouteBatch = 8;          // ids per thread in flight in route's passes
+constexpr int kRouteIds =
+    8;  // ids per thread in flight in route's passes (1: MOE_EP_ROUTE_BATCH=0)
 constexpr int kMaxLocalExperts = 1024;  // cuda_backend_unsupported_reasons says so beyond it
 static_assert(kMaxLocalExperts <= 2 * kPrepThreads, "route scans two experts per thread");
 
@@ -54,6 +55,7 @@ __device__ void report_bad_id(DeviceError* err, int index, int value, int limit)
 // Block 0: routing (counts, offsets, tiles, the expert-sorted pair list). Pairs of one expert
 // take positions in arrival order (atomics); every output column of the GEMMs is computed the
 // same way wherever it sits, so the result does not depend on that order.
+template <int kRouteBatch>
 __device__ void route(const ForwardArgs& a) {
   __shared__ int cnt[kMaxLocalExperts], off[kMaxLocalExperts], toff[kMaxLocalExperts];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -202,7 +204,12 @@ __device__ __forceinline__ bool live_id(int id, int E) { return id >= 0 && id < 
 // route's batched ids, docs/gpu_kernels.md §6 "Session 15"); below it 4, whose shorter chains
 // and twice as many blocks cost 1-2 us less at 1 token.
 constexpr int kPrepWideTokens = 256;
-__host__ __device__ inline int quant_per_thread(int tokens) {
+int quant_per_thread(int tokens) {
+  static const int forced = [] {  // MOE_EP_PREP_N=4 or 8: A/B runs
+    const char* v = std::getenv("MOE_EP_PREP_N");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced == 4 || forced == 8) return forced;
   return tokens >= kPrepWideTokens ? 8 : 4;
 }
 __host__ __device__ inline int quant_blocks_per_token(int H, int per_thread) {
@@ -214,7 +221,7 @@ __host__ __device__ inline int quant_blocks_per_token(int H, int per_thread) {
 // quantizes part `part` of token t's row, kN elements per thread. Writes xq (x as the GEMM sees
 // it: q*s in bf16, exact, the same per-block arithmetic as fmt::quantize_block_*, whatever kN)
 // and, for the unfinalized outputs, weights/indices and zero rows for empty slots.
-template <Recipe R, int kN>
+template <Recipe R, int kN, int kRB = kRouteIds>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs a) {
   static_assert(kN == 4 || kN == 8, "4 or 8 elements per thread");
   constexpr int kElems = kN * kPrepThreads;
@@ -223,7 +230,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   pdl_wait();
   pdl_launch_dependents();  // fc1 may launch; it waits for this grid in pdl_wait
   if (blockIdx.x == 0) {
-    if (blockIdx.y == 0) route(a);
+    if (blockIdx.y == 0) route<kRB>(a);
     return;
   }
   const int t = blockIdx.x - 1, part = blockIdx.y, tid = threadIdx.x;
@@ -461,6 +468,8 @@ template <Recipe R>
 cudaError_t prepare_attributes() {
   cudaFuncAttributes attr;
   cudaError_t err = cudaFuncGetAttributes(&attr, prepare_kernel<R, 4>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, prepare_kernel<R, 4, 1>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, prepare_kernel<R, 8, 1>);
   return err == cudaSuccess ? cudaFuncGetAttributes(&attr, prepare_kernel<R, 8>) : err;
 }
 }  // namespace
@@ -660,6 +669,19 @@ bool fc2_early_start() {
   return on;
 }
 
+namespace {
+// prepare_kernel with qn elements per thread; MOE_EP_ROUTE_BATCH=0 (A/B runs) its route loading
+// the ids one at a time.
+template <Recipe R>
+cudaError_t launch_prepare(bool pdl, int qn, dim3 grid, cudaStream_t s, const ForwardArgs& a) {
+  static const bool batch = env_switch("MOE_EP_ROUTE_BATCH", true);
+  const auto k = batch
+                     ? (qn == 8 ? prepare_kernel<R, 8, kRouteIds> : prepare_kernel<R, 4, kRouteIds>)
+                     : (qn == 8 ? prepare_kernel<R, 8, 1> : prepare_kernel<R, 4, 1>);
+  return launch_kernel(pdl, k, grid, dim3(kPrepThreads), 0, s, a);
+}
+}  // namespace
+
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
@@ -677,22 +699,19 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   const dim3 pgrid(a.xq_ready ? 1 : a.tokens + 1, a.xq_ready ? 1 : quant_blocks_per_token(a.H, qn));
   // One GPU: the forward's first kernel, a plain launch. EP owner (xq_ready): after the unpack.
   const bool pdl = a.xq_ready && transport_pdl();
-  const auto prepare = [&](auto narrow, auto wide) {
-    return launch_kernel(pdl, qn == 8 ? wide : narrow, pgrid, dim3(kPrepThreads), 0, s, a);
-  };
   cudaError_t err = cudaErrorInvalidValue;
   switch (a.recipe) {
     case Recipe::kNvfp4:
-      err = prepare(prepare_kernel<Recipe::kNvfp4, 4>, prepare_kernel<Recipe::kNvfp4, 8>);
+      err = launch_prepare<Recipe::kNvfp4>(pdl, qn, pgrid, s, a);
       break;
     case Recipe::kMxfp4Mxfp8:
-      err = prepare(prepare_kernel<Recipe::kMxfp4Mxfp8, 4>, prepare_kernel<Recipe::kMxfp4Mxfp8, 8>);
+      err = launch_prepare<Recipe::kMxfp4Mxfp8>(pdl, qn, pgrid, s, a);
       break;
     case Recipe::kMxfp4Bf16:
-      err = prepare(prepare_kernel<Recipe::kMxfp4Bf16, 4>, prepare_kernel<Recipe::kMxfp4Bf16, 8>);
+      err = launch_prepare<Recipe::kMxfp4Bf16>(pdl, qn, pgrid, s, a);
       break;
     case Recipe::kBf16:
-      err = prepare(prepare_kernel<Recipe::kBf16, 4>, prepare_kernel<Recipe::kBf16, 8>);
+      err = launch_prepare<Recipe::kBf16>(pdl, qn, pgrid, s, a);
       break;
   }
   if (err != cudaSuccess) return err;
