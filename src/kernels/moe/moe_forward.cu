@@ -32,8 +32,8 @@ int fp8_tile_n() {
 }
 
 constexpr int kPrepThreads = 512;
-constexpr int kRouteIds =
-    8;  // ids per thread in flight in route's passes (1: MOE_EP_ROUTE_BATCH=0)
+// Ids per thread in flight in route's batched passes (launch_prepare).
+constexpr int kRouteIds = 8;
 constexpr int kMaxLocalExperts = 1024;  // cuda_backend_unsupported_reasons says so beyond it
 static_assert(kMaxLocalExperts <= 2 * kPrepThreads, "route scans two experts per thread");
 
@@ -200,9 +200,9 @@ __device__ __forceinline__ bool live_id(int id, int E) { return id >= 0 && id < 
 // block = 16 / kN lanes, a 32-wide MX block = 32 / kN), so a decode token spreads over several
 // SMs and each thread's chain is one block's worth of divisions, not 16 elements' (that chain
 // dominated prepare at 1 token). From kPrepWideTokens tokens on 8 per thread (the block's scale
-// and its reciprocal on half as many lanes: prepare at DSV3 4096 tokens 83-88 -> 62-77 us with
-// route's batched ids, docs/gpu_kernels.md §6 "Session 15"); below it 4, whose shorter chains
-// and twice as many blocks cost 1-2 us less at 1 token.
+// and its reciprocal on half as many lanes: with route's batched ids, eager prepare at DSV3 4096
+// tokens 89-91 -> 69-72 us, docs/gpu_kernels.md §6 "Session 15"); below it 4, as before (at 1
+// token 8 per thread read 0.6-1.4 us slower for nvfp4 and level for mxfp4_mxfp8).
 constexpr int kPrepWideTokens = 256;
 int quant_per_thread(int tokens) {
   static const int forced = [] {  // MOE_EP_PREP_N=4 or 8: A/B runs
@@ -670,11 +670,15 @@ bool fc2_early_start() {
 }
 
 namespace {
-// prepare_kernel with qn elements per thread; MOE_EP_ROUTE_BATCH=0 (A/B runs) its route loading
-// the ids one at a time.
+// prepare_kernel with qn elements per thread, its route loading the ids kRouteIds at a time
+// (batch) or one at a time. Batches from kPrepWideTokens tokens (rows, for an EP owner) on:
+// at DSV3 4096 tokens they take route from ~90 to ~70 us (eager prepare 89-91 -> 69-72 with 8
+// elements per thread), while at 1 token they cost 1.5-2 us in the graph replay (75.3-75.8 ->
+// 77.1-77.4 us; docs/gpu_kernels.md §6 "Session 15"). MOE_EP_ROUTE_BATCH=0 / 1 forces either.
 template <Recipe R>
 cudaError_t launch_prepare(bool pdl, int qn, dim3 grid, cudaStream_t s, const ForwardArgs& a) {
-  static const bool batch = env_switch("MOE_EP_ROUTE_BATCH", true);
+  static const int forced = env_mode("MOE_EP_ROUTE_BATCH");
+  const bool batch = forced >= 0 ? forced == 1 : a.tokens >= kPrepWideTokens;
   const auto k = batch
                      ? (qn == 8 ? prepare_kernel<R, 8, kRouteIds> : prepare_kernel<R, 4, kRouteIds>)
                      : (qn == 8 ? prepare_kernel<R, 8, 1> : prepare_kernel<R, 4, 1>);
