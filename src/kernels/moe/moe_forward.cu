@@ -52,6 +52,17 @@ __device__ void report_bad_id(DeviceError* err, int index, int value, int limit)
   }
 }
 
+// Ids i0, i0 + kPrepThreads, ... (kBatch of them, -1 past P) of route's passes, all loaded before
+// any is used, so a thread waits for one round trip per batch instead of one per id.
+template <int kBatch>
+__device__ __forceinline__ void load_ids(const ForwardArgs& a, int P, int i0, int (&ids)[kBatch]) {
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int i = i0 + j * kPrepThreads;
+    ids[j] = i < P ? __ldg(a.ids + i) : -1;
+  }
+}
+
 // Block 0: routing (counts, offsets, tiles, the expert-sorted pair list). Pairs of one expert
 // take positions in arrival order (atomics); every output column of the GEMMs is computed the
 // same way wherever it sits, so the result does not depend on that order.
@@ -63,16 +74,11 @@ __device__ void route(const ForwardArgs& a) {
   const int P = valid_tokens(a) * a.K;
   for (int e = tid; e < El; e += kPrepThreads) cnt[e] = 0;
   __syncthreads();
-  // Both passes over the ids load kRouteBatch of them per thread before using any, so a thread
-  // waits for one round trip per batch instead of one per id (at 4096 tokens x 8 slots the
-  // 64 dependent loads per thread and pass set prepare's time).
+  // Both passes over the ids take them kRouteBatch at a time (load_ids: at 4096 tokens x 8 slots
+  // the 64 dependent loads per thread and pass of one at a time set prepare's time).
   for (int i0 = tid; i0 < P; i0 += kPrepThreads * kRouteBatch) {
     int ids[kRouteBatch];
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      const int i = i0 + j * kPrepThreads;
-      ids[j] = i < P ? __ldg(a.ids + i) : -1;
-    }
+    load_ids<kRouteBatch>(a, P, i0, ids);
 #pragma unroll
     for (int j = 0; j < kRouteBatch; ++j) {
       const int id = ids[j];
@@ -178,11 +184,7 @@ __device__ void route(const ForwardArgs& a) {
   __syncthreads();
   for (int i0 = tid; i0 < P; i0 += kPrepThreads * kRouteBatch) {
     int ids[kRouteBatch];
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      const int i = i0 + j * kPrepThreads;
-      ids[j] = i < P ? __ldg(a.ids + i) : -1;
-    }
+    load_ids<kRouteBatch>(a, P, i0, ids);
 #pragma unroll
     for (int j = 0; j < kRouteBatch; ++j) {
       const int id = ids[j];
