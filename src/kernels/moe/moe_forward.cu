@@ -76,10 +76,11 @@ __device__ void route_warp(const ForwardArgs& a, int P) {
   const bool leader = live && first == lane;  // the expert's lowest lane speaks for it
   const int pairs = leader ? c : 0, tiles = leader ? (c + tn - 1) / tn : 0;
   const int narrow = leader ? narrow_tile(a, c, tn) : 0;
-  // Pairs, tiles and narrow tiles of the experts below this lane's (leaders' values only).
+  // Pairs, tiles and narrow tiles of the experts below this lane's, over the leaders only (one
+  // step per expert: 8 at 1 DSV3 token instead of 32).
   int off = 0, toff = 0, noff = 0;
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
+  for (unsigned lm = __ballot_sync(0xffffffffu, leader); lm != 0u; lm &= lm - 1u) {
+    const int j = __ffs(lm) - 1;  // the same for every lane
     const int lj = __shfl_sync(0xffffffffu, le, j), pj = __shfl_sync(0xffffffffu, pairs, j);
     const int tj = __shfl_sync(0xffffffffu, tiles, j), nj = __shfl_sync(0xffffffffu, narrow, j);
     if (lj < le) {
