@@ -110,6 +110,23 @@ __device__ void route_warp(const ForwardArgs& a, int P) {
   if (live) a.sorted_pairs[base + __popc(group & ((1u << lane) - 1u))] = lane;
 }
 
+// f(i, ids[i]) for the P ids, thread tid of the block taking i = tid, tid + kPrepThreads, ...;
+// each batch of kBatch ids is loaded before any is used, so a thread waits for one round trip
+// per batch instead of one per id (at 4096 tokens x 8 slots, 64 ids per thread and pass).
+template <int kBatch, class F>
+__device__ __forceinline__ void for_each_id(const ForwardArgs& a, int P, int tid, F f) {
+  for (int i0 = tid; i0 < P; i0 += kPrepThreads * kBatch) {
+    int ids[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = i0 + j * kPrepThreads;
+      ids[j] = i < P ? __ldg(a.ids + i) : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) f(i0 + j * kPrepThreads, ids[j]);
+  }
+}
+
 // Block 0: routing (counts, offsets, tiles, the expert-sorted pair list). Pairs of one expert
 // take positions in arrival order (atomics); every output column of the GEMMs is computed the
 // same way wherever it sits, so the result does not depend on that order.
@@ -125,28 +142,15 @@ __device__ void route(const ForwardArgs& a) {
   const int El = a.local_experts, tn = a.tile_n;
   for (int e = tid; e < El; e += kPrepThreads) cnt[e] = 0;
   __syncthreads();
-  // Both passes over the ids load kRouteBatch of them per thread before using any, so a thread
-  // waits for one round trip per batch instead of one per id (at 4096 tokens x 8 slots the
-  // 64 dependent loads per thread and pass set prepare's time).
-  for (int i0 = tid; i0 < P; i0 += kPrepThreads * kRouteBatch) {
-    int ids[kRouteBatch];
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      const int i = i0 + j * kPrepThreads;
-      ids[j] = i < P ? __ldg(a.ids + i) : -1;
+  for_each_id<kRouteBatch>(a, P, tid, [&](int i, int id) {
+    if (id == -1) return;
+    if (id < -1 || id >= a.num_experts) {
+      report_bad_id(a.error, i, id, a.num_experts);
+      return;
     }
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      const int id = ids[j];
-      if (id == -1) continue;
-      if (id < -1 || id >= a.num_experts) {
-        report_bad_id(a.error, i0 + j * kPrepThreads, id, a.num_experts);
-        continue;
-      }
-      const int le = id - a.expert_base;
-      if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
-    }
-  }
+    const int le = id - a.expert_base;
+    if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
+  });
   __syncthreads();
   // Exclusive scans of the pair, tile and narrow-tile counts over El <= 2 * kPrepThreads
   // experts: two per thread, a warp scan, then the warp totals (a serial warp-0 loop over
@@ -235,22 +239,12 @@ __device__ void route(const ForwardArgs& a) {
     cnt[e] = 0;  // becomes the placement cursor
   }
   __syncthreads();
-  for (int i0 = tid; i0 < P; i0 += kPrepThreads * kRouteBatch) {
-    int ids[kRouteBatch];
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      const int i = i0 + j * kPrepThreads;
-      ids[j] = i < P ? __ldg(a.ids + i) : -1;
-    }
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      const int id = ids[j];
-      if (id < 0 || id >= a.num_experts) continue;
-      const int le = id - a.expert_base;
-      if (le < 0 || le >= El) continue;
-      a.sorted_pairs[off[le] + atomicAdd(&cnt[le], 1)] = i0 + j * kPrepThreads;
-    }
-  }
+  for_each_id<kRouteBatch>(a, P, tid, [&](int i, int id) {
+    if (id < 0 || id >= a.num_experts) return;
+    const int le = id - a.expert_base;
+    if (le < 0 || le >= El) return;
+    a.sorted_pairs[off[le] + atomicAdd(&cnt[le], 1)] = i;
+  });
 }
 
 __device__ __forceinline__ bool live_id(int id, int E) { return id >= 0 && id < E; }
