@@ -236,6 +236,14 @@ std::vector<uint16_t> forward_bits(MegaLayer& layer, const DeviceInputs& d, cons
   return out.host();
 }
 
+// The CPU layer's output for `h` as bf16 bits ([T][H]).
+std::vector<uint16_t> cpu_bits(MegaLayer& cpu, HostInputs& h) {
+  const Tensor t = cpu.forward(host_view(h));
+  std::vector<uint16_t> v(size_t(h.T) * h.H);
+  if (!v.empty()) std::memcpy(v.data(), t.view().data, v.size() * 2);
+  return v;
+}
+
 std::vector<uint16_t> to_host_bf16(const TensorView& v) {
   std::vector<uint16_t> h(size_t(v.numel()));
   cudaDeviceSynchronize();
@@ -281,9 +289,7 @@ void compare_shape(const Shape& s, const Options& o, const std::vector<int>& tok
       SCOPED_TRACE("T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, seed + T);
       DeviceInputs d(h);
-      const Tensor ref_t = cpu->forward(host_view(h));
-      std::vector<uint16_t> ref(size_t(T) * s.H);
-      if (T) std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
+      const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
       const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
       std::string why;
       const double err = rel_l2(got, ref, &why);
@@ -336,9 +342,7 @@ TEST(GpuLayer, Qwen3Capacity4096) {
     for (int T : {4095, 4096}) {
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 99 + T);
       DeviceInputs d(h);
-      const Tensor ref_t = cpu->forward(host_view(h));
-      std::vector<uint16_t> ref(size_t(T) * s.H);
-      std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
+      const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
       std::string why;
       const double err = rel_l2(forward_bits(*gpu, d, h), ref, &why);
       EXPECT_LE(err, 5e-3) << why;
@@ -366,9 +370,7 @@ TEST(GpuLayer, EdgeRouting) {
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 5, mode >= 1 ? 3 : -1);
       if (mode == 0) std::fill(h.ids.begin(), h.ids.end(), -1);
       DeviceInputs d(h);
-      const Tensor ref_t = cpu->forward(host_view(h));
-      std::vector<uint16_t> ref(size_t(h.T) * s.H);
-      std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
+      const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
       const Tensor got = gpu->forward(device_view(d, h));
       const std::vector<uint16_t> g = to_host_bf16(got.view());
       if (mode == 0) {
@@ -381,7 +383,7 @@ TEST(GpuLayer, EdgeRouting) {
   }
 }
 
-// The activation quantizer's special cases in prepare (kern::quantize4: blocks with an Inf
+// The activation quantizer's special cases in prepare (kern::quantize_n: blocks with an Inf
 // element or an overflowing amax * nc on the reference arithmetic, NaN elements, huge finite
 // values, all-zero blocks; edge_activations.h) against the CPU's quantizer: within SPEC §7, no
 // NaN, every element written. nc = 2 makes the +-3e38 block overflow amax * nc.
@@ -400,9 +402,7 @@ TEST(GpuLayer, EdgeActivationsAgainstCpu) {
     HostInputs h = make_inputs(7, s.H, s.K, s.E, 23);
     plant_edge_activations(h.x, h.T, s.H, r);
     DeviceInputs d(h);
-    const Tensor ref_t = cpu->forward(host_view(h));
-    std::vector<uint16_t> ref(size_t(h.T) * s.H);
-    std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
+    const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
     EXPECT_TRUE(std::none_of(ref.begin(), ref.end(), [](uint16_t v) {
       return std::isnan(fmt::bf16_to_float(v));
     })) << "the CPU reference gave NaN: the planted values are not the finite cases";
@@ -958,9 +958,7 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
       SCOPED_TRACE("T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 21 + T);
       DeviceInputs d(h);
-      const Tensor ref_t = cpu->forward(host_view(h));
-      std::vector<uint16_t> ref(size_t(T) * s.H);
-      std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
+      const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
       const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
       std::string why;
       const double err = rel_l2(got, ref, &why);
@@ -973,8 +971,6 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
   }
 }
 
-// A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
-// and unfinalized, against the CPU reference.
 // hidden_states with a row stride past H (SPEC §4 allows any stride >= H): prepare loads a
 // thread's 4 (T < 256) or 8 elements (T >= 256) with one 8- or 16-byte load where base and
 // stride allow it, else smaller loads, else element by element. Strides H + 8 / + 4 / + 1 (and
@@ -1065,9 +1061,7 @@ TEST(GpuLayer, WarpRouteMatchesBlockRoute) {
           EXPECT_TRUE(std::equal(g4.begin(), g4.end(), g5.begin()))
               << "warp route (32 pairs) differs from the block route (40 pairs)";
           HostInputs hc = h4;
-          const Tensor ref_t = cpu->forward(host_view(hc));
-          std::vector<uint16_t> ref(g4.size());
-          std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
+          const std::vector<uint16_t> ref = cpu_bits(*cpu, hc);
           std::string why;
           EXPECT_LE(rel_l2(g4, ref, &why), 5e-3) << why;
         }
@@ -1076,6 +1070,8 @@ TEST(GpuLayer, WarpRouteMatchesBlockRoute) {
   }
 }
 
+// A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
+// and unfinalized, against the CPU reference.
 TEST(GpuLayer, SmallForSanitizer) {
   SKIP_WITHOUT_GPU();
   const Shape s{"small", 256, 128, 8, 2};
@@ -1091,9 +1087,7 @@ TEST(GpuLayer, SmallForSanitizer) {
       SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
       DeviceInputs d(h);
-      const Tensor ref_t = cpu->forward(host_view(h));
-      std::vector<uint16_t> ref(size_t(h.T) * s.H);
-      std::memcpy(ref.data(), ref_t.view().data, ref.size() * 2);
+      const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
       const std::vector<uint16_t> got = to_host_bf16(gpu->forward(device_view(d, h)).view());
       std::string why;
       EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;

@@ -669,7 +669,7 @@ TEST(QuantizeMath, MarksteinDivisionEveryMantissaPair) {
   }
 }
 
-// The per-element NVFP4 path of the forward's activation quantizer (kern::quantize4): every
+// The per-element NVFP4 path of the forward's activation quantizer (kern::quantize_n): every
 // bf16 input times several norm constants, against every positive finite E4M3 scale, gives the
 // reference's code and q * s bit for bit.
 TEST(QuantizeMath, Nvfp4ElementEveryBf16AndScale) {

@@ -90,7 +90,6 @@ __global__ void __launch_bounds__(kEpThreads) ep_source_kernel(const EpSourceArg
 // unpack math. Every row's words are loaded together with the received count, before anything
 // depends on it (rows past the count are read but not used: the window holds capacity rows per
 // source), so a thread waits for one round trip instead of one per row plus one for the count.
-constexpr int kUnpackThreads = kEpThreads;
 constexpr int kUnpackRows = 4;
 
 // One row's share of a thread: the packed words and the scale byte.
@@ -147,7 +146,7 @@ __device__ __forceinline__ uint4 unpack8(const UnpackIn& in) {
 }
 
 template <Recipe R>
-__global__ void __launch_bounds__(kUnpackThreads) ep_unpack_kernel(const EpUnpackArgs a) {
+__global__ void __launch_bounds__(kEpThreads) ep_unpack_kernel(const EpUnpackArgs a) {
   pdl_wait();  // the received rows and counts: dispatch (and its wait) completed first
   pdl_launch_dependents();
   const int part = blockIdx.y, src = blockIdx.z, tid = threadIdx.x;
@@ -174,7 +173,7 @@ __global__ void __launch_bounds__(kUnpackThreads) ep_unpack_kernel(const EpUnpac
   if (part == 0) {
     // The rows' (row, slot) items spread over the threads (one chain of loads each, not one per
     // row in turn).
-    for (int it = tid; it < rows * K; it += kUnpackThreads) {
+    for (int it = tid; it < rows * K; it += kEpThreads) {
       const int j = it / K, k = it - j * K;
       const size_t r = r0 + j;
       if (first + j >= n) {
@@ -232,7 +231,7 @@ cudaError_t launch_ep_unpack(const EpUnpackArgs& a, cudaStream_t s) {
   const bool pdl = transport_pdl();
   const dim3 grid(unsigned((a.capacity + kUnpackRows - 1) / kUnpackRows),
                   unsigned(ep_blocks_per_row(a.H)), unsigned(a.world));
-  const dim3 block(kUnpackThreads);
+  const dim3 block(kEpThreads);
   switch (a.recipe) {
     case Recipe::kNvfp4:
       return launch_kernel(pdl, ep_unpack_kernel<Recipe::kNvfp4>, grid, block, 0, s, a);

@@ -110,6 +110,17 @@ __device__ void route_warp(const ForwardArgs& a, int P) {
   if (live) a.sorted_pairs[base + __popc(group & ((1u << lane) - 1u))] = lane;
 }
 
+// Ids i0, i0 + kPrepThreads, ... (kBatch of them, -1 past P) of route's passes, all loaded before
+// any is used, so a thread waits for one round trip per batch instead of one per id.
+template <int kBatch>
+__device__ __forceinline__ void load_ids(const ForwardArgs& a, int P, int i0, int (&ids)[kBatch]) {
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int i = i0 + j * kPrepThreads;
+    ids[j] = i < P ? __ldg(a.ids + i) : -1;
+  }
+}
+
 // f(i, ids[i]) for the P ids, thread tid of the block taking i = tid, tid + kPrepThreads, ...;
 // each batch of kBatch ids is loaded before any is used, so a thread waits for one round trip
 // per batch instead of one per id (at 4096 tokens x 8 slots, 64 ids per thread and pass).
@@ -117,11 +128,7 @@ template <int kBatch, class F>
 __device__ __forceinline__ void for_each_id(const ForwardArgs& a, int P, int tid, F f) {
   for (int i0 = tid; i0 < P; i0 += kPrepThreads * kBatch) {
     int ids[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = i0 + j * kPrepThreads;
-      ids[j] = i < P ? __ldg(a.ids + i) : -1;
-    }
+    load_ids<kBatch>(a, P, i0, ids);
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) f(i0 + j * kPrepThreads, ids[j]);
   }

@@ -1,9 +1,10 @@
-// Activation block quantization spread over lanes: each thread holds 4 consecutive elements of a
-// row, the 4 (NVFP4, 16-wide blocks) or 8 (MXFP8, 32-wide blocks) lanes of one scale block
-// share its amax by shuffles, and every element gets the arithmetic of fmt::quantize_block_nvfp4
-// / fmt::quantize_block_mxfp8 (so the codes, the scale byte and q * s are those functions' bits).
-// A row then spreads over many threads, so a decode token's quantization is not a chain of 16 or
-// 32 dependent divisions per thread. Used by the single-GPU prepare and the EP source.
+// Activation block quantization spread over lanes: each thread holds 4 or 8 consecutive elements
+// of a row, the 16 / N (NVFP4, 16-wide blocks) or 32 / N (MXFP8, 32-wide blocks) lanes of one
+// scale block share its amax by shuffles, and every element gets the arithmetic of
+// fmt::quantize_block_nvfp4 / fmt::quantize_block_mxfp8 (so the codes, the scale byte and q * s are
+// those functions' bits). A row then spreads over many threads, so a decode token's quantization is
+// not a chain of 16 or 32 dependent divisions per thread. Used by the single-GPU prepare and the EP
+// source.
 #pragma once
 
 #include <cstdint>
@@ -120,12 +121,6 @@ __device__ __forceinline__ uint8_t quantize_n(const float (&v)[N], float norm_co
     }
     return sb;
   }
-}
-
-template <Recipe R>
-__device__ __forceinline__ uint8_t quantize4(const float (&v)[4], float norm_const, uint8_t (&q)[4],
-                                             float (&d)[4]) {
-  return quantize_n<R, 4>(v, norm_const, q, d);
 }
 
 }  // namespace moe_ep::kern
