@@ -141,7 +141,7 @@ template <int kRouteBatch>
 __device__ void route(const ForwardArgs& a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int P = valid_tokens(a) * a.K;
-  if (P <= 32) {  // the same for the whole block
+  if (P <= 32 && a.warp_route) {  // the same for the whole block
     if (warp == 0) route_warp(a, P);
     return;
   }
@@ -751,6 +751,8 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   ForwardArgs a = args;
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   a.fc2_early = fc2_early_start();
+  static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
+  a.warp_route = warp_route;
   // Route orders the tiles for the split, and the decode GEMMs run it (launch_decode).
   // The expected pairs: T * K on one GPU; an EP owner's grid counts W * capacity rows, its
   // expected pairs are owner_pairs.
