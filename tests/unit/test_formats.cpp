@@ -835,5 +835,67 @@ TEST(QuantizeMath, BlocksEqualReference) {
   }
 }
 
+// fp32 blocks as the fc1 epilogue hands them to the h requantization: random bit patterns,
+// Gaussians over 2^+-100 (subnormals included), sparse blocks, values near the float maximum,
+// and one planted special (+-Inf, NaN, -0, the smallest subnormal) in a fifth of them.
+std::vector<float> random_block_f32(std::mt19937& rng, int n, int kind) {
+  std::vector<float> x(n);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float sigma = std::exp2(float(int(rng() % 200) - 100));
+  for (int i = 0; i < n; ++i) {
+    switch (kind % 6) {
+      case 0:
+        x[i] = bits_float(uint32_t(rng()));
+        break;
+      case 3:
+        x[i] = (rng() % 4) ? 0.0f : nd(rng);
+        break;
+      case 5:
+        x[i] = nd(rng) * 1e38f;
+        break;
+      default:
+        x[i] = nd(rng) * sigma;
+    }
+  }
+  if (kind % 5 == 4) {
+    const uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                 0x80000000u, 0x00000001u, 0x7f7fffffu, 0xff7fffffu};
+    x[rng() % n] = bits_float(specials[rng() % 8]);
+  }
+  return x;
+}
+
+// The fc1 epilogue's requantization of h (qmath::nvfp4_block_bf16 / mxfp8_block_bf16, one
+// thread per block) against what it replaced: fmt::quantize_block_nvfp4 / _mxfp8 and the
+// dequantized values rounded to bf16, for 200,000 blocks each (NVFP4 with nc = 1 or 2^+-40).
+TEST(QuantizeMath, BlockBf16EqualsReferenceAndDequant) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> lnc(-40.0f, 40.0f);
+  for (int rep = 0; rep < 200000; ++rep) {
+    {
+      const std::vector<float> x = random_block_f32(rng, 16, rep);
+      const float nc = rep % 3 == 0 ? 1.0f : std::exp2(lnc(rng));
+      uint8_t packed[8];
+      const float s = e4m3_to_float(quantize_block_nvfp4(x.data(), nc, packed));
+      uint32_t o[8];
+      qm::nvfp4_block_bf16(x.data(), nc, o);
+      for (int e = 0; e < 16; ++e) {
+        const uint8_t code = uint8_t((packed[e / 2] >> (4 * (e % 2))) & 0xf);
+        const uint16_t want = float_to_bf16(e2m1_to_float(code) * s);
+        ASSERT_EQ(uint16_t(o[e / 2] >> (16 * (e % 2))), want)
+            << "nvfp4 rep " << rep << " nc " << nc << " element " << e;
+      }
+    }
+    const std::vector<float> x = random_block_f32(rng, 32, rep);
+    uint8_t q[32];
+    const float s = ue8m0_to_float(quantize_block_mxfp8(x.data(), q));
+    uint32_t o[16];
+    qm::mxfp8_block_bf16(x.data(), o);
+    for (int e = 0; e < 32; ++e)
+      ASSERT_EQ(uint16_t(o[e / 2] >> (16 * (e % 2))), float_to_bf16(e4m3_to_float(q[e]) * s))
+          << "mxfp8 rep " << rep << " element " << e;
+  }
+}
+
 }  // namespace
 }  // namespace moe_ep::fmt

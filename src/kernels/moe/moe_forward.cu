@@ -52,6 +52,64 @@ __device__ void report_bad_id(DeviceError* err, int index, int value, int limit)
   }
 }
 
+// A routing tile is narrow (tile_split only) when it is an expert's last and holds at most
+// tn / 2 of its c rows; those come first in the tile list.
+__device__ __forceinline__ int narrow_tile(const ForwardArgs& a, int c, int tn) {
+  const int r = c % tn;
+  return a.tile_split && r != 0 && 2 * r <= tn ? 1 : 0;
+}
+
+// route() for at most 32 pairs, by warp 0 alone: one load per lane and warp collectives instead
+// of the block's two passes and five barriers (at 1 token the route block is on the forward's
+// critical path: prepare ends with it, and fc1 waits for prepare). The same counts, offsets and
+// tile list as route(); the pairs of one expert in increasing order (any order gives the same
+// results, see route()).
+__device__ void route_warp(const ForwardArgs& a, int P) {
+  const int lane = threadIdx.x & 31, El = a.local_experts, tn = a.tile_n;
+  const int id = lane < P ? a.ids[lane] : -1;
+  if (id < -1 || id >= a.num_experts) report_bad_id(a.error, lane, id, a.num_experts);
+  int le = id >= 0 && id < a.num_experts ? id - a.expert_base : -1;
+  if (le >= El) le = -1;
+  const bool live = le >= 0;
+  const unsigned group = __match_any_sync(0xffffffffu, live ? le : -1);  // lanes of one expert
+  const int first = __ffs(group) - 1, c = __popc(group);
+  const bool leader = live && first == lane;  // the expert's lowest lane speaks for it
+  const int pairs = leader ? c : 0, tiles = leader ? (c + tn - 1) / tn : 0;
+  const int narrow = leader ? narrow_tile(a, c, tn) : 0;
+  // Pairs, tiles and narrow tiles of the experts below this lane's, over the leaders only (one
+  // step per expert: 8 at 1 DSV3 token instead of 32).
+  int off = 0, toff = 0, noff = 0;
+  for (unsigned lm = __ballot_sync(0xffffffffu, leader); lm != 0u; lm &= lm - 1u) {
+    const int j = __ffs(lm) - 1;  // the same for every lane
+    const int lj = __shfl_sync(0xffffffffu, le, j), pj = __shfl_sync(0xffffffffu, pairs, j);
+    const int tj = __shfl_sync(0xffffffffu, tiles, j), nj = __shfl_sync(0xffffffffu, narrow, j);
+    if (lj < le) {
+      off += pj;
+      toff += tj;
+      noff += nj;
+    }
+  }
+  const int total_tiles = __reduce_add_sync(0xffffffffu, tiles);
+  const int narrow_total = __reduce_add_sync(0xffffffffu, narrow);
+  if (lane == 0) {
+    a.num_tiles[0] = total_tiles;
+    a.num_tiles[1] = narrow_total;
+  }
+  if (leader) {
+    const int wide0 = narrow_total + toff - noff;
+    for (int j = 0; j * tn < c; ++j) {
+      TileInfo ti;
+      ti.expert = le;
+      ti.start = off + j * tn;
+      ti.rows = min(tn, c - j * tn);
+      const bool last = (j + 1) * tn >= c;
+      a.tiles[narrow && last ? noff : wide0 + j] = ti;
+    }
+  }
+  const int base = __shfl_sync(0xffffffffu, off, first);
+  if (live) a.sorted_pairs[base + __popc(group & ((1u << lane) - 1u))] = lane;
+}
+
 // Ids i0, i0 + kPrepThreads, ... (kBatch of them, -1 past P) of route's passes, all loaded before
 // any is used, so a thread waits for one round trip per batch instead of one per id.
 template <int kBatch>
@@ -63,34 +121,43 @@ __device__ __forceinline__ void load_ids(const ForwardArgs& a, int P, int i0, in
   }
 }
 
+// f(i, ids[i]) for the P ids, thread tid of the block taking i = tid, tid + kPrepThreads, ...;
+// each batch of kBatch ids is loaded before any is used, so a thread waits for one round trip
+// per batch instead of one per id (at 4096 tokens x 8 slots, 64 ids per thread and pass).
+template <int kBatch, class F>
+__device__ __forceinline__ void for_each_id(const ForwardArgs& a, int P, int tid, F f) {
+  for (int i0 = tid; i0 < P; i0 += kPrepThreads * kBatch) {
+    int ids[kBatch];
+    load_ids<kBatch>(a, P, i0, ids);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) f(i0 + j * kPrepThreads, ids[j]);
+  }
+}
+
 // Block 0: routing (counts, offsets, tiles, the expert-sorted pair list). Pairs of one expert
 // take positions in arrival order (atomics); every output column of the GEMMs is computed the
 // same way wherever it sits, so the result does not depend on that order.
 template <int kRouteBatch>
 __device__ void route(const ForwardArgs& a) {
-  __shared__ int cnt[kMaxLocalExperts], off[kMaxLocalExperts], toff[kMaxLocalExperts];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int El = a.local_experts, tn = a.tile_n;
   const int P = valid_tokens(a) * a.K;
+  if (P <= 32 && a.warp_route) {  // the same for the whole block
+    if (warp == 0) route_warp(a, P);
+    return;
+  }
+  __shared__ int cnt[kMaxLocalExperts], off[kMaxLocalExperts], toff[kMaxLocalExperts];
+  const int El = a.local_experts, tn = a.tile_n;
   for (int e = tid; e < El; e += kPrepThreads) cnt[e] = 0;
   __syncthreads();
-  // Both passes over the ids take them kRouteBatch at a time (load_ids: at 4096 tokens x 8 slots
-  // the 64 dependent loads per thread and pass of one at a time set prepare's time).
-  for (int i0 = tid; i0 < P; i0 += kPrepThreads * kRouteBatch) {
-    int ids[kRouteBatch];
-    load_ids<kRouteBatch>(a, P, i0, ids);
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      const int id = ids[j];
-      if (id == -1) continue;
-      if (id < -1 || id >= a.num_experts) {
-        report_bad_id(a.error, i0 + j * kPrepThreads, id, a.num_experts);
-        continue;
-      }
-      const int le = id - a.expert_base;
-      if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
+  for_each_id<kRouteBatch>(a, P, tid, [&](int i, int id) {
+    if (id == -1) return;
+    if (id < -1 || id >= a.num_experts) {
+      report_bad_id(a.error, i, id, a.num_experts);
+      return;
     }
-  }
+    const int le = id - a.expert_base;
+    if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
+  });
   __syncthreads();
   // Exclusive scans of the pair, tile and narrow-tile counts over El <= 2 * kPrepThreads
   // experts: two per thread, a warp scan, then the warp totals (a serial warp-0 loop over
@@ -99,10 +166,7 @@ __device__ void route(const ForwardArgs& a) {
   __shared__ int warp_p[kPrepThreads / 32], warp_t[kPrepThreads / 32], warp_n[kPrepThreads / 32];
   __shared__ int noff[kMaxLocalExperts];
   __shared__ int narrow_total;
-  const auto narrow_of = [&](int c) {
-    const int r = c % tn;
-    return a.tile_split && r != 0 && 2 * r <= tn ? 1 : 0;
-  };
+  const auto narrow_of = [&](int c) { return narrow_tile(a, c, tn); };
   {
     const int e0 = 2 * tid, e1 = e0 + 1;
     const int c0 = e0 < El ? cnt[e0] : 0, c1 = e1 < El ? cnt[e1] : 0;
@@ -182,18 +246,12 @@ __device__ void route(const ForwardArgs& a) {
     cnt[e] = 0;  // becomes the placement cursor
   }
   __syncthreads();
-  for (int i0 = tid; i0 < P; i0 += kPrepThreads * kRouteBatch) {
-    int ids[kRouteBatch];
-    load_ids<kRouteBatch>(a, P, i0, ids);
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      const int id = ids[j];
-      if (id < 0 || id >= a.num_experts) continue;
-      const int le = id - a.expert_base;
-      if (le < 0 || le >= El) continue;
-      a.sorted_pairs[off[le] + atomicAdd(&cnt[le], 1)] = i0 + j * kPrepThreads;
-    }
-  }
+  for_each_id<kRouteBatch>(a, P, tid, [&](int i, int id) {
+    if (id < 0 || id >= a.num_experts) return;
+    const int le = id - a.expert_base;
+    if (le < 0 || le >= El) return;
+    a.sorted_pairs[off[le] + atomicAdd(&cnt[le], 1)] = i;
+  });
 }
 
 __device__ __forceinline__ bool live_id(int id, int E) { return id >= 0 && id < E; }
@@ -693,6 +751,8 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   ForwardArgs a = args;
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   a.fc2_early = fc2_early_start();
+  static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
+  a.warp_route = warp_route;
   // Route orders the tiles for the split, and the decode GEMMs run it (launch_decode).
   // The expected pairs: T * K on one GPU; an EP owner's grid counts W * capacity rows, its
   // expected pairs are owner_pairs.

@@ -299,6 +299,9 @@ struct ForwardArgs {
   // The decode kernel's fc2 queues the weights of its first ring slots before it waits for fc1
   // (launch_forward sets it from fc2_early_start(); docs/gpu_kernels.md §6 "Session 10").
   bool fc2_early = true;
+  // Route by one warp when at most 32 pairs (route_warp; launch_forward sets it,
+  // MOE_EP_WARP_ROUTE=0 turns it off for A/B runs).
+  bool warp_route = true;
   // EP owner side: the routed pairs this rank expects in this call (T*K: W sources' T tokens,
   // a 1/W share of their K slots each, under uniform routing), where `tokens` counts W *
   // capacity rows; sizes fc1's decode ring (owner_fc1_ctas_per_sm). 0: not an EP owner.

@@ -75,51 +75,26 @@ __device__ __forceinline__ uint8_t quantize_n(const float (&v)[N], float norm_co
   for (int m = 1; m < kLanes; m <<= 1)
     amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   if constexpr (R == Recipe::kNvfp4) {
-    const float amax_n = fmt::mul_rn(amax, norm_const);
     // The quantize kernels' exact element math (kernels/quantize/quantize_math.h, proven equal
     // to the formats.h reference by the unit tests): the block scale and each element's quotient
     // by two FMAs after a multiply (one IEEE division per block, for RN(1 / s)), the E2M1 code
     // by one float add, and q * s from the code's value. The reference's arithmetic itself for a
     // block with an Inf element or an overflowing amax * nc, and for a NaN element.
-    const bool fast = qmath::finite_hd(amax_n);
-    const uint8_t sb =
-        fast ? qmath::e4m3(qmath::div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max))
-             : fmt::float_to_e4m3(fmt::div_rn(amax_n, fmt::kE2M1Max));
-    const float s = qmath::e4m3_value(sb);
-    if (s == 0.0f) {  // the reference's codes 0 and values 0 * 0
+    const qmath::Nvfp4Scale k = qmath::nvfp4_scale(amax, norm_const);
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        q[i] = 0;
-        d[i] = 0.0f;
-      }
-      return sb;
-    }
-    const float r = fmt::div_rn(1.0f, s);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float xn = fmt::mul_rn(v[i], norm_const);
-      if (fast && qmath::finite_hd(xn)) {
-        q[i] = qmath::nvfp4_element(xn, s, r, &d[i]);
-      } else {
-        q[i] = fmt::float_to_e2m1(fmt::div_rn(xn, s));
-        d[i] = fmt::e2m1_to_float(q[i]) * s;
-      }
-    }
-    return sb;
+    for (int i = 0; i < N; ++i) q[i] = qmath::nvfp4_quant(v[i], norm_const, k, &d[i]);
+    return k.sb;
   } else {
-    const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
-    const float inv = fmt::exp2i(127 - int(sb)), s = fmt::ue8m0_to_float(sb);
     // The conversion instruction (qmath::e4m3_pair: the rounding, saturation and NaN of
     // fmt::float_to_e4m3) and back (exact).
+    const qmath::MxScale k = qmath::mxfp8_scale(amax);
 #pragma unroll
     for (int i = 0; i < N; i += 2) {
-      const uint32_t p = qmath::e4m3_pair(fmt::mul_rn(v[i], inv), fmt::mul_rn(v[i + 1], inv));
+      const uint32_t p = qmath::mxfp8_pair(v[i], v[i + 1], k, &d[i], &d[i + 1]);
       q[i] = uint8_t(p);
       q[i + 1] = uint8_t(p >> 8);
-      d[i] = qmath::e4m3_value(q[i]) * s;
-      d[i + 1] = qmath::e4m3_value(q[i + 1]) * s;
     }
-    return sb;
+    return k.sb;
   }
 }
 

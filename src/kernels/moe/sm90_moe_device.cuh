@@ -14,6 +14,7 @@
 #include <initializer_list>
 
 #include "kernels/moe/moe_params.h"
+#include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
@@ -257,36 +258,25 @@ struct GemmConfig {
 
 // One requantized block of h, written as bf16 q*s (the values fc2 reads): nvfp4 16 values with
 // the CPU's quantizer and fc1_norm_const nc, mxfp8 32 values, bf16 8 values (no quantization).
+// One scale block of h requantized and stored as the bf16 q * s the fc2 GEMM reads: the quantize
+// kernels' exact element math (qmath::nvfp4_block_bf16 / mxfp8_block_bf16, bit for bit
+// fmt::quantize_block_* and the dequantization, checked on the host), not the reference's
+// division per element: this runs in every fc1 CTA's epilogue, and at two m64 CTAs per SM an
+// epilogue's time is tensor-pipe time lost (docs/gpu_kernels.md §6 "Session 15").
 __device__ __forceinline__ void store_h_block_nvfp4(const float* v, float nc, uint16_t* dst) {
-  uint8_t packed[8];
-  const float s = fmt::e4m3_to_float(fmt::quantize_block_nvfp4(v, nc, packed));
   uint32_t o[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t lo = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] & 0xf) * s);
-    const uint32_t hi = fmt::float_to_bf16(fmt::e2m1_to_float(packed[i] >> 4) * s);
-    o[i] = lo | (hi << 16);
-  }
+  kernels::qmath::nvfp4_block_bf16(v, nc, o);
   uint4* d = reinterpret_cast<uint4*>(dst);
   d[0] = make_uint4(o[0], o[1], o[2], o[3]);
   d[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
 __device__ __forceinline__ void store_h_block_mxfp8(const float* v, uint16_t* dst) {
-  uint8_t q[32];
-  const float s = fmt::ue8m0_to_float(fmt::quantize_block_mxfp8(v, q));
+  uint32_t o[16];
+  kernels::qmath::mxfp8_block_bf16(v, o);
   uint4* d = reinterpret_cast<uint4*>(dst);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t o[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t lo = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i]) * s);
-      const uint32_t hi = fmt::float_to_bf16(fmt::e4m3_to_float(q[j * 8 + 2 * i + 1]) * s);
-      o[i] = lo | (hi << 16);
-    }
-    d[j] = make_uint4(o[0], o[1], o[2], o[3]);
-  }
+  for (int j = 0; j < 4; ++j) d[j] = make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
 }
 
 __device__ __forceinline__ void store_h_bf16x8(const float* v, uint16_t* dst) {

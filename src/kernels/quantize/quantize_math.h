@@ -340,4 +340,87 @@ MOE_EP_HD uint8_t mxfp8_block(const uint32_t* w, uint32_t* out) {
   return sb;
 }
 
+// fmt::quantize_block_nvfp4's block arithmetic on this file's element math, shared by the
+// forward's activation quantizer (kern::quantize_n: the lanes of a block share its amax) and the
+// fc1 epilogue's requantization of h (one thread per block, nvfp4_block_bf16). The scale from
+// the block's amax (NaNs ignored, as block_amax): `fast` where amax * nc is finite, and then each
+// element with a finite x * nc takes nvfp4_element; anything else takes the reference's own
+// arithmetic.
+struct Nvfp4Scale {
+  uint8_t sb;  // E4M3 scale byte
+  bool fast;
+  float s, r;  // its value and RN(1 / s) (0 when s = 0)
+};
+MOE_EP_HD Nvfp4Scale nvfp4_scale(float amax, float nc) {
+  const float amax_n = fmt::mul_rn(amax, nc);
+  Nvfp4Scale k;
+  k.fast = finite_hd(amax_n);
+  k.sb = k.fast ? e4m3(div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max))
+                : fmt::float_to_e4m3(fmt::div_rn(amax_n, fmt::kE2M1Max));
+  k.s = e4m3_value(k.sb);
+  k.r = k.s == 0.0f ? 0.0f : fmt::div_rn(1.0f, k.s);
+  return k;
+}
+// One element v of that block: its E2M1 code and *d = q * s (0 and 0 when s = 0).
+MOE_EP_HD uint8_t nvfp4_quant(float v, float nc, const Nvfp4Scale& k, float* d) {
+  if (k.s == 0.0f) {
+    *d = 0.0f;
+    return 0;
+  }
+  const float xn = fmt::mul_rn(v, nc);
+  if (k.fast && finite_hd(xn)) return nvfp4_element(xn, k.s, k.r, d);
+  const uint8_t q = fmt::float_to_e2m1(fmt::div_rn(xn, k.s));
+  *d = fmt::e2m1_to_float(q) * k.s;
+  return q;
+}
+// A whole NVFP4 block of 16 values as the GEMM sees it: o[j] = bf16(q * s) of elements 2j (low
+// half) and 2j + 1, bit for bit fmt::quantize_block_nvfp4 followed by the dequantization.
+MOE_EP_HD void nvfp4_block_bf16(const float* v, float nc, uint32_t (&o)[8]) {
+  float amax = 0.0f;
+  MOE_EP_UNROLL
+  for (int i = 0; i < fmt::kNvfp4Block; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
+  const Nvfp4Scale k = nvfp4_scale(amax, nc);
+  MOE_EP_UNROLL
+  for (int j = 0; j < 8; ++j) {
+    float d0, d1;
+    nvfp4_quant(v[2 * j], nc, k, &d0);
+    nvfp4_quant(v[2 * j + 1], nc, k, &d1);
+    o[j] = uint32_t(fmt::float_to_bf16(d0)) | (uint32_t(fmt::float_to_bf16(d1)) << 16);
+  }
+}
+
+// fmt::quantize_block_mxfp8's arithmetic: the UE8M0 scale from the amax, then each pair of
+// elements by e4m3_pair (the conversion instruction on the GPU, equal to fmt::float_to_e4m3).
+struct MxScale {
+  uint8_t sb;
+  float inv, s;  // 2^-e and 2^e
+};
+MOE_EP_HD MxScale mxfp8_scale(float amax) {
+  MxScale k;
+  k.sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
+  k.inv = fmt::exp2i(127 - int(k.sb));
+  k.s = fmt::ue8m0_to_float(k.sb);
+  return k;
+}
+// Elements v0, v1: their E4M3 codes (v0's in the low byte) and d = q * s.
+MOE_EP_HD uint32_t mxfp8_pair(float v0, float v1, const MxScale& k, float* d0, float* d1) {
+  const uint32_t p = e4m3_pair(fmt::mul_rn(v0, k.inv), fmt::mul_rn(v1, k.inv));
+  *d0 = e4m3_value(uint8_t(p)) * k.s;
+  *d1 = e4m3_value(uint8_t(p >> 8)) * k.s;
+  return p;
+}
+// A whole MXFP8 block of 32 values as the GEMM sees it: o[j] = bf16(q * s) of elements 2j, 2j + 1.
+MOE_EP_HD void mxfp8_block_bf16(const float* v, uint32_t (&o)[16]) {
+  float amax = 0.0f;
+  MOE_EP_UNROLL
+  for (int i = 0; i < fmt::kMxBlock; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
+  const MxScale k = mxfp8_scale(amax);
+  MOE_EP_UNROLL
+  for (int j = 0; j < 16; ++j) {
+    float d0, d1;
+    mxfp8_pair(v[2 * j], v[2 * j + 1], k, &d0, &d1);
+    o[j] = uint32_t(fmt::float_to_bf16(d0)) | (uint32_t(fmt::float_to_bf16(d1)) << 16);
+  }
+}
+
 }  // namespace moe_ep::kernels::qmath
