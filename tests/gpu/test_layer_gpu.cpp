@@ -1070,16 +1070,22 @@ TEST(GpuLayer, WarpRouteMatchesBlockRoute) {
   }
 }
 
-// From 256 tokens on, prepare's route spreads over blocks (route_spread: global counts, the
-// last block lays out and scatters). Against the CPU: random routing, empty slots, every pair on
-// one expert and every slot of a token on one expert; repeated forwards bitwise (the counters
-// return to zero); a graph captured at T = 1000 replayed with 1000, 100 (fewer than 2048 pairs:
-// one block routes) and 1000 tokens; a bad id at T = 600 reported by the next call, after which
-// the layer is correct again.
+struct SpreadOverride {
+  explicit SpreadOverride(int mode) { kern::set_route_spread_override(mode); }
+  ~SpreadOverride() { kern::set_route_spread_override(-1); }
+};
+
+// Prepare's route spread over blocks (route_spread: global counts, the last block lays out and
+// scatters; by default an EP owner's from 256 tokens, forced here on one GPU). Against the CPU:
+// random routing, empty slots, every pair on one expert and every slot of a token on one expert;
+// repeated forwards bitwise (the counters return to zero); a graph captured at T = 1000 replayed
+// with 1000, 100 (fewer than 2048 pairs: one block routes) and 1000 tokens; a bad id at T = 600
+// reported by the next call, after which the layer is correct again.
 TEST(GpuLayer, SpreadRouteAgainstCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;  // E = 16, K = 8
   Master m(s, 53);
+  SpreadOverride spread(1);
   for (Recipe r : {Recipe::kNvfp4, Recipe::kBf16}) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
@@ -1174,6 +1180,7 @@ TEST(GpuLayer, SmallForSanitizer) {
     auto unf = make_layer(Backend::kCUDA, make_config(s, r, 1100, false, Options{}), p);
     // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16; T = 120: 30
     // rows per expert, the wgmma kernel; T = 1100 (2200 pairs): prepare's spread route.
+    SpreadOverride spread(1);
     for (int T : {5, 40, 120, 1100}) {
       SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);

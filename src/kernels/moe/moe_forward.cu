@@ -817,16 +817,23 @@ namespace {
 // at DSV3 4096 tokens they take route from ~90 to ~70 us (eager prepare 89-91 -> 69-72 with 8
 // elements per thread), while at 1 token they cost 1.5-2 us in the graph replay (75.3-75.8 ->
 // 77.1-77.4 us; docs/gpu_kernels.md §6 "Session 15"). MOE_EP_ROUTE_BATCH=0 / 1 forces either.
-// From kPrepWideTokens on the route spreads over blocks instead (route_spread;
-// MOE_EP_ROUTE_SPREAD=0 / 1 forces it off / on, where it is off the batching knob applies).
+// Or the route spread over blocks (route_spread), where set_route_spread_override /
+// MOE_EP_ROUTE_SPREAD say so or by default on an EP owner (moe_params.h).
+std::atomic<int> g_spread_override{-1};
+
 template <Recipe R>
 cudaError_t launch_prepare(bool pdl, int qn, dim3 grid, cudaStream_t s, const ForwardArgs& a) {
   static const int forced = env_mode("MOE_EP_ROUTE_BATCH");
   static const int forced_spread = env_mode("MOE_EP_ROUTE_SPREAD");
   const bool wide = a.tokens >= kPrepWideTokens;
   // An EP owner's tokens are W * capacity rows; it expects owner_pairs of them (its sources' T).
-  const bool spread = (a.owner_pairs ? a.owner_pairs / a.K : a.tokens) >= kPrepWideTokens;
-  if ((forced_spread >= 0 ? forced_spread == 1 : spread) && a.K <= kSpreadPairs) {
+  // At DSV3 4096 tokens per rank the spread took the EP = 2 forward 6160 / 6178 -> 6101 / 6132
+  // us; on one GPU eager prepare stayed at 80-95 us with or without it (the quantizer's time;
+  // docs/gpu_kernels.md §9 "Session 16").
+  const int o = g_spread_override.load(std::memory_order_relaxed);
+  const int mode = o >= 0 ? o : forced_spread;
+  const bool spread = mode >= 0 ? mode == 1 : a.xq_ready && a.owner_pairs / a.K >= kPrepWideTokens;
+  if (spread && a.K <= kSpreadPairs) {
     if (a.xq_ready) grid = dim3(spread_blocks(a.tokens, a.K) + 1, 1);
     const auto k = qn == 8 ? prepare_kernel<R, 8, 0> : prepare_kernel<R, 4, 0>;
     return launch_kernel(pdl, k, grid, dim3(kPrepThreads), 0, s, a);
@@ -838,6 +845,10 @@ cudaError_t launch_prepare(bool pdl, int qn, dim3 grid, cudaStream_t s, const Fo
   return launch_kernel(pdl, k, grid, dim3(kPrepThreads), 0, s, a);
 }
 }  // namespace
+
+void set_route_spread_override(int mode) {
+  g_spread_override.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
+}
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;

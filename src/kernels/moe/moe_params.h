@@ -169,6 +169,12 @@ void set_decode16_split_override(int mode);
 // The split for `pairs` routed pairs (expected) over `local_experts` experts at tile 16.
 bool decode16_split_for(int64_t pairs, int local_experts);
 
+// Prepare's route spread over blocks (route_spread): 1 always, 0 never, -1 (default) on an EP
+// owner expecting at least 256 tokens' pairs (there prepare only routes; on one GPU the
+// quantizer sets prepare's time, and one batched block routes). From MOE_EP_ROUTE_SPREAD=0|1
+// (benchmark knob, read once per process) or a test's override (1, 0; -1 back to the knob).
+void set_route_spread_override(int mode);
+
 // ForwardArgs::fc2_early: true, or MOE_EP_FC2_EARLY=0 (read once per process) for A/B runs.
 bool fc2_early_start();
 
