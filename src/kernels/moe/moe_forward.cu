@@ -411,13 +411,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
       v[2 * j] = fmt::bf16_to_float(w[j] & 0xffffu);
       v[2 * j + 1] = fmt::bf16_to_float(w[j] >> 16);
     }
-    uint8_t q[kN];
-    float d[kN];
-    quantize_n<R, kN>(v, a.input_norm_const, q, d);
-#pragma unroll
-    for (int j = 0; j < kW; ++j)
-      o[j] = uint32_t(fmt::float_to_bf16(d[2 * j])) |
-             (uint32_t(fmt::float_to_bf16(d[2 * j + 1])) << 16);
+    quantize_bf16_n<R, kN>(v, a.input_norm_const, o);
   } else {
 #pragma unroll
     for (int j = 0; j < kW; ++j) o[j] = w[j];
