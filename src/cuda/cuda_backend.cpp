@@ -108,6 +108,7 @@ struct Workspace {
   WorkspaceLayout layout;
   DeviceBuffer mem;  // W = 1: layout + scratch; W > 1: scratch only (layout is the window)
   size_t xq_off = 0, h_off = 0, pairs_off = 0, tiles_off = 0, num_tiles_off = 0, counts_off = 0;
+  size_t ranks_off = 0;
   // Decode split-K partials + counters: 4-bit recipes on the decode kernel only (bf16 weights
   // and the fp8 path never run it); without them the kernels do not split.
   bool splitk = false;
@@ -267,7 +268,9 @@ class CudaBackend final : public LayerBackend {
     ws->num_tiles_off = off;
     off = al(off + 8);  // the tile count, then the narrow ones' (ForwardArgs::tile_split)
     ws->counts_off = off;
-    off = al(off + size_t(El_) * 4);
+    off = al(off + size_t(El_ + 1) * 4);  // + the spread route's ticket
+    ws->ranks_off = off;
+    off = al(off + rows * 4);
     ws->splitk = recipe_traits(cfg_.recipe.recipe).weights_4bit && !fp8_;  // decode kernel only
     if (ws->splitk) {
       ws->splitk_off = off;
@@ -286,13 +289,16 @@ class CudaBackend final : public LayerBackend {
       off = al(off + rows);
     }
     ws->mem.allocate(off, "a workspace");
+    // The spread route's counts and ticket start at zero; each forward leaves them at zero.
+    check(cudaMemset(ws->mem.as<unsigned char>() + ws->counts_off, 0, size_t(El_ + 1) * 4),
+          "zeroing the route counts");
     if (ws->splitk) {
       // The split-K arrival counters start at zero; each kernel leaves them at zero.
       check(cudaMemset(ws->mem.as<unsigned char>() + ws->splitk_counters_off, 0,
                        kern::splitk_counter_bytes()),
             "zeroing the split-K counters");
-      check(cudaDeviceSynchronize(), "zeroing the split-K counters");
     }
+    check(cudaDeviceSynchronize(), "zeroing the workspace's counters");
     workspaces_.push_back(std::move(ws));
     return int(workspaces_.size()) - 1;
   }
@@ -334,6 +340,7 @@ class CudaBackend final : public LayerBackend {
     a.tiles = reinterpret_cast<kern::TileInfo*>(base + ws.tiles_off);
     a.num_tiles = reinterpret_cast<int32_t*>(base + ws.num_tiles_off);
     a.counts = reinterpret_cast<int32_t*>(base + ws.counts_off);
+    a.pair_rank = reinterpret_cast<int32_t*>(base + ws.ranks_off);
     set_splitk(a, base, ws);
     if (fp8_) {
       a.fp8 = true;
@@ -574,6 +581,7 @@ class CudaBackend final : public LayerBackend {
     a.tiles = reinterpret_cast<kern::TileInfo*>(scratch + ws.tiles_off);
     a.num_tiles = reinterpret_cast<int32_t*>(scratch + ws.num_tiles_off);
     a.counts = reinterpret_cast<int32_t*>(scratch + ws.counts_off);
+    a.pair_rank = reinterpret_cast<int32_t*>(scratch + ws.ranks_off);
     set_splitk(a, scratch, ws);
     if (ws.fused_combine) {
       a.y_dst = ua.y_dst;  // fc2 stores into the sources' combine areas (NVLink)

@@ -1070,6 +1070,103 @@ TEST(GpuLayer, WarpRouteMatchesBlockRoute) {
   }
 }
 
+struct SpreadOverride {
+  explicit SpreadOverride(int mode) { kern::set_route_spread_override(mode); }
+  ~SpreadOverride() { kern::set_route_spread_override(-1); }
+};
+
+// Prepare's route spread over blocks (route_spread: global counts, the last block lays out and
+// scatters; by default an EP owner's from 256 tokens, forced here on one GPU). Against the CPU:
+// random routing, empty slots, every pair on one expert and every slot of a token on one expert;
+// repeated forwards bitwise (the counters return to zero); a graph captured at T = 1000 replayed
+// with 1000, 100 (fewer than 2048 pairs: one block routes) and 1000 tokens; a bad id at T = 600
+// reported by the next call, after which the layer is correct again.
+TEST(GpuLayer, SpreadRouteAgainstCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;  // E = 16, K = 8
+  Master m(s, 53);
+  SpreadOverride spread(1);
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kBf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    const LayerConfig cfg = make_config(s, r, 1024, true, Options{});
+    auto cpu = make_layer(Backend::kCPU, cfg, p);
+    auto gpu = make_layer(Backend::kCUDA, cfg, p);
+    gpu->warmup();
+    auto check = [&](HostInputs& h, const std::vector<uint16_t>& got, const char* what) {
+      const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
+      std::string why;
+      const double err = rel_l2(got, ref, &why);
+      EXPECT_LE(err, 5e-3) << what << ": " << why;
+      std::printf("[ spread ] %-6s %-28s T=%-4d rel_l2=%.3e\n", recipe_name(r), what, h.T, err);
+    };
+    for (int mode : {0, 1, 2}) {
+      // 0: random (every 5th token loses its last slot); 1: token 3 repeats expert 7 in every
+      // slot and token 4 has none; 2: every pair on expert 5.
+      HostInputs h = make_inputs(1000, s.H, s.K, s.E, 60 + mode, mode == 2 ? 5 : -1);
+      if (mode == 2)
+        for (auto& id : h.ids) id = 5;
+      if (mode == 1)
+        for (int k = 0; k < s.K; ++k) {
+          h.ids[size_t(3) * s.K + k] = 7;
+          h.ids[size_t(4) * s.K + k] = -1;
+        }
+      DeviceInputs d(h);
+      const std::vector<uint16_t> a = forward_bits(*gpu, d, h), b = forward_bits(*gpu, d, h);
+      EXPECT_TRUE(a == b) << "mode " << mode << ": repeated forwards differ";
+      check(h, a, mode == 0 ? "random" : (mode == 1 ? "token on one expert" : "all on one"));
+    }
+    // Graph replay with device-side counts across the spread / one-block switch.
+    HostInputs h = make_inputs(1000, s.H, s.K, s.E, 64);
+    DeviceInputs d(h);
+    CountedStream cs;
+    PoisonedOut out(size_t(h.T) * s.H);
+    ForwardInputs f = device_view(d, h);
+    f.stream = cs.st;
+    f.num_tokens = cs.n_dev;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(cs.st, cudaStreamCaptureModeThreadLocal));
+    gpu->forward(
+        f, TensorView::contiguous(out.p, DType::kBF16, {h.T, s.H}, Device{DeviceKind::kCUDA, 0}));
+    CUDA_OK(cudaStreamEndCapture(cs.st, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    std::vector<uint16_t> first;
+    for (int n : {1000, 100, 1000}) {
+      cs.set(n);
+      CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
+      CUDA_OK(cudaGraphLaunch(exec, cs.st));
+      CUDA_OK(cudaStreamSynchronize(cs.st));
+      std::vector<uint16_t> got = out.host();
+      got.resize(size_t(n) * s.H);
+      HostInputs hn = first_tokens(h, n);
+      check(hn, got, "graph replay");
+      if (n == 1000 && first.empty())
+        first = got;
+      else if (n == 1000)
+        EXPECT_TRUE(got == first) << "graph replays at n = 1000 differ";
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    // A bad id with the spread route: reported by the next call, and the counters were reset.
+    HostInputs hb = make_inputs(600, s.H, s.K, s.E, 65);
+    hb.ids[size_t(400) * s.K + 2] = s.E;
+    DeviceInputs db(hb);
+    gpu->forward(device_view(db, hb));
+    cudaDeviceSynchronize();
+    HostInputs hg = make_inputs(600, s.H, s.K, s.E, 66);
+    DeviceInputs dg(hg);
+    try {
+      gpu->forward(device_view(dg, hg));
+      ADD_FAILURE() << "the next call did not report the bad id";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("topk_ids[400, 2] = 16"), std::string::npos) << e.what();
+    }
+    cudaDeviceSynchronize();
+    check(hg, forward_bits(*gpu, dg, hg), "after a reported bad id");
+  }
+}
+
 // A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
 // and unfinalized, against the CPU reference.
 TEST(GpuLayer, SmallForSanitizer) {
@@ -1078,12 +1175,13 @@ TEST(GpuLayer, SmallForSanitizer) {
   Master m(s, 23);
   for (Recipe r : kRecipes) {
     const PackedExperts p = pack(s, r, m, Options{});
-    auto cpu = make_layer(Backend::kCPU, make_config(s, r, 128, true, Options{}), p);
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 128, true, Options{}), p);
-    auto unf = make_layer(Backend::kCUDA, make_config(s, r, 128, false, Options{}), p);
+    auto cpu = make_layer(Backend::kCPU, make_config(s, r, 1100, true, Options{}), p);
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 1100, true, Options{}), p);
+    auto unf = make_layer(Backend::kCUDA, make_config(s, r, 1100, false, Options{}), p);
     // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16; T = 120: 30
-    // rows per expert, the wgmma kernel.
-    for (int T : {5, 40, 120}) {
+    // rows per expert, the wgmma kernel; T = 1100 (2200 pairs): prepare's spread route.
+    SpreadOverride spread(1);
+    for (int T : {5, 40, 120, 1100}) {
       SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
       DeviceInputs d(h);

@@ -192,9 +192,12 @@ std::vector<uint16_t> run(MegaLayer& layer, const ForwardInputs& in, int T, int 
   return h;
 }
 
-std::vector<uint16_t> run_cpu(MegaLayer& cpu, Inputs& h) {
+std::vector<uint16_t> run_cpu(MegaLayer& cpu, Inputs& h,
+                              std::optional<WorkspaceId> ws = std::nullopt) {
   if (h.T == 0) return {};
-  Tensor t = cpu.forward(host_view(h));
+  ForwardInputs f = host_view(h);
+  f.workspace = ws;
+  Tensor t = cpu.forward(f);
   const uint16_t* p = static_cast<const uint16_t*>(t.view().data);
   return std::vector<uint16_t>(p, p + size_t(h.T) * kH);
 }
@@ -248,13 +251,17 @@ Bootstrap single_boot(int dev, Backend backend) {
 // One call on every layer: EP output bitwise equal to the single-GPU CUDA layer, within SPEC
 // §7 of the CPU backend, no NaN. Returns rel L2 vs CPU (0 for T = 0).
 double check_call(MegaLayer& ep, MegaLayer& one, MegaLayer& cpu, Inputs& h, int rank,
-                  const std::string& what, std::optional<WorkspaceId> ws = std::nullopt) {
+                  const std::string& what, std::optional<WorkspaceId> ws = std::nullopt,
+                  std::optional<WorkspaceId> one_ws = std::nullopt,
+                  std::optional<WorkspaceId> cpu_ws = std::nullopt) {
   DevInputs d(h, rank);
   ForwardInputs f = d.view();
   f.workspace = ws;
   const std::vector<uint16_t> y = run(ep, f, h.T, rank);
-  const std::vector<uint16_t> y1 = run(one, d.view(), h.T, rank);
-  const std::vector<uint16_t> yc = run_cpu(cpu, h);
+  ForwardInputs f1 = d.view();
+  f1.workspace = one_ws;
+  const std::vector<uint16_t> y1 = run(one, f1, h.T, rank);
+  const std::vector<uint16_t> yc = run_cpu(cpu, h, cpu_ws);
   REQUIRE(!has_nan(y), what + ": NaN (or an unwritten poisoned element) in the EP output");
   size_t diff = 0;
   for (size_t i = 0; i < y.size(); ++i) diff += y[i] != y1[i];
@@ -399,6 +406,21 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
   for (const Step& s : tiny_steps) {
     Inputs ht = make_inputs(rank == 0 ? s.t0 : s.t1, rank, 800 + 10 * i++ + rank, s.route);
     rep.add(check_call(ep, one, cpu, ht, rank, s.what, tiny));
+  }
+  // A workspace of capacity 512. From 256 tokens per rank on, the owner's prepare routes over
+  // many blocks (route_spread); with fewer than 2048 pairs on the device one block routes again
+  // (rank 1's T = 0).
+  // Repeated calls check that the spread route leaves its counters at zero.
+  const WorkspaceId wide = ep.create_workspace(512);
+  const WorkspaceId one_wide = one.create_workspace(512), cpu_wide = cpu.create_workspace(512);
+  const Step wide_steps[] = {{512, 300, Route::kUniform, "capacity 512, unequal"},
+                             {512, 512, Route::kUniform, "capacity 512, full"},
+                             {300, 0, Route::kUniform, "capacity 512, T=0 on rank 1"},
+                             {400, 512, Route::kOther, "capacity 512, all to the other rank"},
+                             {512, 512, Route::kUniform, "capacity 512, full again"}};
+  for (const Step& s : wide_steps) {
+    Inputs hw = make_inputs(rank == 0 ? s.t0 : s.t1, rank, 1100 + 10 * i++ + rank, s.route);
+    rep.add(check_call(ep, one, cpu, hw, rank, s.what, wide, one_wide, cpu_wide));
   }
   // A workspace created with the other combine path (the mode is per workspace) holds the y
   // buffer [W*cap*K][H] bf16 exactly when it is unfused; the fused one holds a row pointer per

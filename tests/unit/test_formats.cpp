@@ -897,5 +897,39 @@ TEST(QuantizeMath, BlockBf16EqualsReferenceAndDequant) {
   }
 }
 
+// The value path of the NVFP4 element math (prepare's and fc1's requantization take bf16(q * s)
+// from it): e2m1_round_value equals the code's value for every float of the binades around the
+// E2M1 grid and for specials, and nvfp4_value_bits equals nvfp4_element's d, exact in bf16.
+TEST(QuantizeMath, Nvfp4ValueBitsEqualsElement) {
+  for (uint32_t b = 0x3c000000u; b < 0x41000000u; ++b) {  // [2^-7, 8): every float
+    const float q = bits_float(b);
+    ASSERT_EQ(float_bits(qm::e2m1_round_value(q)),
+              float_bits(e2m1_to_float(uint8_t(qm::e2m1_mag_code(q)))))
+        << "q = " << q;
+  }
+  for (float q : {0.0f, 1e-30f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 6.5f, 7.0f,
+                  1e30f, std::numeric_limits<float>::infinity()})
+    ASSERT_EQ(float_bits(qm::e2m1_round_value(q)),
+              float_bits(e2m1_to_float(uint8_t(qm::e2m1_mag_code(q)))))
+        << "q = " << q;
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> le(-30.0f, 30.0f), u(-1.0f, 1.0f);
+  for (int sb = 1; sb < 0x7f; ++sb) {  // every positive finite E4M3 scale
+    const float s = e4m3_to_float(uint8_t(sb)), r = div_rn(1.0f, s);
+    for (int rep = 0; rep < 4000; ++rep) {
+      // |x| / s around the grid (up to ~10) and far outside it, both signs, zeros.
+      float x = rep % 97 == 0  ? (rep % 2 ? -0.0f : 0.0f)
+                : rep % 3 == 0 ? u(rng) * std::exp2(le(rng))
+                               : u(rng) * 10.0f * s;
+      float d = 0.0f;
+      qm::nvfp4_element(x, s, r, &d);
+      const uint32_t v = qm::nvfp4_value_bits(x, s, r);
+      ASSERT_EQ(v, float_bits(d)) << "x = " << x << " s = " << s;
+      ASSERT_EQ(v & 0xffffu, 0u) << "not exact in bf16: x = " << x << " s = " << s;
+      ASSERT_EQ(uint16_t(v >> 16), float_to_bf16(d)) << "x = " << x << " s = " << s;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moe_ep::fmt

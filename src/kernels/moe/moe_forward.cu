@@ -134,35 +134,17 @@ __device__ __forceinline__ void for_each_id(const ForwardArgs& a, int P, int tid
   }
 }
 
-// Block 0: routing (counts, offsets, tiles, the expert-sorted pair list). Pairs of one expert
-// take positions in arrival order (atomics); every output column of the GEMMs is computed the
-// same way wherever it sits, so the result does not depend on that order.
-template <int kRouteBatch>
-__device__ void route(const ForwardArgs& a) {
+// The layout of the routed pairs from the per-expert pair counts cnt[El] (shared): off[e] (shared)
+// = the pairs of the experts below e, the tile list and its counts. A narrow tile (tile_split
+// only) is an expert's last tile when it has at most tn / 2 rows; those come first in the list.
+// Leaves cnt[e] = 0 (the placement cursor of route's second pass), behind a block barrier.
+__device__ void route_layout(const ForwardArgs& a, int* cnt, int* off) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int P = valid_tokens(a) * a.K;
-  if (P <= 32 && a.warp_route) {  // the same for the whole block
-    if (warp == 0) route_warp(a, P);
-    return;
-  }
-  __shared__ int cnt[kMaxLocalExperts], off[kMaxLocalExperts], toff[kMaxLocalExperts];
   const int El = a.local_experts, tn = a.tile_n;
-  for (int e = tid; e < El; e += kPrepThreads) cnt[e] = 0;
-  __syncthreads();
-  for_each_id<kRouteBatch>(a, P, tid, [&](int i, int id) {
-    if (id == -1) return;
-    if (id < -1 || id >= a.num_experts) {
-      report_bad_id(a.error, i, id, a.num_experts);
-      return;
-    }
-    const int le = id - a.expert_base;
-    if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
-  });
-  __syncthreads();
+  __shared__ int toff[kMaxLocalExperts];
   // Exclusive scans of the pair, tile and narrow-tile counts over El <= 2 * kPrepThreads
   // experts: two per thread, a warp scan, then the warp totals (a serial warp-0 loop over
-  // 32-expert groups cost microseconds at 256 experts). A narrow tile (tile_split only) is an
-  // expert's last tile when it has at most tn / 2 rows; those come first in the list.
+  // 32-expert groups cost microseconds at 256 experts).
   __shared__ int warp_p[kPrepThreads / 32], warp_t[kPrepThreads / 32], warp_n[kPrepThreads / 32];
   __shared__ int noff[kMaxLocalExperts];
   __shared__ int narrow_total;
@@ -246,6 +228,34 @@ __device__ void route(const ForwardArgs& a) {
     cnt[e] = 0;  // becomes the placement cursor
   }
   __syncthreads();
+}
+
+// Block 0: routing (counts, offsets, tiles, the expert-sorted pair list). Pairs of one expert
+// take positions in arrival order (atomics); every output column of the GEMMs is computed the
+// same way wherever it sits, so the result does not depend on that order.
+template <int kRouteBatch>
+__device__ void route(const ForwardArgs& a) {
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int P = valid_tokens(a) * a.K;
+  if (P <= 32 && a.warp_route) {  // the same for the whole block
+    if (warp == 0) route_warp(a, P);
+    return;
+  }
+  __shared__ int cnt[kMaxLocalExperts], off[kMaxLocalExperts];
+  const int El = a.local_experts;
+  for (int e = tid; e < El; e += kPrepThreads) cnt[e] = 0;
+  __syncthreads();
+  for_each_id<kRouteBatch>(a, P, tid, [&](int i, int id) {
+    if (id == -1) return;
+    if (id < -1 || id >= a.num_experts) {
+      report_bad_id(a.error, i, id, a.num_experts);
+      return;
+    }
+    const int le = id - a.expert_base;
+    if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
+  });
+  __syncthreads();
+  route_layout(a, cnt, off);
   for_each_id<kRouteBatch>(a, P, tid, [&](int i, int id) {
     if (id < 0 || id >= a.num_experts) return;
     const int le = id - a.expert_base;
@@ -255,6 +265,65 @@ __device__ void route(const ForwardArgs& a) {
 }
 
 __device__ __forceinline__ bool live_id(int id, int E) { return id >= 0 && id < E; }
+
+// Pairs per counting block of route_spread (one per thread). A token's blocks (1 + t, 0) count
+// kSpreadPairs / K tokens each, so for K <= kSpreadPairs (launch_prepare) the grid's T + 1
+// columns hold the nb counting blocks.
+constexpr int kSpreadPairs = kPrepThreads;
+// Fewer pairs than this on the device: one block routes (prepare_kernel).
+constexpr int kSpreadMinPairs = 4 * kSpreadPairs;
+__host__ __device__ inline int spread_blocks(int tokens, int K) {
+  return (tokens * K + kSpreadPairs - 1) / kSpreadPairs;
+}
+
+// Routing over nb blocks (from kPrepWideTokens tokens on, where route's one block set prepare's
+// time: ~70 us at DSV3 4096 tokens). Block b counts pairs b * kSpreadPairs + tid into a.counts
+// by global atomics, whose return value is the pair's place among its expert's pairs
+// (a.pair_rank). The block that takes the last ticket (a.counts[El]) reads and zeroes the counts,
+// lays out offsets and tiles (route_layout) and scatters every pair to off + rank, one pass
+// without atomics. Pairs of one expert take places in arrival order, as in route().
+__device__ void route_spread(const ForwardArgs& a, int b, int nb) {
+  const int tid = threadIdx.x, El = a.local_experts;
+  const int P = valid_tokens(a) * a.K;
+  const int i = b * kSpreadPairs + tid;
+  if (i < P) {
+    const int id = __ldg(a.ids + i);
+    if (id < -1 || id >= a.num_experts) {
+      report_bad_id(a.error, i, id, a.num_experts);
+    } else if (id >= 0) {
+      const int le = id - a.expert_base;
+      if (le >= 0 && le < El) a.pair_rank[i] = atomicAdd(a.counts + le, 1);
+    }
+  }
+  __shared__ int last;
+  __threadfence();  // this block's counts and ranks before its ticket
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(a.counts + El, 1) == nb - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every block's counts and ranks after the last ticket
+  __shared__ int cnt[kMaxLocalExperts], off[kMaxLocalExperts];
+  for (int e = tid; e < El; e += kPrepThreads) cnt[e] = atomicExch(a.counts + e, 0);
+  if (tid == 0) a.counts[El] = 0;  // the next forward's tickets (stream-ordered after this one)
+  __syncthreads();
+  route_layout(a, cnt, off);
+  for (int i0 = tid; i0 < P; i0 += kPrepThreads * kRouteIds) {
+    int ids[kRouteIds], rank[kRouteIds];
+    load_ids<kRouteIds>(a, P, i0, ids);
+#pragma unroll
+    for (int j = 0; j < kRouteIds; ++j) {
+      const int k = i0 + j * kPrepThreads;
+      rank[j] = k < P ? __ldcg(a.pair_rank + k) : 0;  // L2: written by other blocks
+    }
+#pragma unroll
+    for (int j = 0; j < kRouteIds; ++j) {
+      const int id = ids[j];
+      if (id < 0 || id >= a.num_experts) continue;
+      const int le = id - a.expert_base;
+      if (le >= 0 && le < El) a.sorted_pairs[off[le] + rank[j]] = i0 + j * kPrepThreads;
+    }
+  }
+}
 
 // Elements of a token row one quantizing block covers: kN per thread (4 or 8; a 16-wide NVFP4
 // block = 16 / kN lanes, a 32-wide MX block = 32 / kN), so a decode token spreads over several
@@ -281,6 +350,8 @@ __host__ __device__ inline int quant_blocks_per_token(int H, int per_thread) {
 // quantizes part `part` of token t's row, kN elements per thread. Writes xq (x as the GEMM sees
 // it: q*s in bf16, exact, the same per-block arithmetic as fmt::quantize_block_*, whatever kN)
 // and, for the unfinalized outputs, weights/indices and zero rows for empty slots.
+// kRB = 0: the route spread over blocks (1, 0) .. (nb, 0) (route_spread), which then quantize as
+// well (an EP owner's grid, xq_ready, has only those); block (0, *) has nothing to do.
 template <Recipe R, int kN, int kRB = kRouteIds>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs a) {
   static_assert(kN == 4 || kN == 8, "4 or 8 elements per thread");
@@ -289,7 +360,18 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   // reads; on one GPU it is the forward's first kernel, a plain launch (the wait is a no-op).
   pdl_wait();
   pdl_launch_dependents();  // fc1 may launch; it waits for this grid in pdl_wait
-  if (blockIdx.x == 0) {
+  if constexpr (kRB == 0) {
+    // Few pairs on the device (a graph replayed with a small T, an EP owner receiving few rows):
+    // block (0, 0) routes them alone, as below kPrepWideTokens.
+    if (valid_tokens(a) * a.K < kSpreadMinPairs) {
+      if (blockIdx.x == 0 && blockIdx.y == 0) route<1>(a);
+    } else {
+      const int nb = spread_blocks(a.tokens, a.K);
+      if (blockIdx.y == 0 && blockIdx.x >= 1 && int(blockIdx.x) <= nb)
+        route_spread(a, blockIdx.x - 1, nb);
+    }
+    if (blockIdx.x == 0 || a.xq_ready) return;
+  } else if (blockIdx.x == 0) {
     if (blockIdx.y == 0) route<kRB>(a);
     return;
   }
@@ -329,13 +411,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
       v[2 * j] = fmt::bf16_to_float(w[j] & 0xffffu);
       v[2 * j + 1] = fmt::bf16_to_float(w[j] >> 16);
     }
-    uint8_t q[kN];
-    float d[kN];
-    quantize_n<R, kN>(v, a.input_norm_const, q, d);
-#pragma unroll
-    for (int j = 0; j < kW; ++j)
-      o[j] = uint32_t(fmt::float_to_bf16(d[2 * j])) |
-             (uint32_t(fmt::float_to_bf16(d[2 * j + 1])) << 16);
+    quantize_bf16_n<R, kN>(v, a.input_norm_const, o);
   } else {
 #pragma unroll
     for (int j = 0; j < kW; ++j) o[j] = w[j];
@@ -735,16 +811,38 @@ namespace {
 // at DSV3 4096 tokens they take route from ~90 to ~70 us (eager prepare 89-91 -> 69-72 with 8
 // elements per thread), while at 1 token they cost 1.5-2 us in the graph replay (75.3-75.8 ->
 // 77.1-77.4 us; docs/gpu_kernels.md §6 "Session 15"). MOE_EP_ROUTE_BATCH=0 / 1 forces either.
+// Or the route spread over blocks (route_spread), where set_route_spread_override /
+// MOE_EP_ROUTE_SPREAD say so or by default on an EP owner (moe_params.h).
+std::atomic<int> g_spread_override{-1};
+
 template <Recipe R>
 cudaError_t launch_prepare(bool pdl, int qn, dim3 grid, cudaStream_t s, const ForwardArgs& a) {
   static const int forced = env_mode("MOE_EP_ROUTE_BATCH");
-  const bool batch = forced >= 0 ? forced == 1 : a.tokens >= kPrepWideTokens;
+  static const int forced_spread = env_mode("MOE_EP_ROUTE_SPREAD");
+  const bool wide = a.tokens >= kPrepWideTokens;
+  // An EP owner's tokens are W * capacity rows; it expects owner_pairs of them (its sources' T).
+  // At DSV3 4096 tokens per rank the spread took the EP = 2 forward 6160 / 6178 -> 6101 / 6132
+  // us; on one GPU eager prepare stayed at 80-95 us with or without it (the quantizer's time;
+  // docs/gpu_kernels.md §9 "Session 16").
+  const int o = g_spread_override.load(std::memory_order_relaxed);
+  const int mode = o >= 0 ? o : forced_spread;
+  const bool spread = mode >= 0 ? mode == 1 : a.xq_ready && a.owner_pairs / a.K >= kPrepWideTokens;
+  if (spread && a.K <= kSpreadPairs) {
+    if (a.xq_ready) grid = dim3(spread_blocks(a.tokens, a.K) + 1, 1);
+    const auto k = qn == 8 ? prepare_kernel<R, 8, 0> : prepare_kernel<R, 4, 0>;
+    return launch_kernel(pdl, k, grid, dim3(kPrepThreads), 0, s, a);
+  }
+  const bool batch = forced >= 0 ? forced == 1 : wide;
   const auto k = batch
                      ? (qn == 8 ? prepare_kernel<R, 8, kRouteIds> : prepare_kernel<R, 4, kRouteIds>)
                      : (qn == 8 ? prepare_kernel<R, 8, 1> : prepare_kernel<R, 4, 1>);
   return launch_kernel(pdl, k, grid, dim3(kPrepThreads), 0, s, a);
 }
 }  // namespace
+
+void set_route_spread_override(int mode) {
+  g_spread_override.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
+}
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;

@@ -169,6 +169,12 @@ void set_decode16_split_override(int mode);
 // The split for `pairs` routed pairs (expected) over `local_experts` experts at tile 16.
 bool decode16_split_for(int64_t pairs, int local_experts);
 
+// Prepare's route spread over blocks (route_spread): 1 always, 0 never, -1 (default) on an EP
+// owner expecting at least 256 tokens' pairs (there prepare only routes; on one GPU the
+// quantizer sets prepare's time, and one batched block routes). From MOE_EP_ROUTE_SPREAD=0|1
+// (benchmark knob, read once per process) or a test's override (1, 0; -1 back to the knob).
+void set_route_spread_override(int mode);
+
 // ForwardArgs::fc2_early: true, or MOE_EP_FC2_EARLY=0 (read once per process) for A/B runs.
 bool fc2_early_start();
 
@@ -268,12 +274,15 @@ struct ForwardArgs {
   const uint8_t *w1 = nullptr, *s1 = nullptr, *w2 = nullptr, *s2 = nullptr;  // resident
   ResidentShape rs{};
   // Workspace scratch.
-  uint16_t* xq = nullptr;              // bf16 [T, H]: x as the GEMM sees it (q*s, exact in bf16)
-  uint16_t* h = nullptr;               // bf16 [T*K, I]: fc1 output in sorted order (q*s)
-  int32_t* sorted_pairs = nullptr;     // [T*K]: t*K+k grouped by expert
-  TileInfo* tiles = nullptr;           // [max_tiles]
-  int32_t* num_tiles = nullptr;        // [2]: the tiles; the narrow ones first (tile_split)
-  int32_t* counts = nullptr;           // [local_experts] scratch
+  uint16_t* xq = nullptr;           // bf16 [T, H]: x as the GEMM sees it (q*s, exact in bf16)
+  uint16_t* h = nullptr;            // bf16 [T*K, I]: fc1 output in sorted order (q*s)
+  int32_t* sorted_pairs = nullptr;  // [T*K]: t*K+k grouped by expert
+  TileInfo* tiles = nullptr;        // [max_tiles]
+  int32_t* num_tiles = nullptr;     // [2]: the tiles; the narrow ones first (tile_split)
+  // [local_experts + 1], zero between forwards: the spread route's per-expert counts and its
+  // ticket (route_spread leaves them at zero).
+  int32_t* counts = nullptr;
+  int32_t* pair_rank = nullptr;        // [T*K]: route_spread's place of each pair within its expert
   float* splitk_partials = nullptr;    // [kSplitKSlots] x kSplitKSlotBytes; null: no split-K
   int32_t* splitk_counters = nullptr;  // [kSplitKSlots / 2], zero between kernels
   // Outputs.

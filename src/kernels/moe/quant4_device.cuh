@@ -58,6 +58,19 @@ __device__ __forceinline__ void load_x8(const uint16_t* x, int i0, bool on, bool
   w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
 }
 
+// The block's amax over its lanes (NaN ignored, as fmt::quantize_block_*).
+template <Recipe R, int N>
+__device__ __forceinline__ float lane_block_amax(const float (&v)[N]) {
+  constexpr int kLanes = R == Recipe::kNvfp4 ? fmt::kNvfp4Block / N : fmt::kMxBlock / N;
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
+#pragma unroll
+  for (int m = 1; m < kLanes; m <<= 1)
+    amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  return amax;
+}
+
 // v: this thread's N (4 or 8) elements (lanes of one block are consecutive and all active, also
 // those past the row's end, with zeros). Returns the block's scale byte; q = the N codes (E2M1
 // codes for NVFP4, E4M3 bytes for MXFP8), d = q * s as floats (exact). The amax is the same
@@ -67,13 +80,7 @@ __device__ __forceinline__ uint8_t quantize_n(const float (&v)[N], float norm_co
                                               uint8_t (&q)[N], float (&d)[N]) {
   static_assert(kQuantizesActivations<R>, "bf16 activations are not quantized");
   static_assert(N == 4 || N == 8, "4 or 8 elements per lane");
-  constexpr int kLanes = R == Recipe::kNvfp4 ? fmt::kNvfp4Block / N : fmt::kMxBlock / N;
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < N; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
-#pragma unroll
-  for (int m = 1; m < kLanes; m <<= 1)
-    amax = fmt::max_ignore_nan(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  const float amax = lane_block_amax<R, N>(v);
   if constexpr (R == Recipe::kNvfp4) {
     // The quantize kernels' exact element math (kernels/quantize/quantize_math.h, proven equal
     // to the formats.h reference by the unit tests): the block scale and each element's quotient
@@ -95,6 +102,29 @@ __device__ __forceinline__ uint8_t quantize_n(const float (&v)[N], float norm_co
       q[i + 1] = uint8_t(p >> 8);
     }
     return k.sb;
+  }
+}
+
+// The lane's elements as the GEMM sees them, bf16(q * s) of elements 2j (low half) and 2j + 1 in
+// o[j]: quantize_n's d rounded to bf16, without the codes. NVFP4 takes each element's value from
+// the rounding add (qmath::nvfp4_quant_bf16: no code, no rounding step).
+template <Recipe R, int N>
+__device__ __forceinline__ void quantize_bf16_n(const float (&v)[N], float norm_const,
+                                                uint32_t (&o)[N / 2]) {
+  if constexpr (R == Recipe::kNvfp4) {
+    const qmath::Nvfp4Scale k = qmath::nvfp4_scale(lane_block_amax<R, N>(v), norm_const);
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j)
+      o[j] = qmath::nvfp4_quant_bf16(v[2 * j], norm_const, k) |
+             (qmath::nvfp4_quant_bf16(v[2 * j + 1], norm_const, k) << 16);
+  } else {
+    uint8_t q[N];
+    float d[N];
+    quantize_n<R, N>(v, norm_const, q, d);
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j)
+      o[j] = uint32_t(fmt::float_to_bf16(d[2 * j])) |
+             (uint32_t(fmt::float_to_bf16(d[2 * j + 1])) << 16);
   }
 }
 

@@ -134,6 +134,25 @@ MOE_EP_HD uint32_t e2m1_mag_code(float q) { return e2m1_mag_code_biased(q) - 254
 // one constant. Taking 4c saves the shift where the caller has the code in place already.
 MOE_EP_HD uint32_t e2m1_twice(uint32_t code4) { return (0xC8643210u >> code4) & 0xfu; }
 
+// |E2M1(q)| as a float for q >= 0 not NaN, the value of e2m1_mag_code(q): the same rounding add
+// of C, then C subtracted back (exact: the sum lies within 2^(e+1) above C on its ulp grid), so no
+// code-to-value table or integer conversion.
+MOE_EP_HD float e2m1_round_value(float q) {
+  const float a = fmin_hd(q, fmt::kE2M1Max);
+  uint32_t ce = fmt::float_bits(a) & 0x7f800000u;
+  ce = ce < 0x3f800000u ? 0x3f800000u : ce;
+  const float c = fmt::bits_float(ce + (22u << 23));
+  return fmt::add_rn(fmt::add_rn(a, c), -c);
+}
+
+// The float bits of nvfp4_element's *d (E2M1(xn / s) * s with xn's sign) for finite xn, s > 0 an
+// E4M3 value and r = RN(1 / s). The product has at most 2 + 4 significant bits and is 0 or at
+// least 2^-10, so it is exact in bf16: its top half is fmt::float_to_bf16(*d).
+MOE_EP_HD uint32_t nvfp4_value_bits(float xn, float s, float r) {
+  const float m = fmt::mul_rn(e2m1_round_value(div_by_scale(fabs_hd(xn), s, r)), s);
+  return fmt::float_bits(m) | (fmt::float_bits(xn) & 0x80000000u);
+}
+
 // One NVFP4 element: the E2M1 code (sign in bit 3) of fmt::float_to_e2m1(fmt::div_rn(xn, s)), for
 // finite xn, s > 0 an E4M3 value and r = RN(1 / s); *d = the code's value times s, as
 // fmt::e2m1_to_float(code) * s (exact). The sign is xn's (s > 0; -0 gives code 8, as there).
@@ -373,6 +392,17 @@ MOE_EP_HD uint8_t nvfp4_quant(float v, float nc, const Nvfp4Scale& k, float* d) 
   *d = fmt::e2m1_to_float(q) * k.s;
   return q;
 }
+// One element v of that block as the GEMM sees it: fmt::float_to_bf16 of nvfp4_quant's *d, the
+// top half of nvfp4_value_bits where the fast path applies (no rounding step, no code).
+MOE_EP_HD uint32_t nvfp4_quant_bf16(float v, float nc, const Nvfp4Scale& k) {
+  if (k.s == 0.0f) return 0u;
+  const float xn = fmt::mul_rn(v, nc);
+  if (k.fast && finite_hd(xn)) return nvfp4_value_bits(xn, k.s, k.r) >> 16;
+  float d;
+  nvfp4_quant(v, nc, k, &d);
+  return fmt::float_to_bf16(d);
+}
+
 // A whole NVFP4 block of 16 values as the GEMM sees it: o[j] = bf16(q * s) of elements 2j (low
 // half) and 2j + 1, bit for bit fmt::quantize_block_nvfp4 followed by the dequantization.
 MOE_EP_HD void nvfp4_block_bf16(const float* v, float nc, uint32_t (&o)[8]) {
@@ -381,12 +411,8 @@ MOE_EP_HD void nvfp4_block_bf16(const float* v, float nc, uint32_t (&o)[8]) {
   for (int i = 0; i < fmt::kNvfp4Block; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
   const Nvfp4Scale k = nvfp4_scale(amax, nc);
   MOE_EP_UNROLL
-  for (int j = 0; j < 8; ++j) {
-    float d0, d1;
-    nvfp4_quant(v[2 * j], nc, k, &d0);
-    nvfp4_quant(v[2 * j + 1], nc, k, &d1);
-    o[j] = uint32_t(fmt::float_to_bf16(d0)) | (uint32_t(fmt::float_to_bf16(d1)) << 16);
-  }
+  for (int j = 0; j < 8; ++j)
+    o[j] = nvfp4_quant_bf16(v[2 * j], nc, k) | (nvfp4_quant_bf16(v[2 * j + 1], nc, k) << 16);
 }
 
 // fmt::quantize_block_mxfp8's arithmetic: the UE8M0 scale from the amax, then each pair of
