@@ -403,14 +403,19 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
                              {0, 3, Route::kUniform, "capacity 4, T=0 on rank 0"},
                              {4, 4, Route::kUniform, "capacity 4, full"},
                              {2, 3, Route::kOther, "capacity 4, all to the other rank"}};
-  for (const Step& s : tiny_steps) {
-    Inputs ht = make_inputs(rank == 0 ? s.t0 : s.t1, rank, 800 + 10 * i++ + rank, s.route);
-    rep.add(check_call(ep, one, cpu, ht, rank, s.what, tiny));
-  }
+  // Each step of `list` on workspace ws of the EP layer (and one_ws / cpu_ws of the others).
+  auto run_steps = [&](const auto& list, uint64_t seed, WorkspaceId ws,
+                       std::optional<WorkspaceId> one_ws = std::nullopt,
+                       std::optional<WorkspaceId> cpu_ws = std::nullopt) {
+    for (const Step& s : list) {
+      Inputs h = make_inputs(rank == 0 ? s.t0 : s.t1, rank, seed + 10 * i++ + rank, s.route);
+      rep.add(check_call(ep, one, cpu, h, rank, s.what, ws, one_ws, cpu_ws));
+    }
+  };
+  run_steps(tiny_steps, 800, tiny);
   // A workspace of capacity 512. From 256 tokens per rank on, the owner's prepare routes over
   // many blocks (route_spread); with fewer than 2048 pairs on the device one block routes again
-  // (rank 1's T = 0).
-  // Repeated calls check that the spread route leaves its counters at zero.
+  // (rank 1's T = 0). Repeated calls check that the spread route leaves its counters at zero.
   const WorkspaceId wide = ep.create_workspace(512);
   const WorkspaceId one_wide = one.create_workspace(512), cpu_wide = cpu.create_workspace(512);
   const Step wide_steps[] = {{512, 300, Route::kUniform, "capacity 512, unequal"},
@@ -418,10 +423,7 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
                              {300, 0, Route::kUniform, "capacity 512, T=0 on rank 1"},
                              {400, 512, Route::kOther, "capacity 512, all to the other rank"},
                              {512, 512, Route::kUniform, "capacity 512, full again"}};
-  for (const Step& s : wide_steps) {
-    Inputs hw = make_inputs(rank == 0 ? s.t0 : s.t1, rank, 1100 + 10 * i++ + rank, s.route);
-    rep.add(check_call(ep, one, cpu, hw, rank, s.what, wide, one_wide, cpu_wide));
-  }
+  run_steps(wide_steps, 1100, wide, one_wide, cpu_wide);
   // A workspace created with the other combine path (the mode is per workspace) holds the y
   // buffer [W*cap*K][H] bf16 exactly when it is unfused; the fused one holds a row pointer per
   // pair instead. Both serve calls on the same layer, bit for bit.

@@ -735,7 +735,8 @@ TEST(QuantizeMath, Mxfp8Unpack8EveryCodeAndScale) {
     const float s = ue8m0_to_float(uint8_t(sb));
     for (int j = 0; j < 8; ++j)
       for (uint32_t c = 0; c < 256; ++c) {
-        uint32_t q[2] = {rng() & 0x7e7e7e7eu, rng() & 0x7e7e7e7eu};  // no NaN codes elsewhere
+        // No NaN codes elsewhere.
+        uint32_t q[2] = {uint32_t(rng()) & 0x7e7e7e7eu, uint32_t(rng()) & 0x7e7e7e7eu};
         q[j / 4] = (q[j / 4] & ~(0xffu << (8 * (j % 4)))) | (c << (8 * (j % 4)));
         uint32_t o[4] = {};
         const bool fast = qm::mxfp8_unpack8(q, uint8_t(sb), o);
