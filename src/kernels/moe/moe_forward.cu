@@ -469,9 +469,7 @@ __global__ void __launch_bounds__(kFinThreads) finalize_kernel(const ForwardArgs
   }
   uint32_t o[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    o[i] = uint32_t(fmt::float_to_bf16(acc[2 * i])) |
-           (uint32_t(fmt::float_to_bf16(acc[2 * i + 1])) << 16);
+  for (int i = 0; i < 4; ++i) o[i] = fmt::bf16x2(acc[2 * i], acc[2 * i + 1]);
   *dst = make_uint4(o[0], o[1], o[2], o[3]);
 }
 

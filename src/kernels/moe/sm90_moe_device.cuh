@@ -282,9 +282,7 @@ __device__ __forceinline__ void store_h_block_mxfp8(const float* v, uint16_t* ds
 __device__ __forceinline__ void store_h_bf16x8(const float* v, uint16_t* dst) {
   uint32_t o[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    o[i] =
-        uint32_t(fmt::float_to_bf16(v[2 * i])) | (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
+  for (int i = 0; i < 4; ++i) o[i] = fmt::bf16x2(v[2 * i], v[2 * i + 1]);
   *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
