@@ -55,11 +55,7 @@ __global__ void __launch_bounds__(kEpThreads) ep_source_kernel(const EpSourceArg
   load_x8(x, i0, on, x_rows16(a.x, a.x_stride), x_rows8(a.x, a.x_stride), w);
   if constexpr (kQuantizesActivations<R>) {
     float v[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = fmt::bf16_to_float(w[j] & 0xffffu);
-      v[2 * j + 1] = fmt::bf16_to_float(w[j] >> 16);
-    }
+    bf16_words_to_f32(w, v);
     uint8_t q[8];
     float d[8];
     const uint8_t sb = quantize_n<R, 8>(v, a.input_norm_const, q, d);

@@ -406,11 +406,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
   uint32_t o[kW];
   if constexpr (kQuantizesActivations<R>) {
     float v[kN];
-#pragma unroll
-    for (int j = 0; j < kW; ++j) {
-      v[2 * j] = fmt::bf16_to_float(w[j] & 0xffffu);
-      v[2 * j + 1] = fmt::bf16_to_float(w[j] >> 16);
-    }
+    bf16_words_to_f32(w, v);
     quantize_bf16_n<R, kN>(v, a.input_norm_const, o);
   } else {
 #pragma unroll

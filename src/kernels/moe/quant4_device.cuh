@@ -58,6 +58,16 @@ __device__ __forceinline__ void load_x8(const uint16_t* x, int i0, bool on, bool
   w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
 }
 
+// The N / 2 words of bf16 pairs (element 2j in the low half of w[j]) as N floats.
+template <int N>
+__device__ __forceinline__ void bf16_words_to_f32(const uint32_t (&w)[N / 2], float (&v)[N]) {
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    v[2 * j] = fmt::bf16_to_float(w[j] & 0xffffu);
+    v[2 * j + 1] = fmt::bf16_to_float(w[j] >> 16);
+  }
+}
+
 // The block's amax over its lanes (NaN ignored, as fmt::quantize_block_*).
 template <Recipe R, int N>
 __device__ __forceinline__ float lane_block_amax(const float (&v)[N]) {

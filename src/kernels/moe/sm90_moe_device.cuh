@@ -256,9 +256,8 @@ struct GemmConfig {
   static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
 };
 
-// One requantized block of h, written as bf16 q*s (the values fc2 reads): nvfp4 16 values with
-// the CPU's quantizer and fc1_norm_const nc, mxfp8 32 values, bf16 8 values (no quantization).
-// One scale block of h requantized and stored as the bf16 q * s the fc2 GEMM reads: the quantize
+// One scale block of h requantized and stored as the bf16 q * s the fc2 GEMM reads (nvfp4 16
+// values with fc1_norm_const nc, mxfp8 32 values, bf16 8 values unquantized): the quantize
 // kernels' exact element math (qmath::nvfp4_block_bf16 / mxfp8_block_bf16, bit for bit
 // fmt::quantize_block_* and the dequantization, checked on the host), not the reference's
 // division per element: this runs in every fc1 CTA's epilogue, and at two m64 CTAs per SM an

@@ -406,10 +406,7 @@ MOE_EP_HD uint32_t nvfp4_quant_bf16(float v, float nc, const Nvfp4Scale& k) {
 // A whole NVFP4 block of 16 values as the GEMM sees it: o[j] = bf16(q * s) of elements 2j (low
 // half) and 2j + 1, bit for bit fmt::quantize_block_nvfp4 followed by the dequantization.
 MOE_EP_HD void nvfp4_block_bf16(const float* v, float nc, uint32_t (&o)[8]) {
-  float amax = 0.0f;
-  MOE_EP_UNROLL
-  for (int i = 0; i < fmt::kNvfp4Block; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
-  const Nvfp4Scale k = nvfp4_scale(amax, nc);
+  const Nvfp4Scale k = nvfp4_scale(fmt::block_amax(v, fmt::kNvfp4Block), nc);
   MOE_EP_UNROLL
   for (int j = 0; j < 8; ++j)
     o[j] = nvfp4_quant_bf16(v[2 * j], nc, k) | (nvfp4_quant_bf16(v[2 * j + 1], nc, k) << 16);
@@ -437,10 +434,7 @@ MOE_EP_HD uint32_t mxfp8_pair(float v0, float v1, const MxScale& k, float* d0, f
 }
 // A whole MXFP8 block of 32 values as the GEMM sees it: o[j] = bf16(q * s) of elements 2j, 2j + 1.
 MOE_EP_HD void mxfp8_block_bf16(const float* v, uint32_t (&o)[16]) {
-  float amax = 0.0f;
-  MOE_EP_UNROLL
-  for (int i = 0; i < fmt::kMxBlock; ++i) amax = fmt::max_ignore_nan(amax, fmt::abs_f(v[i]));
-  const MxScale k = mxfp8_scale(amax);
+  const MxScale k = mxfp8_scale(fmt::block_amax(v, fmt::kMxBlock));
   MOE_EP_UNROLL
   for (int j = 0; j < 16; ++j) {
     float d0, d1;
