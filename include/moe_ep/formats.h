@@ -103,11 +103,35 @@ MOE_EP_HD float round_half_even(float x) {
 
 MOE_EP_HD float bf16_to_float(uint16_t b) { return bits_float(uint32_t(b) << 16); }
 
-MOE_EP_HD uint16_t float_to_bf16(float f) {
+// Round to nearest even; NaN becomes the canonical quiet NaN 0x7fff. The CPU's arithmetic; on the
+// GPU float_to_bf16 is the conversion instruction instead, equal to it for every float
+// (tests/gpu/test_quantize_gpu.cu checks all 2^32).
+MOE_EP_HD uint16_t float_to_bf16_rne(float f) {
   uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  // NaN: canonical quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
   return uint16_t(u >> 16);
+}
+
+MOE_EP_HD uint16_t float_to_bf16(float f) {
+#if defined(__CUDA_ARCH__)
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
+  return float_to_bf16_rne(f);
+#endif
+}
+
+// float_to_bf16 of lo (low half) and hi as one word; one conversion instruction on the GPU.
+MOE_EP_HD uint32_t bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return uint32_t(float_to_bf16_rne(lo)) | (uint32_t(float_to_bf16_rne(hi)) << 16);
+#endif
 }
 
 MOE_EP_HD float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }

@@ -56,8 +56,10 @@ __device__ void record(Mismatch* m, uint32_t what) {
   if (atomicAdd(&m->count, 1ull) == 0) m->first = what;
 }
 
-// Every float: the hardware E4M3 conversion and the E2M1 magnitude code against formats.h.
-__global__ void check_all_floats(Mismatch* e4m3_bad, Mismatch* e2m1_bad) {
+// Every float: the hardware E4M3 conversion and the E2M1 magnitude code against formats.h, and
+// the bf16 conversion instruction (fmt::float_to_bf16 / bf16x2 on the GPU) against the CPU's
+// rounding (fmt::float_to_bf16_rne), both halves of bf16x2 (the high one gets the bits reversed).
+__global__ void check_all_floats(Mismatch* e4m3_bad, Mismatch* e2m1_bad, Mismatch* bf16_bad) {
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   for (uint64_t u = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; u <= 0xffffffffull;
        u += stride) {
@@ -65,6 +67,11 @@ __global__ void check_all_floats(Mismatch* e4m3_bad, Mismatch* e2m1_bad) {
     if ((qmath::e4m3_pair(f, 0.0f) & 0xffu) != fmt::float_to_e4m3(f)) record(e4m3_bad, uint32_t(u));
     if (!fmt::is_nan(f) && qmath::e2m1_mag_code(f) != (fmt::float_to_e2m1(f) & 7u))
       record(e2m1_bad, uint32_t(u));
+    const float g = fmt::bits_float(__brev(uint32_t(u)));
+    const uint16_t want = fmt::float_to_bf16_rne(f);
+    if (fmt::float_to_bf16(f) != want ||
+        fmt::bf16x2(f, g) != (uint32_t(want) | (uint32_t(fmt::float_to_bf16_rne(g)) << 16)))
+      record(bf16_bad, uint32_t(u));
   }
 }
 
@@ -92,18 +99,19 @@ __global__ void check_division(Mismatch* bad) {
 
 TEST(QuantizeGpuMath, ElementMathEveryFloat) {
   REQUIRE_GPU();
-  DeviceBuffer<Mismatch> bad(4);
-  CUDA_OK(cudaMemset(bad.ptr, 0, 4 * sizeof(Mismatch)));
-  check_all_floats<<<132 * 16, 256>>>(bad.ptr, bad.ptr + 1);
+  DeviceBuffer<Mismatch> bad(5);
+  CUDA_OK(cudaMemset(bad.ptr, 0, 5 * sizeof(Mismatch)));
+  check_all_floats<<<132 * 16, 256>>>(bad.ptr, bad.ptr + 1, bad.ptr + 4);
   check_e4m3_decode<<<1, 256>>>(bad.ptr + 2);
   check_division<<<132 * 8, 256>>>(bad.ptr + 3);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
-  Mismatch h[4];
+  Mismatch h[5];
   CUDA_OK(cudaMemcpy(h, bad.ptr, sizeof(h), cudaMemcpyDeviceToHost));
   const char* names[] = {"E4M3 cvt (all 2^32 floats)", "E2M1 code (all non-NaN floats)",
-                         "E4M3 decode (256 codes)", "FMA division ([1,4) x 8 mantissas)"};
-  for (int i = 0; i < 4; ++i)
+                         "E4M3 decode (256 codes)", "FMA division ([1,4) x 8 mantissas)",
+                         "bf16 cvt (all 2^32 floats)"};
+  for (int i = 0; i < 5; ++i)
     EXPECT_EQ(h[i].count, 0ull) << names[i] << ": first mismatch at bits 0x" << std::hex
                                 << h[i].first;
 }

@@ -59,17 +59,37 @@ __device__ __forceinline__ int narrow_tile(const ForwardArgs& a, int c, int tn) 
   return a.tile_split && r != 0 && 2 * r <= tn ? 1 : 0;
 }
 
+// The local expert of a routed id, or -1 (an empty slot, a bad id, another rank's expert).
+__device__ __forceinline__ int local_expert(const ForwardArgs& a, int id) {
+  if (id < 0 || id >= a.num_experts) return -1;
+  const int le = id - a.expert_base;
+  return le >= 0 && le < a.local_experts ? le : -1;
+}
+
+// The routing tiles of local expert e with c pairs from pair offset off: a narrow last tile at
+// narrow slot noff, the others from wide slot wide0 on (route_layout's order).
+__device__ __forceinline__ void write_tiles(const ForwardArgs& a, int e, int c, int off, int tn,
+                                            bool narrow, int noff, int wide0) {
+  for (int j = 0; j * tn < c; ++j) {
+    TileInfo ti;
+    ti.expert = e;
+    ti.start = off + j * tn;
+    ti.rows = min(tn, c - j * tn);
+    const bool last = (j + 1) * tn >= c;
+    a.tiles[narrow && last ? noff : wide0 + j] = ti;
+  }
+}
+
 // route() for at most 32 pairs, by warp 0 alone: one load per lane and warp collectives instead
 // of the block's two passes and five barriers (at 1 token the route block is on the forward's
 // critical path: prepare ends with it, and fc1 waits for prepare). The same counts, offsets and
 // tile list as route(); the pairs of one expert in increasing order (any order gives the same
 // results, see route()).
 __device__ void route_warp(const ForwardArgs& a, int P) {
-  const int lane = threadIdx.x & 31, El = a.local_experts, tn = a.tile_n;
+  const int lane = threadIdx.x & 31, tn = a.tile_n;
   const int id = lane < P ? a.ids[lane] : -1;
   if (id < -1 || id >= a.num_experts) report_bad_id(a.error, lane, id, a.num_experts);
-  int le = id >= 0 && id < a.num_experts ? id - a.expert_base : -1;
-  if (le >= El) le = -1;
+  const int le = local_expert(a, id);
   const bool live = le >= 0;
   const unsigned group = __match_any_sync(0xffffffffu, live ? le : -1);  // lanes of one expert
   const int first = __ffs(group) - 1, c = __popc(group);
@@ -95,17 +115,7 @@ __device__ void route_warp(const ForwardArgs& a, int P) {
     a.num_tiles[0] = total_tiles;
     a.num_tiles[1] = narrow_total;
   }
-  if (leader) {
-    const int wide0 = narrow_total + toff - noff;
-    for (int j = 0; j * tn < c; ++j) {
-      TileInfo ti;
-      ti.expert = le;
-      ti.start = off + j * tn;
-      ti.rows = min(tn, c - j * tn);
-      const bool last = (j + 1) * tn >= c;
-      a.tiles[narrow && last ? noff : wide0 + j] = ti;
-    }
-  }
+  if (leader) write_tiles(a, le, c, off, tn, narrow, noff, narrow_total + toff - noff);
   const int base = __shfl_sync(0xffffffffu, off, first);
   if (live) a.sorted_pairs[base + __popc(group & ((1u << lane) - 1u))] = lane;
 }
@@ -216,15 +226,7 @@ __device__ void route_layout(const ForwardArgs& a, int* cnt, int* off) {
     const int c = cnt[e];
     // Wide tiles after every narrow one: the expert's place among the wide tiles is its tile
     // offset minus the narrow tiles before it. Without tile_split there are none (the old order).
-    const int narrow = narrow_of(c), wide0 = narrow_total + toff[e] - noff[e];
-    for (int j = 0; j * tn < c; ++j) {
-      TileInfo ti;
-      ti.expert = e;
-      ti.start = off[e] + j * tn;
-      ti.rows = min(tn, c - j * tn);
-      const bool last = (j + 1) * tn >= c;
-      a.tiles[narrow && last ? noff[e] : wide0 + j] = ti;
-    }
+    write_tiles(a, e, c, off[e], tn, narrow_of(c), noff[e], narrow_total + toff[e] - noff[e]);
     cnt[e] = 0;  // becomes the placement cursor
   }
   __syncthreads();
@@ -251,16 +253,14 @@ __device__ void route(const ForwardArgs& a) {
       report_bad_id(a.error, i, id, a.num_experts);
       return;
     }
-    const int le = id - a.expert_base;
-    if (le >= 0 && le < El) atomicAdd(&cnt[le], 1);
+    const int le = local_expert(a, id);
+    if (le >= 0) atomicAdd(&cnt[le], 1);
   });
   __syncthreads();
   route_layout(a, cnt, off);
   for_each_id<kRouteBatch>(a, P, tid, [&](int i, int id) {
-    if (id < 0 || id >= a.num_experts) return;
-    const int le = id - a.expert_base;
-    if (le < 0 || le >= El) return;
-    a.sorted_pairs[off[le] + atomicAdd(&cnt[le], 1)] = i;
+    const int le = local_expert(a, id);
+    if (le >= 0) a.sorted_pairs[off[le] + atomicAdd(&cnt[le], 1)] = i;
   });
 }
 
@@ -288,12 +288,9 @@ __device__ void route_spread(const ForwardArgs& a, int b, int nb) {
   const int i = b * kSpreadPairs + tid;
   if (i < P) {
     const int id = __ldg(a.ids + i);
-    if (id < -1 || id >= a.num_experts) {
-      report_bad_id(a.error, i, id, a.num_experts);
-    } else if (id >= 0) {
-      const int le = id - a.expert_base;
-      if (le >= 0 && le < El) a.pair_rank[i] = atomicAdd(a.counts + le, 1);
-    }
+    if (id < -1 || id >= a.num_experts) report_bad_id(a.error, i, id, a.num_experts);
+    const int le = local_expert(a, id);
+    if (le >= 0) a.pair_rank[i] = atomicAdd(a.counts + le, 1);
   }
   __shared__ int last;
   __threadfence();  // this block's counts and ranks before its ticket
@@ -317,10 +314,8 @@ __device__ void route_spread(const ForwardArgs& a, int b, int nb) {
     }
 #pragma unroll
     for (int j = 0; j < kRouteIds; ++j) {
-      const int id = ids[j];
-      if (id < 0 || id >= a.num_experts) continue;
-      const int le = id - a.expert_base;
-      if (le >= 0 && le < El) a.sorted_pairs[off[le] + rank[j]] = i0 + j * kPrepThreads;
+      const int le = local_expert(a, ids[j]);
+      if (le >= 0) a.sorted_pairs[off[le] + rank[j]] = i0 + j * kPrepThreads;
     }
   }
 }
@@ -465,9 +460,7 @@ __global__ void __launch_bounds__(kFinThreads) finalize_kernel(const ForwardArgs
   }
   uint32_t o[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    o[i] = uint32_t(fmt::float_to_bf16(acc[2 * i])) |
-           (uint32_t(fmt::float_to_bf16(acc[2 * i + 1])) << 16);
+  for (int i = 0; i < 4; ++i) o[i] = fmt::bf16x2(acc[2 * i], acc[2 * i + 1]);
   *dst = make_uint4(o[0], o[1], o[2], o[3]);
 }
 

@@ -132,9 +132,7 @@ __device__ __forceinline__ void quantize_bf16_n(const float (&v)[N], float norm_
     float d[N];
     quantize_n<R, N>(v, norm_const, q, d);
 #pragma unroll
-    for (int j = 0; j < N / 2; ++j)
-      o[j] = uint32_t(fmt::float_to_bf16(d[2 * j])) |
-             (uint32_t(fmt::float_to_bf16(d[2 * j + 1])) << 16);
+    for (int j = 0; j < N / 2; ++j) o[j] = fmt::bf16x2(d[2 * j], d[2 * j + 1]);
   }
 }
 

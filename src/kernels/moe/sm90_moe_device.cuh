@@ -281,9 +281,7 @@ __device__ __forceinline__ void store_h_block_mxfp8(const float* v, uint16_t* ds
 __device__ __forceinline__ void store_h_bf16x8(const float* v, uint16_t* dst) {
   uint32_t o[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    o[i] =
-        uint32_t(fmt::float_to_bf16(v[2 * i])) | (uint32_t(fmt::float_to_bf16(v[2 * i + 1])) << 16);
+  for (int i = 0; i < 4; ++i) o[i] = fmt::bf16x2(v[2 * i], v[2 * i + 1]);
   *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
@@ -386,7 +384,11 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
         for (int i = 0; i < 4; ++i) {
           const int col = nf * 8 + 2 * t4 + (i & 1);
           const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
-          ys[col * kYS + row] = fmt::float_to_bf16(epilogue_value<R, false>(acc[f][nf][i], alpha));
+          // The CPU's rounding, not the conversion instruction: for bf16 weights the value is
+          // the accumulator itself, and ptxas (nvcc 13.0) scheduled the F2FP reading it above the
+          // wgmma kernel's final WARPGROUP.DEPBAR (session 16: wrong, changing outputs).
+          ys[col * kYS + row] =
+              fmt::float_to_bf16_rne(epilogue_value<R, false>(acc[f][nf][i], alpha));
         }
     __syncthreads();
     store_y_tile<kN>(a, ys, tile, pair_of, mtile, tid, kThreads);

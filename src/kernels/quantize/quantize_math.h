@@ -439,7 +439,7 @@ MOE_EP_HD void mxfp8_block_bf16(const float* v, uint32_t (&o)[16]) {
   for (int j = 0; j < 16; ++j) {
     float d0, d1;
     mxfp8_pair(v[2 * j], v[2 * j + 1], k, &d0, &d1);
-    o[j] = uint32_t(fmt::float_to_bf16(d0)) | (uint32_t(fmt::float_to_bf16(d1)) << 16);
+    o[j] = fmt::bf16x2(d0, d1);
   }
 }
 
