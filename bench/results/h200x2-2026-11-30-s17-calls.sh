@@ -1,0 +1,5 @@
+# Session 17 device calls, each through the device tool; outputs under
+# bench/results/h200x2-2026-11-30-s17-<call>-*.
+# `scripts/ab_base.sh main` (main = 471dc80) before call A; carry [".deps", "ab_base"].
+# Call A (nvidia-h200-x2): branch s17-combo 2434f1c (= s16-hw-bf16 226470d + s16-route-helpers 58bc660), merged as ec0cf17
+grep -c "cvt.rn.bf16x2" include/moe_ep/formats.h; grep -c "local_expert" src/kernels/moe/moe_forward.cu; scripts/gpu_round.sh build test sanitize multigpu 2>&1 | grep -E 'build|PASSED|FAILED|Failure|memcheck|racecheck|tests ran' | head -30; grep -E "FAILED|Failure" -A8 $OUT/gpu_tests.log | head -30; grep -E "PASSED|FAILED|Failure" $OUT/multigpu_tests.log | head; AB_REPS=2 AB_VARIANTS="base;this" AB_ARGS="--shape dsv3 --recipes nvfp4,mxfp4_mxfp8,bf16 --routing uniform --tokens 1,128,4096" OUT=$OUT/ab1 scripts/gpu_round.sh ab 2>&1 | grep -v '^name\|^NVIDIA\|^shape'; AB_REPS=2 AB_VARIANTS="base;this" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --tokens 1,128,4096" OUT=$OUT/ab2 scripts/gpu_round.sh ab 2>&1 | grep -v '^name\|^NVIDIA'; scripts/gpu_round.sh pack
