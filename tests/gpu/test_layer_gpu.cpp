@@ -809,6 +809,40 @@ struct TileOverride {
   ~TileOverride() { kern::set_tile_n_override(0); }
 };
 
+// Every N class of the m64 kernel (its K loop runs at the narrowest class that holds the tile's
+// rows): one expert with T rows, T at and one past each class bound, tile 160 forced, against
+// the CPU (nvfp4 bit for bit; mxfp4_mxfp8 within SPEC §7). A class that covered too few columns
+// would leave rows of the expert's output wrong.
+TEST(GpuLayer, M64EveryNClassAgainstCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  Master m(s, 41);
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    const LayerConfig cfg = make_config(s, r, kern::kM64TileN, true, Options{});
+    auto cpu = make_layer(Backend::kCPU, cfg, p);
+    auto gpu = make_layer(Backend::kCUDA, cfg, p);
+    gpu->warmup();
+    TileOverride o(kern::kM64TileN);
+    for (int T : {1,   32,  33,  48,  49,  64,  65,  72,  73,  80,  81,  96,  97,
+                  112, 113, 120, 121, 128, 129, 136, 137, 144, 145, 152, 153, 160}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 300 + T, 3);
+      DeviceInputs d(h);
+      const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
+      const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
+      if (r == Recipe::kNvfp4) {
+        EXPECT_TRUE(got == ref) << "not bitwise equal to the CPU";
+      } else {
+        std::string why;
+        EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;
+      }
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The override the test below uses (host state only: runs without a GPU).
 TEST(GpuLayerHost, TileOverrideRoundTrip) {
   const int before = kern::forward_tile_n(Recipe::kNvfp4, 8);

@@ -453,6 +453,23 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
 // computes half M-tile group * kG + wg; a warpgroup past the matrix (kG not dividing the halves,
 // or fc2's padding rows past H) loads its share of B and takes part in the barriers, but neither
 // decodes nor multiplies.
+// The m64 kernel's N classes: a tile runs the K loop of the narrowest that holds its rows. Steps
+// of 8 from 112 up (session 17: rows per expert at 4096 tokens are 128 +- 11 on DSV3, and above
+// ~100 columns each column of padding costs wgmma time), 16 below.
+using M64NClasses =
+    std::integer_sequence<int, 32, 48, 64, 72, 80, 96, 112, 120, 128, 136, 144, 152, 160>;
+template <class F, int N0, int... Ns>
+__device__ __forceinline__ void with_n_class(int rows, F& f,
+                                             std::integer_sequence<int, N0, Ns...>) {
+  if constexpr (sizeof...(Ns) == 0) {
+    f(std::integral_constant<int, N0>{});
+  } else if (rows <= N0) {
+    f(std::integral_constant<int, N0>{});
+  } else {
+    with_n_class(rows, f, std::integer_sequence<int, Ns...>{});
+  }
+}
+
 template <Recipe R, bool kFc1, int kG, int kMinB>
 __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
   using C = Wgmma3Config<R, kG, kMinB>;
@@ -515,7 +532,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     constexpr int kStageBytes = C::stage_bytes(kNW);
     constexpr int kAhead = kStages - 2;  // chunks loaded ahead (one more is in the wgmmas)
     constexpr int kBCopies = (kNW + kBStep - 1) / kBStep;
-    static_assert(kNW % 16 == 0 && kStages >= 3, "N class");
+    static_assert(kNW % 8 == 0 && kStages >= 3, "N class");
     // This thread's B sources, held in registers as 32-bit element offsets from bsrc (a
     // shared-memory table costs a load and three hazard slots per copy).
     const uint16_t* bsrc = kFc1 ? a.xq : a.h;
@@ -627,21 +644,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     // different N merge (ptxas may move accumulators there: C7515 serialization otherwise).
     wgmma_wait<0>();
   };
-  const int rows = tile.rows;
-  if (rows > 144)
-    k_loop(std::integral_constant<int, 160>{});
-  else if (rows > 128)
-    k_loop(std::integral_constant<int, 144>{});
-  else if (rows > 96)
-    k_loop(std::integral_constant<int, 128>{});
-  else if (rows > 80)
-    k_loop(std::integral_constant<int, 96>{});
-  else if (rows > 64)
-    k_loop(std::integral_constant<int, 80>{});
-  else if (rows > 32)
-    k_loop(std::integral_constant<int, 64>{});
-  else
-    k_loop(std::integral_constant<int, 32>{});
+  with_n_class(tile.rows, k_loop, M64NClasses{});
   wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < kNF * 4; ++i) asm volatile("" : "+f"(acc[i])::"memory");
