@@ -129,6 +129,125 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Args a) {
   }
 }
 
+// The same weight and scale bytes read straight into registers, no shared-memory ring: each warp
+// of a CTA reads its share of every chunk (kWarps = 4: 1 KB of weights, two 16-byte loads per
+// lane, and 128 scale bytes; kWarps = 8: half that) with ld.global.nc, keeping kDepth chunks in
+// flight in registers, then spends `work` dependent iterations per chunk on them. Says whether a
+// decode kernel without the ring could stream faster than the ring's producer (session 17).
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ldg_stream32(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
+template <int kDepth, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps) direct_kernel(Args a) {
+  constexpr int kWPer = kW / kWarps / 32 / 16;  // 16-byte weight loads per lane and chunk
+  const int tid = threadIdx.x;
+  const uint8_t* w = a.w + size_t(blockIdx.x) * a.chunks * kW + tid * 16;
+  const uint8_t* s = a.s + size_t(blockIdx.x) * a.chunks * kS + (tid % (kS / 4)) * 4;
+  uint4 rw[kDepth][kWPer];
+  uint32_t rs[kDepth];
+  auto load = [&](int j, int c) {
+#pragma unroll
+    for (int i = 0; i < kWPer; ++i)
+      rw[j][i] = ldg_stream(w + size_t(c) * kW + i * (32 * kWarps * 16));
+    rs[j] = ldg_stream32(s + size_t(c) * kS);
+  };
+#pragma unroll
+  for (int j = 0; j < kDepth; ++j) load(j, j < a.chunks ? j : 0);
+  uint32_t acc = 0, x0 = tid, x1 = tid + 1, x2 = tid + 2, x3 = tid + 3;
+  for (int c0 = 0; c0 < a.chunks; c0 += kDepth) {
+#pragma unroll
+    for (int j = 0; j < kDepth; ++j) {
+      uint32_t dep = rs[j];
+#pragma unroll
+      for (int i = 0; i < kWPer; ++i) dep ^= rw[j][i].x ^ rw[j][i].y ^ rw[j][i].z ^ rw[j][i].w;
+      acc ^= dep;
+      for (int i = 0; i < a.work; ++i) {
+        x0 = x0 * 0x9E3779B9u + acc;
+        x1 = x1 * 0x85EBCA6Bu + x0;
+        x2 = x2 * 0xC2B2AE35u + x1;
+        x3 = x3 * 0x27D4EB2Fu + x2;
+      }
+      const int next = c0 + j + kDepth;
+      if (next < a.chunks) load(j, next);
+    }
+  }
+  if ((acc ^ x3) == 0x12345678u) a.sink[blockIdx.x] = acc;
+}
+
+// The read ceiling: every byte of the buffer once, grid-stride, 4 loads of 16 bytes in flight
+// per thread.
+__global__ void __launch_bounds__(256) read_all_kernel(const uint4* p, size_t n16, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = ldg_stream(p + i + k * stride);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = ldg_stream(p + i);
+    acc ^= v.x ^ v.w;
+  }
+  if (acc == 0x12345678u) sink[blockIdx.x] = acc;
+}
+
+template <class F>
+float time_launches(int iters, F&& launch) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> t;
+  for (int i = 0; i < iters + 2; ++i) {
+    CK(cudaEventRecord(e0));
+    launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 2) t.push_back(ms * 1000.0f);
+  }
+  CK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return t[t.size() / 2];
+}
+
+struct DirectCase {
+  const char* name;
+  int ctas, chunks, depth, warps, work;
+};
+
+template <int kDepth, int kWarps>
+float run_direct(const DirectCase& c, const Args& base, int iters) {
+  Args a = base;
+  a.chunks = c.chunks;
+  a.work = c.work;
+  return time_launches(iters, [&] { direct_kernel<kDepth, kWarps><<<c.ctas, 32 * kWarps>>>(a); });
+}
+
+float dispatch_direct(const DirectCase& c, const Args& a, int iters) {
+  if (c.warps == 8) {
+    if (c.depth == 16) return run_direct<16, 8>(c, a, iters);
+    return run_direct<8, 8>(c, a, iters);
+  }
+  if (c.depth == 4) return run_direct<4, 4>(c, a, iters);
+  return run_direct<8, 4>(c, a, iters);
+}
+
 struct Case {
   const char* name;
   int ctas, chunks, cps, per_sm, brows, read, work;
@@ -234,6 +353,38 @@ int main(int argc, char** argv) {
     const double slot_kb = c.cps * (kW + kS + 8 * kBRow) / 1024.0;
     std::printf("%-42s %6d %6.2f %10.1f %10.2f\n", c.name, stages, slot_kb, us,
                 bytes / (us * 1e-6) / 1e12);
+  }
+  // Weights and scales straight to registers (no B rows), the 1-token fc1 / fc2 and 128-token
+  // fc1 shapes.
+  const DirectCase dcases[] = {
+      {"direct t1 fc1 4w depth4", 256, 112, 4, 4, 0},
+      {"direct t1 fc1 4w depth8", 256, 112, 8, 4, 0},
+      {"direct t1 fc1 8w depth8", 256, 112, 8, 8, 0},
+      {"direct t1 fc1 8w depth16", 256, 112, 16, 8, 0},
+      {"direct t1 fc1 4w depth8 work40", 256, 112, 8, 4, 40},
+      {"direct t1 fc1 8w depth8 work20", 256, 112, 8, 8, 20},
+      {"direct t1 fc1 8w depth16 work20", 256, 112, 16, 8, 20},
+      {"direct t1 fc2 4w depth8", 448, 32, 8, 4, 0},
+      {"direct t1 fc2 8w depth8", 448, 32, 8, 8, 0},
+      {"direct t1 fc2 8w depth16 work20", 448, 32, 16, 8, 20},
+      {"direct t128 fc1 4w depth8", 8192, 112, 8, 4, 0},
+      {"direct t128 fc1 8w depth8 work20", 8192, 112, 8, 8, 20},
+  };
+  for (const DirectCase& c : dcases) {
+    const float us = dispatch_direct(c, a, iters);
+    const double bytes = double(c.ctas) * c.chunks * (kW + kS);
+    std::printf("%-42s %6s %6s %10.1f %10.2f\n", c.name, "-", "-", us, bytes / (us * 1e-6) / 1e12);
+  }
+  // The plain read ceiling over the 1-token fc1 bytes (132 MB) and the whole buffer.
+  for (size_t bytes : {size_t(256) * 112 * kW, max_w}) {
+    for (int blocks : {132 * 4, 132 * 8}) {
+      const size_t n16 = bytes / 16;
+      const float us = time_launches(iters, [&] {
+        read_all_kernel<<<blocks, 256>>>(reinterpret_cast<const uint4*>(w), n16, sink);
+      });
+      std::printf("read_all %4.0f MB %4d blocks %22s %10.1f %10.2f\n", bytes / 1e6, blocks, "", us,
+                  bytes / (us * 1e-6) / 1e12);
+    }
   }
   return 0;
 }
