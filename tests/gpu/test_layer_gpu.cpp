@@ -825,8 +825,8 @@ TEST(GpuLayer, M64EveryNClassAgainstCpu) {
     auto gpu = make_layer(Backend::kCUDA, cfg, p);
     gpu->warmup();
     TileOverride o(kern::kM64TileN);
-    for (int T : {1,   32,  33,  48,  49,  64,  65,  72,  73,  80,  81,  96,  97,
-                  112, 113, 120, 121, 128, 129, 136, 137, 144, 145, 152, 153, 160}) {
+    for (int T : {1,  32, 33,  40,  41,  48,  49,  56,  57,  64,  65,  72,  73,  80,  81,
+                  96, 97, 112, 113, 120, 121, 128, 129, 136, 137, 144, 145, 152, 153, 160}) {
       SCOPED_TRACE("T = " + std::to_string(T));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 300 + T, 3);
       DeviceInputs d(h);

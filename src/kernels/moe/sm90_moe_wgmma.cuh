@@ -448,16 +448,12 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
   }
 }
 
-// Grid: one CTA per (routing tile, group of kG consecutive half M-tiles), group fastest (the
-// CTAs of one tile run together and share its activation rows in L2). Warpgroup wg of a CTA
-// computes half M-tile group * kG + wg; a warpgroup past the matrix (kG not dividing the halves,
-// or fc2's padding rows past H) loads its share of B and takes part in the barriers, but neither
-// decodes nor multiplies.
 // The m64 kernel's N classes: a tile runs the K loop of the narrowest that holds its rows. Steps
-// of 8 from 112 up (session 17: rows per expert at 4096 tokens are 128 +- 11 on DSV3, and above
-// ~100 columns each column of padding costs wgmma time), 16 below.
+// of 8 except 80-112 (session 17: rows per expert on DSV3 are 32 +- 6 at 1024 tokens and 128 +- 11
+// at 4096, and each column of padding costs wgmma time: 48 for 33-48 rows took 1024 tokens from
+// 3386 to 3221 us).
 using M64NClasses =
-    std::integer_sequence<int, 32, 48, 64, 72, 80, 96, 112, 120, 128, 136, 144, 152, 160>;
+    std::integer_sequence<int, 32, 40, 48, 56, 64, 72, 80, 96, 112, 120, 128, 136, 144, 152, 160>;
 template <class F, int N0, int... Ns>
 __device__ __forceinline__ void with_n_class(int rows, F& f,
                                              std::integer_sequence<int, N0, Ns...>) {
@@ -470,6 +466,11 @@ __device__ __forceinline__ void with_n_class(int rows, F& f,
   }
 }
 
+// Grid: one CTA per (routing tile, group of kG consecutive half M-tiles), group fastest (the
+// CTAs of one tile run together and share its activation rows in L2). Warpgroup wg of a CTA
+// computes half M-tile group * kG + wg; a warpgroup past the matrix (kG not dividing the halves,
+// or fc2's padding rows past H) loads its share of B and takes part in the barriers, but neither
+// decodes nor multiplies.
 template <Recipe R, bool kFc1, int kG, int kMinB>
 __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
   using C = Wgmma3Config<R, kG, kMinB>;
@@ -553,11 +554,17 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       const uint32_t st = smem_base + uint32_t(slot * kStageBytes);
       const int cc = live ? chunk : 0;
 #pragma unroll
-      for (int i = 0; i < kBCopies; ++i)
-        if (kNW % kBStep == 0 || br0 + kBStep * i < kNW)
-          cp_async16_sz(st + uint32_t(bdst_off + i * (kBStep * 128)),
-                        bsrc + (bptr[i] + uint32_t(cc * kKChunk)),
-                        live && br0 + kBStep * i < live_rows ? 16u : 0u);
+      for (int i = 0; i < kBCopies; ++i) {
+        const uint32_t dst = st + uint32_t(bdst_off + i * (kBStep * 128));
+        const uint16_t* src = bsrc + (bptr[i] + uint32_t(cc * kKChunk));
+        const uint32_t size = live && br0 + kBStep * i < live_rows ? 16u : 0u;
+        // Only the last pass can hold rows past kNW (N not a multiple of kBStep): those threads
+        // issue nothing (a PTX predicate, no branch around the copy).
+        if (kNW % kBStep == 0 || i + 1 < kBCopies)
+          cp_async16_sz(dst, src, size);
+        else
+          cp_async16_if(dst, src, size, br0 + kBStep * i < kNW);
+      }
       const bool wl = live && active;
       cp_async16_sz(st + wdst, wsrc_t + size_t(cc) * (2 * C::kWBytes), wl ? 16u : 0u);
       cp_async16_if(st + sdst, ssrc_t + size_t(cc) * (2 * C::kSBytes), wl ? 16u : 0u,
