@@ -204,6 +204,7 @@ __global__ void __launch_bounds__(256) read_all_kernel(const uint4* p, size_t n1
   if (acc == 0x12345678u) sink[blockIdx.x] = acc;
 }
 
+// Median of `iters` timed launches (events around each, two warm-up launches first), µs.
 template <class F>
 float time_launches(int iters, F&& launch) {
   cudaEvent_t e0, e1;
@@ -268,24 +269,7 @@ float run_case(const Case& c, const Args& base, int iters, int* stages_out) {
   a.brows = c.brows;
   a.read = c.read;
   a.work = c.work;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> t;
-  for (int i = 0; i < iters + 2; ++i) {
-    CK(cudaEventRecord(e0));
-    kernel<<<c.ctas, kThreads, smem>>>(a);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 2) t.push_back(ms * 1000.0f);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return t[t.size() / 2];
+  return time_launches(iters, [&] { kernel<<<c.ctas, kThreads, smem>>>(a); });
 }
 
 template <bool kHint>
@@ -375,7 +359,7 @@ int main(int argc, char** argv) {
     const double bytes = double(c.ctas) * c.chunks * (kW + kS);
     std::printf("%-42s %6s %6s %10.1f %10.2f\n", c.name, "-", "-", us, bytes / (us * 1e-6) / 1e12);
   }
-  // The plain read ceiling over the 1-token fc1 bytes (132 MB) and the whole buffer.
+  // The plain read ceiling over the 1-token fc1 weight bytes (117 MB) and the whole buffer.
   for (size_t bytes : {size_t(256) * 112 * kW, max_w}) {
     for (int blocks : {132 * 4, 132 * 8}) {
       const size_t n16 = bytes / 16;
