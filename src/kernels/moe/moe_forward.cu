@@ -589,13 +589,20 @@ __global__ void preprocess_scales_kernel(PrepShape p, bool nv, const uint8_t* ra
 }  // namespace
 
 namespace {
+// Every prepare_kernel instance launch_prepare can pick: 4 or 8 elements per thread, each with
+// the batched, the one-at-a-time and the spread route.
 template <Recipe R>
 cudaError_t prepare_attributes() {
   cudaFuncAttributes attr;
-  cudaError_t err = cudaFuncGetAttributes(&attr, prepare_kernel<R, 4>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, prepare_kernel<R, 4, 1>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, prepare_kernel<R, 8, 1>);
-  return err == cudaSuccess ? cudaFuncGetAttributes(&attr, prepare_kernel<R, 8>) : err;
+  cudaError_t err = cudaSuccess;
+  for (const void* k : {reinterpret_cast<const void*>(prepare_kernel<R, 4, kRouteIds>),
+                        reinterpret_cast<const void*>(prepare_kernel<R, 4, 1>),
+                        reinterpret_cast<const void*>(prepare_kernel<R, 4, 0>),
+                        reinterpret_cast<const void*>(prepare_kernel<R, 8, kRouteIds>),
+                        reinterpret_cast<const void*>(prepare_kernel<R, 8, 1>),
+                        reinterpret_cast<const void*>(prepare_kernel<R, 8, 0>)})
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, k);
+  return err;
 }
 }  // namespace
 
