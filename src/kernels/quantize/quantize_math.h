@@ -115,14 +115,20 @@ MOE_EP_HD float e4m3_value(uint8_t b) {
 MOE_EP_HD float bf16_lo(uint32_t w) { return fmt::bits_float(w << 16); }
 MOE_EP_HD float bf16_hi(uint32_t w) { return fmt::bits_float(w & 0xffff0000u); }
 
+// The exponent bits of 2^e, e = max(exponent of a, 0), for 0 <= a <= 6: adding C = 2^(e + 22)
+// (bits ce + (22 << 23)) to a rounds it to the E2M1 grid of its binade in hardware (ulp(C) is
+// the E2M1 step, ties to even).
+MOE_EP_HD uint32_t e2m1_binade_bits(float a) {
+  const uint32_t ce = fmt::float_bits(a) & 0x7f800000u;
+  return ce < 0x3f800000u ? 0x3f800000u : ce;
+}
+
 // Magnitude code (0..7) of E2M1(|q|) for q not NaN. |q| is clamped to 6 (all larger values
-// saturate to code 7 anyway); then adding C = 2^(e + 22), e = max(exponent, 0), rounds |q| to
-// the E2M1 grid of its binade in hardware (ulp(C) is the E2M1 step, ties to even), and the
-// steps above C plus 2e are the code. Returned with a bias of 254 (see e2m1_pack).
+// saturate to code 7 anyway), rounded by the add of C (e2m1_binade_bits), and the steps above C
+// plus 2e are the code. Returned with a bias of 254 (see e2m1_pack).
 MOE_EP_HD uint32_t e2m1_mag_code_biased(float q) {
   const float a = fmin_hd(fabs_hd(q), fmt::kE2M1Max);
-  uint32_t ce = fmt::float_bits(a) & 0x7f800000u;
-  ce = ce < 0x3f800000u ? 0x3f800000u : ce;
+  const uint32_t ce = e2m1_binade_bits(a);
   const uint32_t cb = ce + (22u << 23);
   const uint32_t sum = fmt::float_bits(fmt::add_rn(a, fmt::bits_float(cb)));
   return sum - cb + (ce >> 22);
@@ -139,9 +145,7 @@ MOE_EP_HD uint32_t e2m1_twice(uint32_t code4) { return (0xC8643210u >> code4) & 
 // code-to-value table or integer conversion.
 MOE_EP_HD float e2m1_round_value(float q) {
   const float a = fmin_hd(q, fmt::kE2M1Max);
-  uint32_t ce = fmt::float_bits(a) & 0x7f800000u;
-  ce = ce < 0x3f800000u ? 0x3f800000u : ce;
-  const float c = fmt::bits_float(ce + (22u << 23));
+  const float c = fmt::bits_float(e2m1_binade_bits(a) + (22u << 23));
   return fmt::add_rn(fmt::add_rn(a, c), -c);
 }
 
@@ -256,6 +260,47 @@ MOE_EP_HD float amax_bf16_words_nan(const uint32_t* w) {  // NaN if any element 
 
 MOE_EP_HD bool finite_hd(float x) { return fabs_hd(x) <= 3.40282347e38f; }  // false: Inf, NaN
 
+// The block scales of fmt::quantize_block_nvfp4 / _mxfp8 on this file's element math, shared by
+// the quantize kernels' blocks below (nvfp4_block, mxfp8_block), the forward's activation
+// quantizer (kern::quantize_n: the lanes of a block share its amax) and the fc1 epilogue's
+// requantization of h (nvfp4_block_bf16 / mxfp8_block_bf16, one thread per block).
+//
+// NVFP4, from the block's amax * nc (NaNs ignored, as block_amax): `fast` where it is finite,
+// and then each element with a finite x * nc takes nvfp4_element; anything else takes the
+// reference's own arithmetic.
+struct Nvfp4Scale {
+  uint8_t sb;  // E4M3 scale byte
+  bool fast;
+  float s, r;  // its value and RN(1 / s) (0 when s = 0)
+};
+MOE_EP_HD Nvfp4Scale nvfp4_scale_n(float amax_n) {
+  Nvfp4Scale k;
+  k.fast = finite_hd(amax_n);
+  // amax_n / 6 through the same exact division (6 = 1.5 * 2^2 has an E4M3 mantissa).
+  k.sb = k.fast ? e4m3(div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max))
+                : fmt::float_to_e4m3(fmt::div_rn(amax_n, fmt::kE2M1Max));
+  k.s = e4m3_value(k.sb);
+  k.r = k.s == 0.0f ? 0.0f : fmt::div_rn(1.0f, k.s);
+  return k;
+}
+MOE_EP_HD Nvfp4Scale nvfp4_scale(float amax, float nc) {
+  return nvfp4_scale_n(fmt::mul_rn(amax, nc));
+}
+
+// MXFP8: the UE8M0 scale from the amax; each pair of elements then by e4m3_pair (the conversion
+// instruction on the GPU, equal to fmt::float_to_e4m3).
+struct MxScale {
+  uint8_t sb;
+  float inv, s;  // 2^-e and 2^e
+};
+MOE_EP_HD MxScale mxfp8_scale(float amax) {
+  MxScale k;
+  k.sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
+  k.inv = fmt::exp2i(127 - int(k.sb));
+  k.s = fmt::ue8m0_to_float(k.sb);
+  return k;
+}
+
 template <int kWords>
 MOE_EP_HD void unpack_bf16(const uint32_t* w, uint16_t* x) {
   MOE_EP_UNROLL
@@ -287,16 +332,13 @@ MOE_EP_HD uint8_t nvfp4_block(const uint32_t* w, float norm_const, uint32_t* out
     bytes_to_words<8>(b, out);
     return sb;
   }
-  // amax_n / 6 through the same exact division (6 = 1.5 * 2^2 has an E4M3 mantissa).
-  const uint8_t sb = e4m3(div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max));
-  const float s = e4m3_value(sb);
-  if (s == 0.0f) {
+  // One IEEE division per block, for RN(1 / s). (A per-CTA shared table of RN(1/s) measured 10
+  // points slower on the H200: its barrier holds every thread's loads back until it is filled.)
+  const Nvfp4Scale sc = nvfp4_scale_n(amax_n);
+  if (sc.s == 0.0f) {
     out[0] = out[1] = 0;
-    return sb;
+    return sc.sb;
   }
-  // One IEEE division per block. (A per-CTA shared table of RN(1/s) measured 10 points slower
-  // on the H200: its barrier holds every thread's loads back until the table is filled.)
-  const float r = fmt::div_rn(1.0f, s);
   MOE_EP_UNROLL
   for (int o = 0; o < 2; ++o) {
     float q[8];
@@ -304,11 +346,11 @@ MOE_EP_HD uint8_t nvfp4_block(const uint32_t* w, float norm_const, uint32_t* out
     for (int k = 0; k < 8; ++k) {
       const uint32_t v = w[4 * o + k / 2];
       const float x = fabs_hd((k & 1) ? bf16_hi(v) : bf16_lo(v));
-      q[k] = div_by_scale(kUnitNorm ? x : fmt::mul_rn(x, norm_const), s, r);
+      q[k] = div_by_scale(kUnitNorm ? x : fmt::mul_rn(x, norm_const), sc.s, sc.r);
     }
     out[o] = e2m1_pack(w + 4 * o, q);
   }
-  return sb;
+  return sc.sb;
 }
 
 // MXFP4 block of 32 elements (16 words) -> 4 output words; returns the UE8M0 scale byte.
@@ -348,38 +390,16 @@ MOE_EP_HD uint8_t mxfp8_block(const uint32_t* w, uint32_t* out) {
     bytes_to_words<32>(b, out);
     return sb;
   }
-  const uint8_t sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
-  const float inv = fmt::exp2i(127 - int(sb));
+  const MxScale k = mxfp8_scale(amax);
   MOE_EP_UNROLL
   for (int o = 0; o < 8; ++o) {
     const uint32_t v0 = w[2 * o], v1 = w[2 * o + 1];
-    out[o] = e4m3_pair(fmt::mul_rn(bf16_lo(v0), inv), fmt::mul_rn(bf16_hi(v0), inv)) |
-             (e4m3_pair(fmt::mul_rn(bf16_lo(v1), inv), fmt::mul_rn(bf16_hi(v1), inv)) << 16);
+    out[o] = e4m3_pair(fmt::mul_rn(bf16_lo(v0), k.inv), fmt::mul_rn(bf16_hi(v0), k.inv)) |
+             (e4m3_pair(fmt::mul_rn(bf16_lo(v1), k.inv), fmt::mul_rn(bf16_hi(v1), k.inv)) << 16);
   }
-  return sb;
+  return k.sb;
 }
 
-// fmt::quantize_block_nvfp4's block arithmetic on this file's element math, shared by the
-// forward's activation quantizer (kern::quantize_n: the lanes of a block share its amax) and the
-// fc1 epilogue's requantization of h (one thread per block, nvfp4_block_bf16). The scale from
-// the block's amax (NaNs ignored, as block_amax): `fast` where amax * nc is finite, and then each
-// element with a finite x * nc takes nvfp4_element; anything else takes the reference's own
-// arithmetic.
-struct Nvfp4Scale {
-  uint8_t sb;  // E4M3 scale byte
-  bool fast;
-  float s, r;  // its value and RN(1 / s) (0 when s = 0)
-};
-MOE_EP_HD Nvfp4Scale nvfp4_scale(float amax, float nc) {
-  const float amax_n = fmt::mul_rn(amax, nc);
-  Nvfp4Scale k;
-  k.fast = finite_hd(amax_n);
-  k.sb = k.fast ? e4m3(div_by_scale(amax_n, fmt::kE2M1Max, 1.0f / fmt::kE2M1Max))
-                : fmt::float_to_e4m3(fmt::div_rn(amax_n, fmt::kE2M1Max));
-  k.s = e4m3_value(k.sb);
-  k.r = k.s == 0.0f ? 0.0f : fmt::div_rn(1.0f, k.s);
-  return k;
-}
 // One element v of that block: its E2M1 code and *d = q * s (0 and 0 when s = 0).
 MOE_EP_HD uint8_t nvfp4_quant(float v, float nc, const Nvfp4Scale& k, float* d) {
   if (k.s == 0.0f) {
@@ -412,19 +432,6 @@ MOE_EP_HD void nvfp4_block_bf16(const float* v, float nc, uint32_t (&o)[8]) {
     o[j] = nvfp4_quant_bf16(v[2 * j], nc, k) | (nvfp4_quant_bf16(v[2 * j + 1], nc, k) << 16);
 }
 
-// fmt::quantize_block_mxfp8's arithmetic: the UE8M0 scale from the amax, then each pair of
-// elements by e4m3_pair (the conversion instruction on the GPU, equal to fmt::float_to_e4m3).
-struct MxScale {
-  uint8_t sb;
-  float inv, s;  // 2^-e and 2^e
-};
-MOE_EP_HD MxScale mxfp8_scale(float amax) {
-  MxScale k;
-  k.sb = fmt::ue8m0_scale_for(amax, fmt::kE4M3Max);
-  k.inv = fmt::exp2i(127 - int(k.sb));
-  k.s = fmt::ue8m0_to_float(k.sb);
-  return k;
-}
 // Elements v0, v1: their E4M3 codes (v0's in the low byte) and d = q * s.
 MOE_EP_HD uint32_t mxfp8_pair(float v0, float v1, const MxScale& k, float* d0, float* d1) {
   const uint32_t p = e4m3_pair(fmt::mul_rn(v0, k.inv), fmt::mul_rn(v1, k.inv));
