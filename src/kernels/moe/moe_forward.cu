@@ -329,10 +329,7 @@ __device__ void route_spread(const ForwardArgs& a, int b, int nb) {
 // token 8 per thread read 0.6-1.4 us slower for nvfp4 and level for mxfp4_mxfp8).
 constexpr int kPrepWideTokens = 256;
 int quant_per_thread(int tokens) {
-  static const int forced = [] {  // MOE_EP_PREP_N=4 or 8: A/B runs
-    const char* v = std::getenv("MOE_EP_PREP_N");
-    return v ? std::atoi(v) : 0;
-  }();
+  static const int forced = decode_env_int("MOE_EP_PREP_N", 4, 8);  // 4 or 8: A/B runs
   if (forced == 4 || forced == 8) return forced;
   return tokens >= kPrepWideTokens ? 8 : 4;
 }
