@@ -38,6 +38,10 @@ struct Args {
   int read;   // consumers read their share of the slot's weights
   int work;   // dependent-chain iterations (4 IMAD each) per chunk per consumer warp
   uint32_t* sink;
+  // CTAs from `split` on stream `chunks2` chunks each, after the first split CTAs' bytes (fc1's
+  // and fc2's weights of one token in one launch).
+  int split;
+  int chunks2;
 };
 
 template <int kCps>
@@ -59,9 +63,13 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Args a) {
   }
   __syncthreads();
   constexpr int kSlot = slot_bytes<kCps>();
-  const int slots = a.chunks / kCps;
-  const uint8_t* w = a.w + size_t(blockIdx.x) * a.chunks * kW;
-  const uint8_t* s = a.s + size_t(blockIdx.x) * a.chunks * kS;
+  const bool second = int(blockIdx.x) >= a.split;
+  const int chunks = second ? a.chunks2 : a.chunks;
+  const size_t first = second ? size_t(a.split) * a.chunks + (blockIdx.x - a.split) * size_t(chunks)
+                              : size_t(blockIdx.x) * chunks;
+  const int slots = chunks / kCps;
+  const uint8_t* w = a.w + first * kW;
+  const uint8_t* s = a.s + first * kS;
   if (warp == kCWarps) {
     uint64_t policy = 0;
     if constexpr (kHint)
@@ -253,23 +261,42 @@ struct Case {
   const char* name;
   int ctas, chunks, cps, per_sm, brows, read, work;
   bool hint;
+  // A second part (ctas2 CTAs of chunks2 chunks on the next bytes): in the same launch, or
+  // (two_launches) as a second launch with its ring sized for per_sm2 CTAs per SM, timed together.
+  int ctas2 = 0, chunks2 = 0, per_sm2 = 0;
+  bool two_launches = false;
 };
 
 template <int kCps, bool kHint>
 float run_case(const Case& c, const Args& base, int iters, int* stages_out) {
   auto kernel = stream_kernel<kCps, kHint>;
   const int slot = slot_bytes<kCps>();
-  const int stages = std::min(24, (228 * 1024 / c.per_sm - 2048) / slot);
+  auto stages_for = [&](int per_sm) { return std::min(24, (228 * 1024 / per_sm - 2048) / slot); };
+  const int stages = stages_for(c.per_sm);
   *stages_out = stages;
-  const int smem = stages * slot;
-  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int stages2 = c.two_launches ? stages_for(c.per_sm2) : stages;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          std::max(stages, stages2) * slot));
   Args a = base;
   a.chunks = c.chunks;
   a.stages = stages;
   a.brows = c.brows;
   a.read = c.read;
   a.work = c.work;
-  return time_launches(iters, [&] { kernel<<<c.ctas, kThreads, smem>>>(a); });
+  a.split = c.ctas;  // CTAs past the first part (none without ctas2) stream the second
+  a.chunks2 = c.chunks2;
+  if (!c.two_launches)
+    return time_launches(iters, [&] { kernel<<<c.ctas + c.ctas2, kThreads, stages * slot>>>(a); });
+  // The second launch: its CTAs all in the second part, on the bytes after the first part's.
+  Args b = a;
+  b.split = 0;
+  b.w = a.w + size_t(c.ctas) * c.chunks * kW;
+  b.s = a.s + size_t(c.ctas) * c.chunks * kS;
+  b.stages = stages2;
+  return time_launches(iters, [&] {
+    kernel<<<c.ctas, kThreads, stages * slot>>>(a);
+    kernel<<<c.ctas2, kThreads, b.stages * slot>>>(b);
+  });
 }
 
 template <bool kHint>
@@ -311,6 +338,14 @@ int main(int argc, char** argv) {
       {"t128 fc1 2/slot rows8 read", 8192, 112, 2, 4, 8, 1, 0, false},
       {"t128 fc1 2/slot rows8 read work40", 8192, 112, 2, 4, 8, 1, 40, false},
       {"t128 fc1 1x18 (2/SM) rows8 read work40", 8192, 112, 1, 2, 8, 1, 40, false},
+      // fc1 and fc2 of one token (256 x 112 and 448 x 32 chunks, 198 MB): one launch against
+      // two launches back to back (the layer's kernel boundary, without PDL).
+      {"t1 fc1+fc2 one launch 4/slot 2/SM", 256, 112, 4, 2, 1, 1, 0, false, 448, 32, 0, false},
+      {"t1 fc1+fc2 one launch 4/slot 3/SM", 256, 112, 4, 3, 1, 1, 0, false, 448, 32, 0, false},
+      {"t1 fc1+fc2 one launch 4/slot 4/SM", 256, 112, 4, 4, 1, 1, 0, false, 448, 32, 0, false},
+      {"t1 fc1, fc2 two launches 4/slot", 256, 112, 4, 2, 1, 1, 0, false, 448, 32, 4, true},
+      {"t1 fc1+fc2 one launch 2/SM work40", 256, 112, 4, 2, 1, 1, 40, false, 448, 32, 0, false},
+      {"t1 fc1, fc2 two launches work40", 256, 112, 4, 2, 1, 1, 40, false, 448, 32, 4, true},
   };
   size_t max_w = 0;
   for (const Case& c : cases) max_w = std::max(max_w, size_t(c.ctas) * c.chunks * kW);
@@ -333,7 +368,8 @@ int main(int argc, char** argv) {
     int stages = 0;
     const float us =
         c.hint ? dispatch<true>(c, a, iters, &stages) : dispatch<false>(c, a, iters, &stages);
-    const double bytes = double(c.ctas) * c.chunks * (kW + kS + c.brows * kBCopy);
+    const double bytes =
+        (double(c.ctas) * c.chunks + double(c.ctas2) * c.chunks2) * (kW + kS + c.brows * kBCopy);
     const double slot_kb = c.cps * (kW + kS + 8 * kBRow) / 1024.0;
     std::printf("%-42s %6d %6.2f %10.1f %10.2f\n", c.name, stages, slot_kb, us,
                 bytes / (us * 1e-6) / 1e12);
