@@ -46,6 +46,29 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
   >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
+# GPU 0's SM clock, board power and throttle reasons sampled every 100 ms around a benchmark
+# run: clocks_start before it, clocks_stop after it prints one line (SM clock min / median /
+# max, the highest power reading, the share of samples with the software power cap active,
+# throttle reason 0x4). The board's 700 W cap lowers the SM clock partway through decode runs
+# (docs/gpu_kernels.md §6 "Session 18"), so each A/B run says which clocks it ran at.
+clocks_start() {
+  SMI_LOG=""
+  command -v nvidia-smi >/dev/null || return 0
+  SMI_LOG=$(mktemp)
+  nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active \
+    --format=csv,noheader,nounits -lms 100 >"$SMI_LOG" 2>/dev/null &
+  SMI_PID=$!
+}
+clocks_stop() {
+  [ -n "$SMI_LOG" ] || return 0
+  kill "$SMI_PID" 2>/dev/null
+  wait "$SMI_PID" 2>/dev/null
+  sort -t, -k1,1n "$SMI_LOG" | awk -F', *' 'NF >= 3 && $1 > 400 {
+      c[n++] = $1; if ($2 > p) p = $2; if ($3 ~ /[4567cdefCDEF]$/) cap++ }
+    END { if (n) printf "# clocks: SM %d / %d / %d MHz (min / median / max), power <= %.0f W, power cap in %d of %d samples\n", c[0], c[int(n / 2)], c[n - 1], p, cap, n }'
+  rm -f "$SMI_LOG"
+}
+
 # Configures source tree $1 into build folder $2 (log $3) with this machine's NCCL and the
 # carried CUTLASS / GoogleTest headers.
 configure() {
@@ -277,9 +300,11 @@ if has ab; then
         echo "# $side (run $rep)${venv:+, $venv}"
         bin="$BUILD/bench/bench_layer"
         [ "$side" = base ] && bin=build-ab-base/bench/bench_layer
+        clocks_start
         # shellcheck disable=SC2086
         env $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
           grep -E "uniform|zipf|rror|failed|--ep|stages|replays|^(dsv3|qwen3|gpt-oss) "
+        clocks_stop
       done
     done >"$OUT/ab.log"
     cat "$OUT/ab.log"
