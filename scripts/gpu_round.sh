@@ -21,7 +21,8 @@
 #   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=4x1") set for this tree's
 #   runs only; AB_VARIANTS="base;this;base:MOE_EP_M64=4x1;..." names every run of a repetition
 #   (tree and environment) instead; AB_ARGS with --ep takes one recipe (bench_layer's rule).
-#   The table goes to $OUT/ab.log.
+#   The table goes to $OUT/ab.log, each run followed by a "# clocks:" line (GPU 0's SM clock and
+#   power cap during it: the 700 W cap lowers the clock partway through runs).
 #   pack = last: everything under $OUT into $OUT/all.tgz (the device tool returns at most 8
 #   files, two folders down; run `scripts/gpu_round.sh pack` once at the end of a call that ran
 #   several steps or several OUT=$OUT/sub invocations).
