@@ -300,6 +300,10 @@ MOE_EP_HD MxScale mxfp8_scale(float amax) {
   k.s = fmt::ue8m0_to_float(k.sb);
   return k;
 }
+// Elements v0, v1 of that block: their E4M3 codes, v0's in the low byte.
+MOE_EP_HD uint32_t mxfp8_codes(float v0, float v1, const MxScale& k) {
+  return e4m3_pair(fmt::mul_rn(v0, k.inv), fmt::mul_rn(v1, k.inv));
+}
 
 template <int kWords>
 MOE_EP_HD void unpack_bf16(const uint32_t* w, uint16_t* x) {
@@ -394,8 +398,8 @@ MOE_EP_HD uint8_t mxfp8_block(const uint32_t* w, uint32_t* out) {
   MOE_EP_UNROLL
   for (int o = 0; o < 8; ++o) {
     const uint32_t v0 = w[2 * o], v1 = w[2 * o + 1];
-    out[o] = e4m3_pair(fmt::mul_rn(bf16_lo(v0), k.inv), fmt::mul_rn(bf16_hi(v0), k.inv)) |
-             (e4m3_pair(fmt::mul_rn(bf16_lo(v1), k.inv), fmt::mul_rn(bf16_hi(v1), k.inv)) << 16);
+    out[o] =
+        mxfp8_codes(bf16_lo(v0), bf16_hi(v0), k) | (mxfp8_codes(bf16_lo(v1), bf16_hi(v1), k) << 16);
   }
   return k.sb;
 }
@@ -432,9 +436,9 @@ MOE_EP_HD void nvfp4_block_bf16(const float* v, float nc, uint32_t (&o)[8]) {
     o[j] = nvfp4_quant_bf16(v[2 * j], nc, k) | (nvfp4_quant_bf16(v[2 * j + 1], nc, k) << 16);
 }
 
-// Elements v0, v1: their E4M3 codes (v0's in the low byte) and d = q * s.
+// Elements v0, v1: their E4M3 codes (mxfp8_codes) and d = q * s.
 MOE_EP_HD uint32_t mxfp8_pair(float v0, float v1, const MxScale& k, float* d0, float* d1) {
-  const uint32_t p = e4m3_pair(fmt::mul_rn(v0, k.inv), fmt::mul_rn(v1, k.inv));
+  const uint32_t p = mxfp8_codes(v0, v1, k);
   *d0 = e4m3_value(uint8_t(p)) * k.s;
   *d1 = e4m3_value(uint8_t(p >> 8)) * k.s;
   return p;
