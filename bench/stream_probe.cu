@@ -248,13 +248,18 @@ float run_direct(const DirectCase& c, const Args& base, int iters) {
   return time_launches(iters, [&] { direct_kernel<kDepth, kWarps><<<c.ctas, 32 * kWarps>>>(a); });
 }
 
+// A case names a (depth, warps) that has no instance: stop rather than time another one.
+[[noreturn]] void no_instance(const char* name) {
+  std::fprintf(stderr, "stream_probe: case '%s' has no kernel instance\n", name);
+  std::exit(2);
+}
+
 float dispatch_direct(const DirectCase& c, const Args& a, int iters) {
-  if (c.warps == 8) {
-    if (c.depth == 16) return run_direct<16, 8>(c, a, iters);
-    return run_direct<8, 8>(c, a, iters);
-  }
-  if (c.depth == 4) return run_direct<4, 4>(c, a, iters);
-  return run_direct<8, 4>(c, a, iters);
+  if (c.warps == 8 && c.depth == 8) return run_direct<8, 8>(c, a, iters);
+  if (c.warps == 8 && c.depth == 16) return run_direct<16, 8>(c, a, iters);
+  if (c.warps == 4 && c.depth == 4) return run_direct<4, 4>(c, a, iters);
+  if (c.warps == 4 && c.depth == 8) return run_direct<8, 4>(c, a, iters);
+  no_instance(c.name);
 }
 
 struct Case {
@@ -306,9 +311,10 @@ float dispatch(const Case& c, const Args& a, int iters, int* stages) {
       return run_case<1, kHint>(c, a, iters, stages);
     case 2:
       return run_case<2, kHint>(c, a, iters, stages);
-    default:
+    case 4:
       return run_case<4, kHint>(c, a, iters, stages);
   }
+  no_instance(c.name);
 }
 
 }  // namespace
@@ -348,7 +354,8 @@ int main(int argc, char** argv) {
       {"t1 fc1, fc2 two launches work40", 256, 112, 4, 2, 1, 1, 40, false, 448, 32, 4, true},
   };
   size_t max_w = 0;
-  for (const Case& c : cases) max_w = std::max(max_w, size_t(c.ctas) * c.chunks * kW);
+  for (const Case& c : cases)  // both parts of a case read consecutive bytes
+    max_w = std::max(max_w, (size_t(c.ctas) * c.chunks + size_t(c.ctas2) * c.chunks2) * kW);
   uint8_t *w, *s, *b;
   uint32_t* sink;
   CK(cudaMalloc(&w, max_w));
