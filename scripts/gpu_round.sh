@@ -5,10 +5,12 @@
 #                        [benchall] [profile] [epab] [probe] [fp8] [stream] [ab]  (default:
 #                        all but benchall, profile, epab, probe, fp8, stream, ab)
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
-#   EP = 1, EP = 2 where two GPUs are present, the PyTorch baseline of each shape and the plots,
-#   packed into $OUT/bench.tar.gz (the device returns few files). profile = Nsight Compute of the
+#   EP = 1, EP = 2 / 4 / 8 where that many GPUs are present (BENCH_EP="8" narrows it), the
+#   PyTorch baseline of each shape and the plots, packed into $OUT/bench.tar.gz (the device
+#   returns few files). profile = Nsight Compute of the
 #   decode GEMM at 1 and 128 tokens and the wgmma GEMM at 4096 tokens (PROFILE_CASES="kernel
 #   tokens" pairs, e.g. "wgmma3 4096"; PROFILE_SOURCE=1 adds per-instruction stall samples).
+#   multigpu = the multi-GPU suite at W = 2, and at 4 / 8 where that many GPUs are present.
 #   epab = the EP combine A/B on 2 GPUs (docs/protocol.md §8): the multi-GPU suite with
 #   MOE_EP_FUSED_COMBINE=0, the layer tests again with =1, bench_layer --ep 2 (dsv3 nvfp4,
 #   1/128/4096 tokens) with =0, =1 and =2 (fused + fence) and the EP = 1 reference of the same
@@ -106,13 +108,22 @@ if has sanitize; then
 fi
 
 if has multigpu; then
-  echo "== multi-GPU tests (one process per GPU; skip below 2 GPUs)"
-  # GTEST_FILTER (read by GoogleTest itself) narrows the GPU tests only.
-  env -u GTEST_FILTER MOE_EP_BENCH_JSON="$OUT/ep_transfer.json" \
-    "$BUILD/tests/multigpu/moe_ep_multigpu_tests" \
-    --gtest_output=json:"$OUT/multigpu_tests.json" >"$OUT/multigpu_tests.log" 2>&1 || status=1
-  grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure|rank [0-9]|DSV3|blocks|^ +[0-9]+ |decode" \
-    "$OUT/multigpu_tests.log" | head -80
+  # The suite at W = 2, and at 4 and 8 where that many GPUs are present (MOE_EP_TEST_WORLD, one
+  # process per GPU; it skips below 2 GPUs). W = 2 keeps the old file names.
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  for w in 2 4 8; do
+    [ "$w" = 2 ] || [ "$ngpu" -ge "$w" ] || continue
+    sfx=""
+    [ "$w" = 2 ] || sfx="_w$w"
+    echo "== multi-GPU tests, W = $w (one process per GPU; skip below $w GPUs)"
+    # GTEST_FILTER (read by GoogleTest itself) narrows the GPU tests only.
+    env -u GTEST_FILTER MOE_EP_TEST_WORLD=$w MOE_EP_BENCH_JSON="$OUT/ep_transfer$sfx.json" \
+      "$BUILD/tests/multigpu/moe_ep_multigpu_tests" \
+      --gtest_output=json:"$OUT/multigpu_tests$sfx.json" >"$OUT/multigpu_tests$sfx.log" 2>&1 ||
+      status=1
+    grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure|rank [0-9]|DSV3|blocks|^ +[0-9]+ |decode" \
+      "$OUT/multigpu_tests$sfx.log" | head -80
+  done
 fi
 
 if has epab; then
@@ -258,20 +269,23 @@ if has benchall; then
       "$B/layer-$shape.png" >>"$B/plot.log" 2>&1 || true
     grep -E "^(shape| *$shape)" "$B/layer-$shape.log" | grep -E "uniform|shape" | head -40
   done
-  if [ "$ngpu" -ge 2 ]; then
+  # EP = 2, 4 and 8 where that many GPUs are present (BENCH_EP narrows it, e.g. BENCH_EP=8).
+  for w in ${BENCH_EP-2 4 8}; do
+    [ "$ngpu" -ge "$w" ] || continue
     for r in nvfp4 mxfp4_mxfp8 mxfp4_bf16 bf16; do
-      "$BUILD/bench/bench_layer" --ep 2 --shape dsv3 --recipes $r \
-        --json "$B/layer-dsv3-ep2-$r.json" >"$B/layer-dsv3-ep2-$r.log" 2>&1 || status=1
-      tail -9 "$B/layer-dsv3-ep2-$r.log"
+      "$BUILD/bench/bench_layer" --ep "$w" --shape dsv3 --recipes $r \
+        --json "$B/layer-dsv3-ep$w-$r.json" >"$B/layer-dsv3-ep$w-$r.log" 2>&1 || status=1
+      tail -9 "$B/layer-dsv3-ep$w-$r.log"
     done
-    j=$(ls "$B"/layer-dsv3-ep2-*.json | paste -sd, -)
-    python3 bench/plot_results.py "$j" bench/results/h200x2-devicemd-torch-ep2.json \
-      "$B/layer-dsv3-ep2.png" >>"$B/plot.log" 2>&1 || true
-    # The single-GPU time of the same per-rank work (E = 128, the same T): the EP = 2 target.
-    "$BUILD/bench/bench_layer" --shape dsv3 --experts 128 --recipes nvfp4 --routing uniform \
-      --tokens 1,128,4096 --json "$B/layer-dsv3-ep1-e128.json" >"$B/layer-dsv3-ep1-e128.log" 2>&1 ||
-      status=1
-  fi
+    j=$(ls "$B"/layer-dsv3-ep"$w"-*.json | paste -sd, -)
+    torch=""
+    [ "$w" = 2 ] && torch=bench/results/h200x2-devicemd-torch-ep2.json
+    python3 bench/plot_results.py "$j" $torch "$B/layer-dsv3-ep$w.png" >>"$B/plot.log" 2>&1 || true
+    # The single-GPU time of the same per-rank work (E = 256 / W, the same T): the EP target.
+    "$BUILD/bench/bench_layer" --shape dsv3 --experts $((256 / w)) --recipes nvfp4 \
+      --routing uniform --tokens 1,128,4096 --json "$B/layer-dsv3-ep1-e$((256 / w)).json" \
+      >"$B/layer-dsv3-ep1-e$((256 / w)).log" 2>&1 || status=1
+  done
   tar -C "$OUT" -czf "$OUT/bench.tar.gz" bench && rm -rf "$B"
 fi
 if has ab; then

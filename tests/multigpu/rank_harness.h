@@ -1,6 +1,6 @@
 // One forked process per GPU for the multi-GPU layer tests: rank 0 creates the NCCL unique id
 // and shares it through an anonymous shared mapping; each rank writes a report there. The parent
-// never initializes CUDA (a forked child could not use it then). Skips without 2 GPUs.
+// never initializes CUDA (a forked child could not use it then). Skips without test_world() GPUs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <new>
 #include <stdexcept>
@@ -119,10 +120,23 @@ inline RanksResult run_ranks(int world, double timeout_s, const RankBody& fn) {
   return res;
 }
 
-#define SKIP_UNLESS_2_GPUS()                                              \
-  do {                                                                    \
-    const int gpus = ::moe_ep::mgtest::visible_gpus();                    \
-    if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus; \
+// The suite's world size W: MOE_EP_TEST_WORLD=2, 4 or 8 (scripts/gpu_round.sh multigpu runs
+// each that the machine's GPUs allow), else 2. Every test runs W ranks (one per GPU) over
+// E = 16 experts (256 for the DSV3 transfer), so W divides both.
+inline int test_world() {
+  static const int w = [] {
+    const char* v = std::getenv("MOE_EP_TEST_WORLD");
+    const int n = v ? std::atoi(v) : 2;
+    return n == 2 || n == 4 || n == 8 ? n : 2;
+  }();
+  return w;
+}
+
+#define SKIP_UNLESS_WORLD_GPUS()                                                          \
+  do {                                                                                    \
+    const int gpus = ::moe_ep::mgtest::visible_gpus();                                    \
+    const int need = ::moe_ep::mgtest::test_world();                                      \
+    if (gpus < need) GTEST_SKIP() << "needs " << need << " CUDA devices, found " << gpus; \
   } while (0)
 
 inline void expect_ranks_passed(const RanksResult& r) {

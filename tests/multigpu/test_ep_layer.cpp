@@ -1,17 +1,20 @@
-// The CUDA backend at W = 2 (one forked process per GPU) through the public MegaLayer API:
+// The CUDA backend at W = MOE_EP_TEST_WORLD ranks (2, 4 or 8; default 2; one forked process per
+// GPU) through the public MegaLayer API:
 // every recipe against the CPU backend (W = 1, SPEC §7 tolerance) and bit for bit against the
 // single-GPU CUDA layer on the same inputs; T = 0 on one and both ranks, unequal / shrinking /
-// growing T, all slots -1, all tokens to the other rank, a second workspace picked by
+// growing T, all slots -1, all tokens to the next rank, a second workspace picked by
 // select_workspace_collective, unfinalized outputs, CUDA graph replay with a device-side token
 // count, an EPLB expert swap across ranks (bytes moved with ncclSend / ncclRecv), and a rank
 // that skips a call. Outputs are poisoned (NaN) before every call. The EpLayer tests run the
 // combine path the environment selects (default: fc2 stores into the sources' combine areas);
 // Combine/EpLayerForced.*/Fused|Copy and EpLayerMixed repeat the main cases with
-// MOE_EP_FUSED_COMBINE=1 / =0 on both ranks / 1 on rank 0 and 0 on rank 1. Skips without 2 GPUs.
+// MOE_EP_FUSED_COMBINE=1 / =0 on every rank / 1 on rank 0 and 0 on the others. Skips without W
+// GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -46,8 +49,9 @@ namespace {
       ::moe_ep::mgtest::fail(std::string(#x) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 
-constexpr int kWorld = 2;
-constexpr int kH = 1024, kI = 512, kE = 16, kK = 4, kEl = kE / kWorld;
+constexpr int kH = 1024, kI = 512, kE = 16, kK = 4;
+// The world size (MOE_EP_TEST_WORLD, rank_harness.h) and the experts per rank.
+const int kWorld = test_world(), kEl = kE / kWorld;
 constexpr Recipe kRecipes[] = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16,
                                Recipe::kBf16};
 
@@ -107,7 +111,7 @@ struct Inputs {
 };
 
 // Distinct experts per token; every 5th token's last slot is empty. kOther: only experts of
-// the other rank. kNone: every slot -1.
+// the next rank ((rank + 1) mod W). kNone: every slot -1.
 Inputs make_inputs(int T, int rank, uint64_t seed, Route route) {
   Inputs in;
   in.T = T;
@@ -124,7 +128,7 @@ Inputs make_inputs(int T, int rank, uint64_t seed, Route route) {
       uint64_t r = mix(seed * 7919 + t * 131 + k);
       int e;
       do {
-        e = route == Route::kOther ? (1 - rank) * kEl + int(r % kEl) : int(r % kE);
+        e = route == Route::kOther ? (rank + 1) % kWorld * kEl + int(r % kEl) : int(r % kE);
         r = mix(r);
       } while (std::find(chosen.begin(), chosen.end(), e) != chosen.end());
       chosen.push_back(e);
@@ -341,7 +345,7 @@ void every_recipe_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
 }
 
 TEST(EpLayer, EveryRecipeAgainstCpuAndSingleGpu) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   auto res = run_ranks(kWorld, 600, every_recipe_body);
   expect_ranks_passed(res);
   for (int r = 0; r < kWorld; ++r) {
@@ -447,7 +451,7 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
 }
 
 TEST(EpLayer, TokenCountsRoutingAndWorkspaces) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   auto res = run_ranks(kWorld, 600, token_counts_body);
   expect_ranks_passed(res);
 }
@@ -507,7 +511,7 @@ void graph_replay_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
 }
 
 TEST(EpLayer, GraphReplayWithVaryingTokenCounts) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   auto res = run_ranks(kWorld, 600, graph_replay_body);
   expect_ranks_passed(res);
 }
@@ -520,17 +524,17 @@ TEST(EpLayer, GraphReplayWithVaryingTokenCounts) {
 class EpLayerForced : public ::testing::TestWithParam<CombineMode> {};
 
 TEST_P(EpLayerForced, EveryRecipeAgainstCpuAndSingleGpu) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   expect_ranks_passed(run_ranks(kWorld, 600, in_mode(GetParam(), every_recipe_body)));
 }
 
 TEST_P(EpLayerForced, TokenCountsRoutingAndWorkspaces) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   expect_ranks_passed(run_ranks(kWorld, 600, in_mode(GetParam(), token_counts_body)));
 }
 
 TEST_P(EpLayerForced, GraphReplayWithVaryingTokenCounts) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   expect_ranks_passed(run_ranks(kWorld, 600, in_mode(GetParam(), graph_replay_body)));
 }
 
@@ -544,15 +548,16 @@ INSTANTIATE_TEST_SUITE_P(Combine, EpLayerForced,
 // publish the same epoch, so the ranks interoperate (and each path's rows are checked against
 // the other's signal).
 TEST(EpLayerMixed, TokenCountsRoutingAndWorkspaces) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kRank0Fused, token_counts_body)));
 }
 
 // EPLB across ranks: local expert 1 of rank 0 (global 1) and local expert 2 of rank 1 (global
-// El + 2) trade places through kernel_weights() / expert_weight_views(), the bytes moved with
-// ncclSend / ncclRecv on the caller's communicator; remapped ids give bitwise the same output.
+// El + 2; local 1 where a rank holds 2) trade places through kernel_weights() /
+// expert_weight_views(), the bytes moved with ncclSend / ncclRecv on the caller's communicator;
+// remapped ids give bitwise the same output on every rank (ranks past 1 only run the forwards).
 TEST(EpLayer, EplbSwapAcrossRanks) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   auto res =
       run_ranks(kWorld, 600, [](int rank, int world, const NcclUniqueIdBytes& id, RankReport&) {
         ncclComm_t comm = make_nccl(id, rank, world);
@@ -564,15 +569,16 @@ TEST(EpLayer, EplbSwapAcrossRanks) {
                        p.epilogue_view(rank * kEl, kEl));
           Inputs h = make_inputs(rank == 0 ? 48 : 31, rank, 70 + rank, Route::kUniform);
           const std::vector<uint16_t> before = run(ep, DevInputs(h, rank).view(), h.T, rank);
-          const int mine = rank == 0 ? 1 : 2, peer = 1 - rank;
-          const int ga = 1, gb = kEl + 2;
+          const int lb = std::min(2, kEl - 1);  // rank 1's local expert
+          const int mine = rank == 0 ? 1 : lb, peer = 1 - rank;
+          const int ga = 1, gb = kEl + lb;
           ExpertWeightViews v = ep.expert_weight_views();
           cudaStream_t s;
           CK(cudaStreamCreate(&s));
           for (const TensorView* t :
                {&v.weights.fc1_weight, &v.weights.fc1_scale, &v.weights.fc2_weight,
                 &v.weights.fc2_scale, &v.fc1_alpha, &v.fc2_alpha, &v.fc1_norm_const}) {
-            if (!t->defined()) continue;
+            if (!t->defined() || rank > 1) continue;
             const size_t row = size_t(t->nbytes() / t->shape[0]);
             uint8_t* base = static_cast<uint8_t*>(t->data) + size_t(mine) * row;
             DevBuf tmp(row);
@@ -597,10 +603,10 @@ TEST(EpLayer, EplbSwapAcrossRanks) {
   expect_ranks_passed(res);
 }
 
-// Rank 1 skips a call: rank 0's next host call throws kPeer naming rank 1 and the dispatch
-// stage, within the forward timeout; nobody hangs.
+// Rank 1 skips a call: the next host call of every other rank throws kPeer naming rank 1 and
+// the dispatch stage, within the forward timeout; nobody hangs.
 TEST(EpLayer, SkippedCallIsReportedWithinTheTimeout) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   constexpr int64_t kTimeoutMs = 1500;
   auto res =
       run_ranks(kWorld, 180, [](int rank, int, const NcclUniqueIdBytes& id, RankReport& rep) {
@@ -616,7 +622,7 @@ TEST(EpLayer, SkippedCallIsReportedWithinTheTimeout) {
         Inputs h = make_inputs(16, rank, 3 + rank, Route::kUniform);
         DevInputs d(h, rank);
         run(ep, d.view(), h.T, rank);  // one good call
-        if (rank == 0) {
+        if (rank != 1) {
           const auto t0 = std::chrono::steady_clock::now();
           run(ep, d.view(), h.T, rank);  // rank 1 never joins this one
           std::string msg;
@@ -636,7 +642,7 @@ TEST(EpLayer, SkippedCallIsReportedWithinTheTimeout) {
                   "the error must name rank 1 and the dispatch stage: " + msg);
           REQUIRE(waited >= kTimeoutMs * 1e-3 * 0.9 && waited < kTimeoutMs * 1e-3 + 10.0,
                   "error after " + std::to_string(waited) + " s");
-          std::printf("rank 0 error after %.2f s: %s\n", waited, msg.c_str());
+          std::printf("rank %d error after %.2f s: %s\n", rank, waited, msg.c_str());
         } else {
           std::this_thread::sleep_for(std::chrono::milliseconds(3 * kTimeoutMs));
         }
@@ -654,7 +660,7 @@ TEST(EpLayer, SkippedCallIsReportedWithinTheTimeout) {
 // throws kPeer naming rank 1 as having abandoned the call (and the stage it was waiting at).
 // The transport is then unusable on both ranks (kPeer), and both tear down without hanging.
 TEST(EpLayer, RejectedCallReleasesPeersAtOnce) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   constexpr int64_t kTimeoutMs = 20000;
   auto res =
       run_ranks(kWorld, 180, [](int rank, int, const NcclUniqueIdBytes& id, RankReport& rep) {
@@ -731,7 +737,7 @@ TEST(EpLayer, RejectedCallReleasesPeersAtOnce) {
 }
 
 // SPEC §4: every rank runs a call with the same workspace. Rank 1 runs a call with its small
-// workspace while rank 0 uses the default one: each rank's dispatch wait sees the peer's
+// workspace while the others use the default one: each rank's dispatch wait sees a peer's
 // announce of that call naming the other workspace (docs/protocol.md §3), records the sticky
 // error at once instead of waiting for the 20 s timeout, and the next host call of both ranks
 // throws kPeer naming the peer, both workspaces and the stage. As after any peer error (§6) the
@@ -739,7 +745,7 @@ TEST(EpLayer, RejectedCallReleasesPeersAtOnce) {
 // peer and reports it, and a call after destroy() throws kDestroyed. Before the fault, calls on
 // the small workspace must equal the single-GPU layer bit for bit.
 TEST(EpLayer, RanksWithDifferentWorkspacesAllFailNamingBoth) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   constexpr int64_t kTimeoutMs = 20000;
   auto res =
       run_ranks(kWorld, 180, [](int rank, int, const NcclUniqueIdBytes& id, RankReport& rep) {
@@ -779,7 +785,7 @@ TEST(EpLayer, RanksWithDifferentWorkspacesAllFailNamingBoth) {
           return ErrorCode::kBackend;
         };
         ForwardInputs mismatched = d.view();
-        if (rank == 1) mismatched.workspace = small;  // rank 0 keeps workspace 0
+        if (rank == 1) mismatched.workspace = small;  // the other ranks keep workspace 0
         std::string msg;
         const auto t0 = std::chrono::steady_clock::now();
         const ErrorCode first = call(mismatched, &msg);  // no host sync: returns, then the error
@@ -793,14 +799,17 @@ TEST(EpLayer, RanksWithDifferentWorkspacesAllFailNamingBoth) {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         rep.add(first_s);
         rep.add(waited);
-        const std::string peer = "peer rank " + std::to_string(1 - rank);
+        // Rank 1 (workspace 1) names a peer that ran workspace 0, every other rank names rank 1.
+        const int mine = rank == 1 ? 1 : 0;
+        const size_t at = msg.find("peer rank ");
+        const int named = at == std::string::npos ? -1 : std::atoi(msg.c_str() + at + 10);
         REQUIRE(code == ErrorCode::kPeer, "expected a kPeer error, got '" + msg + "'");
         REQUIRE(
-            msg.find(peer) != std::string::npos &&
-                msg.find("workspace " + std::to_string(1 - rank)) != std::string::npos &&
-                msg.find("this rank with workspace " + std::to_string(rank)) != std::string::npos &&
+            (rank == 1 ? named >= 0 && named != 1 : named == 1) &&
+                msg.find("workspace " + std::to_string(1 - mine)) != std::string::npos &&
+                msg.find("this rank with workspace " + std::to_string(mine)) != std::string::npos &&
                 msg.find("'dispatch'") != std::string::npos &&
-                msg.find("capacities: workspace " + std::to_string(rank)) != std::string::npos,
+                msg.find("capacities: workspace " + std::to_string(mine)) != std::string::npos,
             "the error must name the peer, both workspaces and the stage: " + msg);
         REQUIRE(waited < 2.0, "the mismatch was reported after " + std::to_string(waited) +
                                   " s; the forward timeout is " +

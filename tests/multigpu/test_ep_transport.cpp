@@ -1,7 +1,8 @@
 // Multi-GPU tests of the EP transport (EpComm + dispatch / wait / combine kernels): one forked
 // process per GPU, the NCCL unique id shared through an anonymous shared mapping. Data movement is
 // checked bitwise with self-describing payloads: activation bytes encode (source, token, byte),
-// y rows written by owners encode (owner, source, token, slot). Skips without 2 GPUs.
+// y rows written by owners encode (owner, source, token, slot). W = MOE_EP_TEST_WORLD ranks (2, 4
+// or 8; default 2; per-rank token lists written for 2 ranks repeat); skips without W GPUs.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -53,6 +54,7 @@ void ck(cudaError_t e, const char* what) {
 #define CK(x) ck((x), #x)
 
 using mgtest::run_ranks;
+const int kW = mgtest::test_world();  // MOE_EP_TEST_WORLD ranks (rank_harness.h)
 using Report = mgtest::RankReport;
 using RunResult = mgtest::RanksResult;
 
@@ -327,14 +329,16 @@ struct RankCtx {
   }
 };
 
+// Rank s's token count in a per-rank list written for 2 ranks: the list repeats over W ranks.
+int t_of(const std::vector<int>& T, int s) { return T[size_t(s) % T.size()]; }
+
 // One forward with per-rank T and routing, then the bitwise checks.
 void forward_and_verify(RankCtx& c, const std::vector<int>& T, Routing routing, uint64_t seed,
                         bool use_index, const std::string& what) {
   std::vector<Inputs> all;
-  for (int s = 0; s < c.g.world; ++s)
-    all.push_back(make_inputs(c.g, s, T[size_t(s)], routing, seed));
-  c.upload(all[size_t(c.rank)], make_act(c.g, c.rank, T[size_t(c.rank)]));
-  c.enqueue(T[size_t(c.rank)], use_index, false);
+  for (int s = 0; s < c.g.world; ++s) all.push_back(make_inputs(c.g, s, t_of(T, s), routing, seed));
+  c.upload(all[size_t(c.rank)], make_act(c.g, c.rank, t_of(T, c.rank)));
+  c.enqueue(t_of(T, c.rank), use_index, false);
   CK(cudaStreamSynchronize(c.stream));
   c.verify(all, what);
   // Peers may start the next dispatch (into our receive rows) as soon as our combine signal is
@@ -462,8 +466,8 @@ TEST(EpHost, LaunchersRejectBadParameters) {
 // ---------------------------------------------------------------------------------------------
 
 TEST(MultiGpu, DataMovementBitwise) {
-  SKIP_UNLESS_2_GPUS();
-  auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
+  SKIP_UNLESS_WORLD_GPUS();
+  auto r = run_ranks(kW, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
     c.g.world = world;
@@ -549,8 +553,8 @@ TEST(MultiGpu, DataMovementBitwise) {
 }
 
 TEST(MultiGpu, EpochsShrinkGrowTwoWorkspaces) {
-  SKIP_UNLESS_2_GPUS();
-  auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
+  SKIP_UNLESS_WORLD_GPUS();
+  auto r = run_ranks(kW, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx big, small;
     big.g.world = small.g.world = world;
@@ -578,8 +582,8 @@ TEST(MultiGpu, EpochsShrinkGrowTwoWorkspaces) {
 }
 
 TEST(MultiGpu, GraphReplayVaryingT) {
-  SKIP_UNLESS_2_GPUS();
-  auto r = run_ranks(2, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
+  SKIP_UNLESS_WORLD_GPUS();
+  auto r = run_ranks(kW, 90, [](int rank, int world, const NcclUniqueIdBytes& id, Report&) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
     c.g.world = world;
@@ -596,9 +600,9 @@ TEST(MultiGpu, GraphReplayVaryingT) {
     for (size_t i = 0; i < seq.size(); ++i) {
       std::vector<Inputs> all;
       for (int s = 0; s < world; ++s)
-        all.push_back(make_inputs(c.g, s, seq[i][size_t(s)], Routing::kUniform, seed));
+        all.push_back(make_inputs(c.g, s, t_of(seq[i], s), Routing::kUniform, seed));
       ++seed;
-      const int T = seq[i][size_t(rank)];
+      const int T = t_of(seq[i], rank);
       c.upload(all[size_t(rank)], make_act(c.g, rank, T));
       CK(cudaMemcpyAsync(c.ntok, &T, 4, cudaMemcpyHostToDevice, c.stream));
       CK(cudaGraphLaunch(exec, c.stream));
@@ -614,11 +618,11 @@ TEST(MultiGpu, GraphReplayVaryingT) {
   expect_all_passed(r);
 }
 
-// One rank skips a call (or only its combine); the other must come back within the timeout with
-// a sticky error naming that peer and stage, and neither may hang or trap.
+// Rank 1 skips a call (or only its combine); every other rank must come back within the timeout
+// with a sticky error naming that peer and stage, and none may hang or trap.
 void fault_case(bool skip_whole_call) {
   const int64_t timeout_ms = 300;
-  auto r = run_ranks(2, 60, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
+  auto r = run_ranks(kW, 60, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
     EpComm comm(id, rank, world, opts(rank, timeout_ms));
     RankCtx c;
     c.g.world = world;
@@ -633,8 +637,8 @@ void fault_case(bool skip_whole_call) {
         comm.check();  // rank 1 saw no fault
       }
     } else {
-      const Inputs in = make_inputs(c.g, 0, 64, Routing::kUniform, 10);
-      c.upload(in, make_act(c.g, 0, 64));
+      const Inputs in = make_inputs(c.g, rank, 64, Routing::kUniform, 10);
+      c.upload(in, make_act(c.g, rank, 64));
       const auto t0 = Clock::now();
       c.enqueue(64, false, false);
       CK(cudaStreamSynchronize(c.stream));  // must return: the wait is bounded
@@ -656,7 +660,7 @@ void fault_case(bool skip_whole_call) {
         REQUIRE(e.code() == ErrorCode::kPeer, "error code");
         msg = e.what();
       }
-      std::printf("rank 0 reported after %.0f ms: %s\n", ms, msg.c_str());
+      std::printf("rank %d reported after %.0f ms: %s\n", rank, ms, msg.c_str());
       REQUIRE(msg.find("peer rank 1") != std::string::npos, "message: " + msg);
       REQUIRE(msg.find(std::string("'") + ep_stage_name(want) + "'") != std::string::npos,
               "message: " + msg);
@@ -675,12 +679,12 @@ void fault_case(bool skip_whole_call) {
 }
 
 TEST(MultiGpu, FaultPeerSkipsCall) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   fault_case(true);
 }
 
 TEST(MultiGpu, FaultPeerSkipsCombine) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   fault_case(false);
 }
 
@@ -689,7 +693,7 @@ TEST(MultiGpu, FaultPeerSkipsCombine) {
 // then times dispatch (+ its wait) and combine (+ its wait) per grid size and prints NVLink GB/s
 // against the 367 GB/s per direction measured for SM stores (DEVICE.md).
 TEST(MultiGpu, DsV3TransferBandwidth) {
-  SKIP_UNLESS_2_GPUS();
+  SKIP_UNLESS_WORLD_GPUS();
   constexpr double kCeilingGBps = 367.0;
   struct TransferConfig {
     int blocks, threads;
@@ -699,7 +703,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       {16, 512, true},        {64, 512, true},   {132, 512, false}, {132, 512, true},
       {132, 512, true, true}, {132, 1024, true}, {264, 512, false}, {264, 512, true},
       {264, 512, true, true}, {256, 512, true}};
-  auto r = run_ranks(2, 120, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
+  auto r = run_ranks(kW, 120, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
     c.g = Geometry{world, 256, 8, 7168, 4096, 4032};
