@@ -230,6 +230,27 @@ struct CountedStream {
   void set(int n) { CUDA_OK(cudaMemcpy(n_dev, &n, 4, cudaMemcpyHostToDevice)); }
 };
 
+// What `record` enqueues on `st`, captured in a CUDA graph and instantiated; both are destroyed
+// with the object, also when an assertion leaves the test early.
+struct CapturedGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  template <class Record>
+  CapturedGraph(cudaStream_t st, Record&& record) {
+    EXPECT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    record();
+    EXPECT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    if (graph != nullptr) EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  }
+  ~CapturedGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  bool ok() const { return exec != nullptr; }
+};
+
 // One forward of `h` on GPU 0 into a poisoned [T][H] output; its bits on the host.
 std::vector<uint16_t> forward_bits(MegaLayer& layer, const DeviceInputs& d, const HostInputs& h) {
   PoisonedOut out(size_t(h.T) * h.H);
@@ -483,17 +504,13 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
     f.workspace = small;
     const TensorView ov =
         TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0});
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    gpu->forward(f, ov);
-    CUDA_OK(cudaStreamEndCapture(st, &graph));
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    const CapturedGraph g(st, [&] { gpu->forward(f, ov); });
+    ASSERT_TRUE(g.ok());
     for (int n : {128, 77, 1, 0}) {
       SCOPED_TRACE("n = " + std::to_string(n));
       cs.set(n);
       CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
-      CUDA_OK(cudaGraphLaunch(exec, st));
+      CUDA_OK(cudaGraphLaunch(g.exec, st));
       CUDA_OK(cudaStreamSynchronize(st));
       const std::vector<uint16_t> got = out.host();
       std::vector<uint16_t> want(got.size(), 0);
@@ -512,8 +529,6 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
                     recipe_name(r), n, got == want ? "equal" : "different");
       ASSERT_TRUE(got == want) << "graph replay differs from the eager forward";
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
 }
 
@@ -670,20 +685,16 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
         f.stream = st;
         f.num_tokens = n_dev;
         CUDA_OK(cudaMemcpy(n_dev, &T, 4, cudaMemcpyHostToDevice));
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        gpu->forward(f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
-        CUDA_OK(cudaStreamEndCapture(st, &graph));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        const CapturedGraph g(st, [&] {
+          gpu->forward(f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
+        });
+        ASSERT_TRUE(g.ok());
         for (int rep = 0; rep < 2; ++rep) {
           CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
-          CUDA_OK(cudaGraphLaunch(exec, st));
+          CUDA_OK(cudaGraphLaunch(g.exec, st));
           CUDA_OK(cudaStreamSynchronize(st));
           EXPECT_TRUE(out.host() == a) << "graph replay " << rep << " differs from eager";
         }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
       }
       // The default policy: nvfp4 fc1 only, where the grid already has 4 CTAs per SM (on an
       // H200's 132 SMs T = 7's 16 tiles x 32 M-tiles get 4 splits, T = 1's 8 x 32 none);
@@ -929,21 +940,17 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
       ForwardInputs f = device_view(d, h);
       f.stream = cs.st;
       f.num_tokens = cs.n_dev;
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      {
+      const CapturedGraph g(cs.st, [&] {
         TileOverride o(16);
         Split16Override so(true);
-        CUDA_OK(cudaStreamBeginCapture(cs.st, cudaStreamCaptureModeThreadLocal));
         gpu->forward(
             f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0}));
-        CUDA_OK(cudaStreamEndCapture(cs.st, &graph));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      }
+      });
+      ASSERT_TRUE(g.ok());
       for (int n : {40, 12, 3}) {
         SCOPED_TRACE("graph replay, n = " + std::to_string(n));
         cs.set(n);
-        CUDA_OK(cudaGraphLaunch(exec, cs.st));
+        CUDA_OK(cudaGraphLaunch(g.exec, cs.st));
         CUDA_OK(cudaStreamSynchronize(cs.st));
         const std::vector<uint16_t> got = out.host();
         const HostInputs hn = first_tokens(h, n);
@@ -953,8 +960,6 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
         EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()))
             << "graph replay with the split differs from the eager tile-8 forward";
       }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
       bool nonzero = false;
       for (uint16_t v : t8) nonzero |= (v & 0x7fff) != 0;
       EXPECT_TRUE(nonzero);
@@ -1159,29 +1164,27 @@ TEST(GpuLayer, SpreadRouteAgainstCpu) {
     ForwardInputs f = device_view(d, h);
     f.stream = cs.st;
     f.num_tokens = cs.n_dev;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaStreamBeginCapture(cs.st, cudaStreamCaptureModeThreadLocal));
-    gpu->forward(
-        f, TensorView::contiguous(out.p, DType::kBF16, {h.T, s.H}, Device{DeviceKind::kCUDA, 0}));
-    CUDA_OK(cudaStreamEndCapture(cs.st, &graph));
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     std::vector<uint16_t> first;
-    for (int n : {1000, 100, 1000}) {
-      cs.set(n);
-      CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
-      CUDA_OK(cudaGraphLaunch(exec, cs.st));
-      CUDA_OK(cudaStreamSynchronize(cs.st));
-      std::vector<uint16_t> got = out.host();
-      got.resize(size_t(n) * s.H);
-      check(first_tokens(h, n), got, "graph replay");
-      if (n == 1000 && first.empty())
-        first = got;
-      else if (n == 1000)
-        EXPECT_TRUE(got == first) << "graph replays at n = 1000 differ";
+    {
+      const CapturedGraph g(cs.st, [&] {
+        gpu->forward(f, TensorView::contiguous(out.p, DType::kBF16, {h.T, s.H},
+                                               Device{DeviceKind::kCUDA, 0}));
+      });
+      ASSERT_TRUE(g.ok());
+      for (int n : {1000, 100, 1000}) {
+        cs.set(n);
+        CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
+        CUDA_OK(cudaGraphLaunch(g.exec, cs.st));
+        CUDA_OK(cudaStreamSynchronize(cs.st));
+        std::vector<uint16_t> got = out.host();
+        got.resize(size_t(n) * s.H);
+        check(first_tokens(h, n), got, "graph replay");
+        if (n == 1000 && first.empty())
+          first = got;
+        else if (n == 1000)
+          EXPECT_TRUE(got == first) << "graph replays at n = 1000 differ";
+      }
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     // A bad id with the spread route: reported by the next call, and the counters were reset.
     HostInputs hb = make_inputs(600, s.H, s.K, s.E, 65);
     hb.ids[size_t(400) * s.K + 2] = s.E;
