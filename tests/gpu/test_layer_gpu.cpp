@@ -1006,7 +1006,11 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
       EXPECT_LE(err, 5e-3) << why;
       EXPECT_GT(err, 0.0) << "bitwise equal to the CPU: the fp8 path did not run";
       EXPECT_TRUE(forward_bits(*gpu, d, h) == got) << "repeated forward is not bitwise identical";
-      std::printf("[ fp8-vs-cpu ] %-8s T=%-5d rel_l2=%.3e\n", s.name, T, err);
+      // The output's FNV-1a hash: builds that must agree bit for bit print the same one.
+      uint64_t hash = 1469598103934665603ull;
+      for (uint16_t v : got) hash = (hash ^ v) * 1099511628211ull;
+      std::printf("[ fp8-vs-cpu ] %-8s T=%-5d rel_l2=%.3e bits=%016llx\n", s.name, T, err,
+                  static_cast<unsigned long long>(hash));
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
