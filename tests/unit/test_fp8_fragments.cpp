@@ -62,6 +62,19 @@ TEST(Fp8Fragments, ChunkReferenceIsTheLargestScaleMinusSix) {
   EXPECT_EQ(fp8_chunk_reference(0x000000c8u), 200 - 6);
 }
 
+// The consumers' gap table: entry s - m + 255 is the table the shift of scale byte s against
+// the chunk reference m - 6 selects, for every pair s <= m of bytes.
+TEST(Fp8Fragments, GapTableEntryIsTheShiftTable) {
+  for (int m = 0; m < 256; ++m)
+    for (int s = 0; s <= m; ++s) {
+      const int ref = m - kFp8ShiftMax;  // fp8_chunk_reference of a chunk whose largest byte is m
+      ASSERT_EQ(fp8_gap_entry(s - m + kFp8GapTables - 1), fp8_table_entry(fp8_table_index(s - ref)))
+          << "s " << s << " m " << m;
+    }
+  EXPECT_EQ(fp8_gap_entry(kFp8GapTables - 1), fp8_e2m1_table(kFp8ShiftMax));  // s = m
+  EXPECT_EQ(fp8_gap_entry(0), 0u);  // 255 binades below: every value rounds to zero
+}
+
 // One row's 128-wide chunk against E4M3 activations: the fp8 products summed and multiplied by
 // 2^(r - 127) equal the exact MXFP4 dot product when the chunk's scales span <= 14 binades.
 TEST(Fp8Fragments, ChunkDotProductMatchesTheExactOne) {

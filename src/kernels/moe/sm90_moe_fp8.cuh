@@ -62,6 +62,16 @@ constexpr int kFp8WsSmemBytes = kFp8WsRing + 1024;
 constexpr int kFp8WsEpiBytes = kFp8N * kWg3XS * 4;  // one half's staging (fc1 is the larger)
 static_assert(2 * kFp8WsEpiBytes <= kFp8WsRing && fp8_ws_stages(kFp8N) >= kFp8WsLag + 2, "ring");
 
+// Entry i of the 64-bit shared-memory table at `base` (a shared address), the address as one
+// multiply-add (left to the compiler, it splits the index's own extraction from it).
+__device__ __forceinline__ uint64_t lds_u64(uint32_t base, int i) {
+  uint64_t v;
+  asm("{\n\t.reg .u32 a;\n\tmad.lo.u32 a, %1, 8, %2;\n\tld.shared.b64 %0, [a];\n\t}"
+      : "=l"(v)
+      : "r"(uint32_t(i)), "r"(base));
+  return v;
+}
+
 template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo& tile,
                                             const Fp8Cta& c, uint64_t* full, uint64_t* empty) {
@@ -76,27 +86,44 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
   const int stages_k = ms.chunks / 2;
 
   if (wg == 0) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n");
     const int bc = tid & 7, br0 = tid >> 3;
-    const int bdst = br0 * 128 + ((bc ^ (br0 & 7)) << 4);
+    const uint32_t bdst = uint32_t(br0 * 128 + ((bc ^ (br0 & 7)) << 4));
     const int live = tile.rows;
+    // This thread's B sources as 32-bit byte offsets in registers (the shared-memory table
+    // would cost a load and ptxas's hazard slots per copy), its weight and scale sources.
+    const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
+    uint32_t boff[kBPasses];
+#pragma unroll
+    for (int i = 0; i < kBPasses; ++i) {
+      const int row = br0 + 16 * i;
+      boff[i] = row < kN ? uint32_t(c.brow_ptr[row] - bsrc) + uint32_t(bc * 16) : 0u;
+    }
+    const uint8_t* wsrc = ms.w + tid * 16;
+    const uint8_t* ssrc = ms.s + tid * 16;
+    const bool copies_scales = tid < kFp8WsSBytes / 16;
     for (int st = 0; st < stages_k; ++st) {
       const int slot = st % kStages;
       if (st >= kStages) mbar_wait(&empty[slot], uint32_t(st / kStages - 1) & 1u);
-      unsigned char* sp = smem + slot * kStageBytes;
+      const uint32_t sp = c.smem_base + uint32_t(slot * kStageBytes);
+      // One run of copies (ptxas pads a copy that does not follow another with hazard slots).
 #pragma unroll
       for (int i = 0; i < kBPasses; ++i) {
         const int row = br0 + 16 * i;
-        if (kN % 16 == 0 || row < kN)
-          cp_async16(sp + bdst + i * 2048, c.brow_ptr[row] + bc * 16 + st * kFp8StageK, row < live);
+        const uint8_t* src = bsrc + boff[i];
+        boff[i] += uint32_t(kFp8StageK);  // the next stage's
+        const uint32_t size = row < live ? 16u : 0u;
+        if (kN % 16 == 0 || i + 1 < kBPasses)
+          cp_async16_sz(sp + bdst + uint32_t(i * 2048), src, size);
+        else
+          cp_async16_if(sp + bdst + uint32_t(i * 2048), src, size, row < kN);
       }
 #pragma unroll
       for (int j = 0; j < kFp8WsWBytes / (16 * 128); ++j)
-        cp_async16(sp + kBBytes + (j * 128 + tid) * 16,
-                   ms.w + size_t(2 * st) * (kTileFrags * 512) + (j * 128 + tid) * 16, true);
-      if (tid < kFp8WsSBytes / 16)
-        cp_async16(sp + kBBytes + kFp8WsWBytes + tid * 16,
-                   ms.s + size_t(2 * st) * (kTileFrags * 32) + tid * 16, true);
+        cp_async16_sz(sp + uint32_t(kBBytes + j * 2048),
+                      wsrc + size_t(2 * st) * (kTileFrags * 512) + j * 2048, 16u);
+      cp_async16_if(sp + uint32_t(kBBytes + kFp8WsWBytes),
+                    ssrc + size_t(2 * st) * (kTileFrags * 32), 16u, copies_scales);
       cp_async_commit();
       if (st >= kFp8WsLag) {
         cp_async_wait<kFp8WsLag>();
@@ -125,27 +152,35 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     const int slot = st % kStages;
     mbar_wait(&full[slot], uint32_t(st / kStages) & 1u);
     const unsigned char* sp = smem + slot * kStageBytes;
-    // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each.
+    // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each, the
+    // stage's 4 blocks.
     const unsigned char* ss = sp + kBBytes + kFp8WsWBytes + wfrag * 32;
     constexpr int kSC = kTileFrags * 32;  // the next chunk's scales
-    const uint32_t sc_lo = uint32_t(*reinterpret_cast<const uint16_t*>(ss + g * 2)) |
-                           (uint32_t(*reinterpret_cast<const uint16_t*>(ss + kSC + g * 2)) << 16);
-    const uint32_t sc_hi =
-        uint32_t(*reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2)) |
-        (uint32_t(*reinterpret_cast<const uint16_t*>(ss + kSC + (g + 8) * 2)) << 16);
-    const int ref_lo = fp8_chunk_reference(sc_lo), ref_hi = fp8_chunk_reference(sc_hi);
+    int b_lo[4], b_hi[4];
+    auto bytes = [](const unsigned char* p, int(&b)[4]) {
+      const uint32_t c0 = *reinterpret_cast<const uint16_t*>(p);
+      const uint32_t c1 = *reinterpret_cast<const uint16_t*>(p + kSC);
+      b[0] = int(c0 & 0xff), b[1] = int(c0 >> 8), b[2] = int(c1 & 0xff), b[3] = int(c1 >> 8);
+    };
+    bytes(ss + g * 2, b_lo);
+    bytes(ss + (g + 8) * 2, b_hi);
+    // The largest scale byte of each row (its reference plus kFp8ShiftMax) and the row's view
+    // of the gap table (fp8_gap_entry).
+    const int m_lo = max(max(b_lo[0], b_lo[1]), max(b_lo[2], b_lo[3]));
+    const int m_hi = max(max(b_hi[0], b_hi[1]), max(b_hi[2], b_hi[3]));
+    // (Shared addresses: one multiply-add per row and one shift-add per block.)
+    const uint32_t top = smem_addr(c.table) + 8u * (kFp8GapTables - 1);
+    const uint32_t t_lo = top - 8u * uint32_t(m_lo), t_hi = top - 8u * uint32_t(m_hi);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const uint4 piece = *reinterpret_cast<const uint4*>(
           sp + kBBytes + (s >> 1) * (kTileFrags * 512) + wfrag * 512 + lane * 16);
       const uint32_t w_lo = (s & 1) ? piece.z : piece.x, w_hi = (s & 1) ? piece.w : piece.y;
-      const uint64_t t_lo = c.table[fp8_table_index(int((sc_lo >> (8 * s)) & 0xff) - ref_lo)];
-      const uint64_t t_hi = c.table[fp8_table_index(int((sc_hi >> (8 * s)) & 0xff) - ref_hi)];
-      fp8_decode_word(w_lo, t_lo, af[s][0], af[s][2]);
-      fp8_decode_word(w_hi, t_hi, af[s][1], af[s][3]);
+      fp8_decode_word(w_lo, lds_u64(t_lo, b_lo[s]), af[s][0], af[s][2]);
+      fp8_decode_word(w_hi, lds_u64(t_hi, b_hi[s]), af[s][1], af[s][3]);
     }
-    f_lo = fmt::exp2i(ref_lo - 127);
-    f_hi = fmt::exp2i(ref_hi - 127);
+    f_lo = fmt::exp2i(m_lo - kFp8ShiftMax - 127);
+    f_hi = fmt::exp2i(m_hi - kFp8ShiftMax - 127);
   };
   float f_lo = 0.0f, f_hi = 0.0f;
   auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
@@ -190,7 +225,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
 template <bool kFc1>
 __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const ForwardArgs a) {
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t table[kFp8Tables];
+  __shared__ uint64_t table[kFp8GapTables];
   __shared__ const uint8_t* brow_ptr[kFp8N];
   __shared__ int pair_of[kFp8N];
   __shared__ float tw_of[kFp8N];
@@ -205,7 +240,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
   const int tid = threadIdx.x;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
 
-  for (int i = tid; i < kFp8Tables; i += kFp8WsThreads) table[i] = fp8_table_entry(i);
+  for (int i = tid; i < kFp8GapTables; i += kFp8WsThreads) table[i] = fp8_gap_entry(i);
   const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
   for (int n = tid; n < kFp8N; n += kFp8WsThreads) {
     const TileColumn col = tile_column<kFc1>(a, tile, n);
