@@ -48,6 +48,11 @@ struct Fp8Cta {
 // first (docs/gpu_kernels.md §8: the skeleton alone 61 % -> 72 % of the fp8 ceiling, against
 // one warpgroup per CTA that copied its own stages; that kernel was removed, 9 % slower).
 constexpr int kFp8WsThreads = 384;
+// setmaxnreg: the CTA's pool is its launch allocation (168 registers per thread at one CTA of
+// 384 per SM), and the consumers' increase waits until the pool holds it, so the producer's and
+// consumers' counts must fit it exactly or the kernel never starts its K loop.
+constexpr int kFp8ProducerRegs = 40, kFp8ConsumerRegs = 232;
+static_assert(kFp8ProducerRegs + 2 * kFp8ConsumerRegs <= 3 * 168, "setmaxnreg exceeds the pool");
 constexpr int kFp8WsWBytes = 2 * kTileFrags * 512;  // the M-tile's fragments of 2 K-chunks
 constexpr int kFp8WsSBytes = 2 * kTileFrags * 32;   // their scales
 constexpr int kFp8WsLag = 2;                        // stages in flight per producer thread
@@ -86,7 +91,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
   const int stages_k = ms.chunks / 2;
 
   if (wg == 0) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8ProducerRegs));
     const int bc = tid & 7, br0 = tid >> 3;
     const uint32_t bdst = uint32_t(br0 * 128 + ((bc ^ (br0 & 7)) << 4));
     const int live = tile.rows;
@@ -138,7 +143,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kFp8ConsumerRegs));
   const int ctid = tid & 127, half = wg - 1;  // the thread in its warpgroup
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2;
   const int wfrag = 4 * half + warp;  // this warp's fragment of the M-tile
