@@ -125,9 +125,9 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
       }
 #pragma unroll
       for (int j = 0; j < kFp8WsWBytes / (16 * 128); ++j)
-        cp_async16_sz(sp + uint32_t(kBBytes + j * 2048),
+        cp_async16_sz(sp + uint32_t(kBBytes + j * 2048 + tid * 16),
                       wsrc + size_t(2 * st) * (kTileFrags * 512) + j * 2048, 16u);
-      cp_async16_if(sp + uint32_t(kBBytes + kFp8WsWBytes),
+      cp_async16_if(sp + uint32_t(kBBytes + kFp8WsWBytes + tid * 16),
                     ssrc + size_t(2 * st) * (kTileFrags * 32), 16u, copies_scales);
       cp_async_commit();
       if (st >= kFp8WsLag) {
