@@ -635,6 +635,11 @@ int main(int argc, char** argv) {
         for (int k = 0; k < 2; ++k) {
           InputSet& in = sets[k];
           in.host_ids = make_ids(T, s.K, s.E, zipf, 1000 * T + 10 * zipf + k);
+          // MOE_EP_BENCH_LIVE=N: tokens N.. route nowhere (ids -1), so the grids sized from T
+          // carry CTAs without a tile, as an EP owner's grids sized from W x capacity do.
+          if (const char* lv = std::getenv("MOE_EP_BENCH_LIVE"))
+            for (size_t i = size_t(std::max(0, std::atoi(lv))) * s.K; i < in.host_ids.size(); ++i)
+              in.host_ids[i] = -1;
           std::vector<float> w(size_t(T) * s.K);
           for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.01f * float(i % 13);
           CK(cudaMalloc(&in.x, size_t(T) * s.H * 2));
