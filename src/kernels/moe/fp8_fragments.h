@@ -52,13 +52,13 @@ MOE_EP_HD uint64_t fp8_table_entry(int i) {
   return i == 0 ? 0 : fp8_e2m1_table(i - 1 + kFp8TableMin);
 }
 
-// The consumers' table of every gap: entry s - m + 255 for a block scale byte s of a row whose
-// chunk's largest scale byte is m (so 0..255) is the table of shift d = s - (m - kFp8ShiftMax),
-// fp8_table_entry(fp8_table_index(d)); a row then finds its block's table at (its base
-// table + 255 - m)[s] with one address operation and no clamp.
+// The consumers' table of every gap: entry s - m + 255 (0..255) for a block scale byte s of a
+// row whose chunk's largest scale byte is m is the table of shift d = s - (m - kFp8ShiftMax),
+// fp8_table_entry(fp8_table_index(d)); a row then finds its block's table at (table + 255 -
+// m)[s], one address operation and no clamp.
 constexpr int kFp8GapTables = 256;
 MOE_EP_HD uint64_t fp8_gap_entry(int i) {
-  return fp8_table_entry(fp8_table_index(i - 255 + kFp8ShiftMax));
+  return fp8_table_entry(fp8_table_index(i - (kFp8GapTables - 1) + kFp8ShiftMax));
 }
 
 // The chunk reference of one row: the largest of its kFp8ChunkBlocks UE8M0 scale bytes (packed

@@ -48,11 +48,14 @@ struct Fp8Cta {
 // first (docs/gpu_kernels.md §8: the skeleton alone 61 % -> 72 % of the fp8 ceiling, against
 // one warpgroup per CTA that copied its own stages; that kernel was removed, 9 % slower).
 constexpr int kFp8WsThreads = 384;
-// setmaxnreg: the CTA's pool is its launch allocation (168 registers per thread at one CTA of
-// 384 per SM), and the consumers' increase waits until the pool holds it, so the producer's and
-// consumers' counts must fit it exactly or the kernel never starts its K loop.
+// setmaxnreg: the CTA's pool is its launch allocation (the SM's 64K registers over 384 threads,
+// rounded down to a multiple of 8: 168 each), and the consumers' increase waits until the pool
+// holds it, so the producer's and consumers' counts must fit the pool or the consumers never
+// start their K loop.
 constexpr int kFp8ProducerRegs = 40, kFp8ConsumerRegs = 232;
-static_assert(kFp8ProducerRegs + 2 * kFp8ConsumerRegs <= 3 * 168, "setmaxnreg exceeds the pool");
+constexpr int kFp8LaunchRegs = 65536 / kFp8WsThreads / 8 * 8;
+static_assert(kFp8ProducerRegs + 2 * kFp8ConsumerRegs <= 3 * kFp8LaunchRegs,
+              "setmaxnreg exceeds the CTA's register pool");
 constexpr int kFp8WsWBytes = 2 * kTileFrags * 512;  // the M-tile's fragments of 2 K-chunks
 constexpr int kFp8WsSBytes = 2 * kTileFrags * 32;   // their scales
 constexpr int kFp8WsLag = 2;                        // stages in flight per producer thread
@@ -67,8 +70,9 @@ constexpr int kFp8WsSmemBytes = kFp8WsRing + 1024;
 constexpr int kFp8WsEpiBytes = kFp8N * kWg3XS * 4;  // one half's staging (fc1 is the larger)
 static_assert(2 * kFp8WsEpiBytes <= kFp8WsRing && fp8_ws_stages(kFp8N) >= kFp8WsLag + 2, "ring");
 
-// Entry i of the 64-bit shared-memory table at `base` (a shared address), the address as one
-// multiply-add (left to the compiler, it splits the index's own extraction from it).
+// Entry i of the 64-bit shared-memory table at `base` (a shared address). In PTX so that the
+// address stays one multiply-add on the row's base: from C++ the compiler folded the base back
+// into the index and spent two more instructions per lookup.
 __device__ __forceinline__ uint64_t lds_u64(uint32_t base, int i) {
   uint64_t v;
   asm("{\n\t.reg .u32 a;\n\tmad.lo.u32 a, %1, 8, %2;\n\tld.shared.b64 %0, [a];\n\t}"
