@@ -114,6 +114,7 @@ struct Workspace {
   bool splitk = false;
   size_t splitk_off = 0, splitk_counters_off = 0;
   size_t xq8_off = 0, xref_off = 0, h8_off = 0, href_off = 0;  // the fp8 path (fp8_)
+  size_t h8map_off = 0;  // h8's tensor map (kern::encode_fp8_h_tensor_map), 128 bytes
   // W > 1
   int ep_index = -1;  // EpComm workspace
   size_t act_off = 0, vids_off = 0, vweights_off = 0, y_off = 0;
@@ -287,8 +288,14 @@ class CudaBackend final : public LayerBackend {
       off = al(off + rows * I);
       ws->href_off = off;
       off = al(off + rows);
+      ws->h8map_off = off;
+      off = al(off + 128);
     }
     ws->mem.allocate(off, "a workspace");
+    if (fp8_)
+      check(kern::encode_fp8_h_tensor_map(ws->mem.as<unsigned char>() + ws->h8map_off,
+                                          ws->mem.as<uint8_t>() + ws->h8_off, rows, I),
+            "encoding the tensor map of h8");
     // The spread route's counts and ticket start at zero; each forward leaves them at zero.
     check(cudaMemset(ws->mem.as<unsigned char>() + ws->counts_off, 0, size_t(El_ + 1) * 4),
           "zeroing the route counts");
@@ -348,6 +355,7 @@ class CudaBackend final : public LayerBackend {
       a.xref = base + ws.xref_off;
       a.h8 = base + ws.h8_off;
       a.href = base + ws.href_off;
+      a.h8_tmap = base + ws.h8map_off;
     }
     if (out.out.defined()) {
       a.y_rows = reinterpret_cast<uint16_t*>(base + ws.layout.combine_off);

@@ -1,5 +1,7 @@
 // The forward's small kernels (prepare = quantize + route, finalize) and the one-time weight
 // preprocessing; launch_forward strings the stages together.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -835,6 +837,34 @@ cudaError_t launch_prepare(bool pdl, int qn, dim3 grid, cudaStream_t s, const Fo
 
 void set_route_spread_override(int mode) {
   g_spread_override.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
+}
+
+cudaError_t encode_fp8_h_tensor_map(void* dst, const uint8_t* h8, size_t rows, int I) {
+  // The driver's encoder through the runtime (no link against libcuda).
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  if (rows == 0 || I % 128 != 0 || (reinterpret_cast<uintptr_t>(h8) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(dst) & 63) != 0)
+    return cudaErrorInvalidValue;
+  alignas(64) CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(I), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(I)};
+  const cuuint32_t box[2] = {128, 8};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(h8), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  return cudaMemcpy(dst, &map, sizeof(map), cudaMemcpyHostToDevice);
 }
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {

@@ -15,6 +15,12 @@ namespace moe_ep::kern {
 // Raises the dynamic shared-memory limit of every kernel of `recipe` (once, before capture).
 cudaError_t set_kernel_attributes(Recipe recipe);
 
+// Encodes the tensor map of h8 (`rows` rows of I e4m3 bytes at `h8`: boxes of 128 bytes x 8
+// rows, 128-byte swizzle, zeros past the rows) into `dst` (128 bytes of device memory, 64-byte
+// aligned), synchronously, for the fp8 kernel's fc2 (ForwardArgs::h8_tmap). cudaErrorNotSupported
+// where the driver has no cuTensorMapEncodeTiled.
+cudaError_t encode_fp8_h_tensor_map(void* dst, const uint8_t* h8, size_t rows, int I);
+
 // The whole forward: prepare (quantize x + route, one launch), fc1, fc2, finalize (when
 // args.out is set). With `stage_events` (5 events) it records one before each stage and one at
 // the end (for the benchmark's per-stage times).

@@ -331,6 +331,10 @@ struct ForwardArgs {
   uint8_t* xq8 = nullptr;   // e4m3 [T, H]
   uint8_t* xref = nullptr;  // [T]
   uint8_t* h8 = nullptr;    // e4m3 [T*K, I], sorted order
+  // The CUtensorMap of h8 in device memory (encode_fp8_h_tensor_map: boxes of 128 bytes x 8
+  // rows, 128-byte swizzle, zeros past the rows): fc2's B rows, contiguous per tile, arrive by
+  // the tensor memory accelerator.
+  const void* h8_tmap = nullptr;
   uint8_t* href = nullptr;  // [T*K]
 };
 

@@ -81,6 +81,30 @@ __device__ __forceinline__ uint64_t lds_u64(uint32_t base, int i) {
   return v;
 }
 
+// One box of h8's tensor map (128 bytes x 8 rows, 128-byte swizzle) from byte column x, row y
+// into shared memory at dst (1024-byte aligned), completing on bar's transaction count.
+__device__ __forceinline__ void tma_box_2d(uint32_t dst, const void* tmap, int x, int y,
+                                           uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(tmap), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+// True in one lane of the (converged) warp.
+__device__ __forceinline__ bool elect_one() {
+  uint32_t p = 0;
+  asm volatile("{\n .reg .pred e;\n elect.sync _|e, 0xffffffff;\n selp.u32 %0, 1, 0, e;\n}\n"
+               : "=r"(p));
+  return p != 0;
+}
+// Adds `bytes` to the barrier's expected transactions of its current phase (no arrival).
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
 template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo& tile,
                                             const Fp8Cta& c, uint64_t* full, uint64_t* empty) {
@@ -99,8 +123,8 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     const int bc = tid & 7, br0 = tid >> 3;
     const uint32_t bdst = uint32_t(br0 * 128 + ((bc ^ (br0 & 7)) << 4));
     const int live = tile.rows;
-    // This thread's B sources as 32-bit byte offsets in registers (the shared-memory table
-    // would cost a load and ptxas's hazard slots per copy), its weight and scale sources.
+    // fc1: this thread's B sources as 32-bit byte offsets in registers (the shared-memory table
+    // would cost a load and ptxas's hazard slots per copy).
     const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
     uint32_t boff[kBPasses];
 #pragma unroll
@@ -108,42 +132,65 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
       const int row = br0 + 16 * i;
       boff[i] = row < kN ? uint32_t(c.brow_ptr[row] - bsrc) + uint32_t(bc * 16) : 0u;
     }
-    const uint8_t* wsrc = ms.w + tid * 16;
-    const uint8_t* ssrc = ms.s + tid * 16;
-    const bool copies_scales = tid < kFp8WsSBytes / 16;
+    // Per stage: the M-tile's weights of 2 K-chunks (8 KB, contiguous) and their scales (512 B)
+    // as two bulk copies, and B: fc1's rows (gathered by token) by per-thread cp.async, fc2's
+    // (a tile's h8 rows are contiguous) as kN / 8 boxes of h8's tensor map, every fourth box
+    // from one lane of each producer warp (rows past the tile's are other tiles' rows or zeros:
+    // their columns are computed and dropped). A lane that issues bulk or tensor copies first
+    // adds their bytes to the slot's full barrier, before its own arrival there.
+    const int pw = tid >> 5;
+    constexpr int kBoxes = kFc1 ? 0 : kN / 8;
+    const int boxes = kFc1 ? 0 : (kBoxes - pw + 3) / 4;  // fc2: boxes pw, pw + 4, ...
+    const bool issues = pw == 0 || boxes > 0;            // warp-uniform
     for (int st = 0; st < stages_k; ++st) {
       const int slot = st % kStages;
       if (st >= kStages) mbar_wait(&empty[slot], uint32_t(st / kStages - 1) & 1u);
       const uint32_t sp = c.smem_base + uint32_t(slot * kStageBytes);
-      // One run of copies (ptxas pads a copy that does not follow another with hazard slots).
-#pragma unroll
-      for (int i = 0; i < kBPasses; ++i) {
-        const int row = br0 + 16 * i;
-        const uint8_t* src = bsrc + boff[i];
-        boff[i] += uint32_t(kFp8StageK);  // the next stage's
-        const uint32_t size = row < live ? 16u : 0u;
-        if (kN % 16 == 0 || i + 1 < kBPasses)
-          cp_async16_sz(sp + bdst + uint32_t(i * 2048), src, size);
-        else
-          cp_async16_if(sp + bdst + uint32_t(i * 2048), src, size, row < kN);
+      if (issues && elect_one()) {
+        uint64_t* bar = &full[slot];
+        mbar_expect_tx(bar, uint32_t((pw == 0 ? kFp8WsWBytes + kFp8WsSBytes : 0) + boxes * 1024));
+        if (pw == 0) {
+          bulk_load(smem + slot * kStageBytes + kBBytes, ms.w + size_t(2 * st) * (kTileFrags * 512),
+                    kFp8WsWBytes, bar);
+          bulk_load(smem + slot * kStageBytes + kBBytes + kFp8WsWBytes,
+                    ms.s + size_t(2 * st) * (kTileFrags * 32), kFp8WsSBytes, bar);
+        }
+        if constexpr (!kFc1)
+          for (int j = pw; j < kBoxes; j += 4)
+            tma_box_2d(sp + uint32_t(j * 1024), a.h8_tmap, st * kFp8StageK, tile.start + 8 * j,
+                       smem_addr(bar));
       }
+      if constexpr (kFc1) {
+        // One run of copies (ptxas pads a copy that does not follow another with hazard
+        // slots); each thread publishes them kFp8WsLag stages later, after its own wait and a
+        // proxy fence (the wgmmas read B through the async proxy).
 #pragma unroll
-      for (int j = 0; j < kFp8WsWBytes / (16 * 128); ++j)
-        cp_async16_sz(sp + uint32_t(kBBytes + j * 2048 + tid * 16),
-                      wsrc + size_t(2 * st) * (kTileFrags * 512) + j * 2048, 16u);
-      cp_async16_if(sp + uint32_t(kBBytes + kFp8WsWBytes + tid * 16),
-                    ssrc + size_t(2 * st) * (kTileFrags * 32), 16u, copies_scales);
-      cp_async_commit();
-      if (st >= kFp8WsLag) {
-        cp_async_wait<kFp8WsLag>();
-        fence_proxy_async_smem();
-        mbar_arrive(&full[(st - kFp8WsLag) % kStages]);
+        for (int i = 0; i < kBPasses; ++i) {
+          const int row = br0 + 16 * i;
+          const uint8_t* src = bsrc + boff[i];
+          boff[i] += uint32_t(kFp8StageK);  // the next stage's
+          const uint32_t size = row < live ? 16u : 0u;
+          if (kN % 16 == 0 || i + 1 < kBPasses)
+            cp_async16_sz(sp + bdst + uint32_t(i * 2048), src, size);
+          else
+            cp_async16_if(sp + bdst + uint32_t(i * 2048), src, size, row < kN);
+        }
+        cp_async_commit();
+        if (st >= kFp8WsLag) {
+          cp_async_wait<kFp8WsLag>();
+          fence_proxy_async_smem();
+          mbar_arrive(&full[(st - kFp8WsLag) % kStages]);
+        }
+      } else {
+        mbar_arrive(&full[slot]);  // fc2: every copy of the stage completes on the barrier
       }
     }
-    cp_async_wait<0>();
-    fence_proxy_async_smem();
-    for (int st = stages_k - kFp8WsLag; st < stages_k; ++st)
-      if (st >= 0) mbar_arrive(&full[st % kStages]);
+    if constexpr (kFc1) {
+      cp_async_wait<0>();
+      fence_proxy_async_smem();
+      for (int st = stages_k - kFp8WsLag; st < stages_k; ++st)
+        if (st >= 0) mbar_arrive(&full[st % kStages]);
+    }
     return;
   }
 
