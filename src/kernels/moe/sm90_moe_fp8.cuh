@@ -37,11 +37,13 @@ struct Fp8Cta {
 // ---------------------------------------------------------------------------------------------
 // The fp8 kernel: one CTA per (routing tile, M-tile) of three warpgroups, each tile at the
 // narrowest MMA width that holds its rows (N = 8, 16, 32, 64, 96, 128, 160: the MMAs, B copies
-// and accumulators scale with the rows, the weight decode does not). Warpgroup 0 produces: per
-// stage its threads copy the kN B rows (128-byte swizzle), the M-tile's 8 weight fragments and
-// their scales of two K-chunks with cp.async, and each publishes its copies on the stage's "full"
-// mbarrier kFp8WsLag stages later, after its own cp.async.wait_group and a proxy fence (so the
-// wgmmas, which read through the async proxy, see them). Warpgroups 1 and 2 consume the two
+// and accumulators scale with the rows, the weight decode does not). Warpgroup 0 produces, per
+// stage: the M-tile's 8 weight fragments and their scales of two K-chunks as two bulk copies, and
+// the kN B rows (128-byte swizzle): fc2's as boxes of h8's tensor map, fc1's (gathered by token)
+// by per-thread cp.async, which each thread publishes on the stage's "full" mbarrier kFp8WsLag
+// stages later, after its own cp.async.wait_group and a proxy fence (so the wgmmas, which read
+// through the async proxy, see them); the bulk and tensor copies complete on that barrier's
+// transaction count. Warpgroups 1 and 2 consume the two
 // 64-row halves of the M-tile against the same B stage: wait full, the 4 wgmmas, the next
 // stage's decode while they run, wait, release the slot on its "empty" mbarrier, promote.
 // setmaxnreg gives the consumers the producer's registers. Measured in bench/fp8_gemm_probe
