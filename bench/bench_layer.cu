@@ -535,6 +535,9 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As the moe-ep command does: NCCL's NVLink SHARP off unless the caller set it (the layer's
+  // transport does not use it, and machines without working multicast need it off).
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   std::string json_path, shape_name = "dsv3", recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16";
   std::vector<int> tokens = {1, 8, 32, 128, 512, 2048, 4096};
   int iters = 30, ep = 1, experts = 0;
