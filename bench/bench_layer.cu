@@ -36,6 +36,7 @@
 #include "cuda_check.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_params.h"
+#include "kernels/moe/timeline.cuh"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
 
@@ -205,6 +206,18 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
                                       const InputSet (&sets)[2], const TensorView& out,
                                       cudaStream_t st, int iters,
                                       const std::function<void()>* barrier = nullptr) {
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  // MOE_EP_BENCH_TIMELINE=1 in a build configured with MOE_EP_TIMELINE (one GPU): the kernels
+  // record their first start and last end into `tl` (kern::set_timeline_buffer, before the
+  // capture, so the graphs carry it); 10 replays after the timed ones are read back one by one.
+  const char* tl_env = std::getenv("MOE_EP_BENCH_TIMELINE");
+  const bool timeline = barrier == nullptr && tl_env != nullptr && tl_env[0] == '1';
+  uint64_t* tl = nullptr;
+  if (timeline) {
+    CK(cudaMalloc(&tl, 2 * kern::kTlSlots * sizeof(uint64_t)));
+    kern::set_timeline_buffer(tl);
+  }
+#endif
   cudaGraphExec_t exec[2];
   for (int k = 0; k < 2; ++k) {
     cudaGraph_t g;
@@ -232,6 +245,43 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
   }
   // MOE_EP_BENCH_TRACE=1: every replay's time in order (set it & 1), to tell input-set effects
   // from clock changes.
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  if (timeline) {
+    // Per stage: µs from the replay's first recorded start to the stage's first CTA resident
+    // and to its last CTA gone (a stage that did not run prints -).
+    constexpr int kS = kern::kTlSlots;
+    const char* names[kS] = {"prepare", "fc1", "fc2", "finalize"};
+    std::vector<double> from[kS], to[kS];
+    for (int rep = 0; rep < 10; ++rep) {
+      uint64_t h[2 * kS];
+      for (int s = 0; s < kS; ++s) h[2 * s] = ~uint64_t(0), h[2 * s + 1] = 0;
+      CK(cudaMemcpyAsync(tl, h, sizeof h, cudaMemcpyHostToDevice, st));
+      CK(cudaGraphLaunch(exec[rep & 1], st));
+      CK(cudaMemcpyAsync(h, tl, sizeof h, cudaMemcpyDeviceToHost, st));
+      CK(cudaStreamSynchronize(st));
+      uint64_t t0 = ~uint64_t(0);
+      for (int s = 0; s < kS; ++s) t0 = std::min(t0, h[2 * s]);
+      for (int s = 0; s < kS; ++s)
+        if (h[2 * s + 1] != 0) {
+          from[s].push_back((h[2 * s] - t0) * 1e-3);
+          to[s].push_back((h[2 * s + 1] - t0) * 1e-3);
+        }
+    }
+    std::printf("timeline us (median of 10 replays; first CTA resident .. last CTA gone):");
+    for (int s = 0; s < kS; ++s) {
+      if (from[s].empty()) {
+        std::printf(" %s -", names[s]);
+        continue;
+      }
+      std::sort(from[s].begin(), from[s].end());
+      std::sort(to[s].begin(), to[s].end());
+      std::printf(" %s %.1f..%.1f", names[s], from[s][from[s].size() / 2], to[s][to[s].size() / 2]);
+    }
+    std::printf("\n");
+    kern::set_timeline_buffer(nullptr);
+    CK(cudaFree(tl));
+  }
+#endif
   if (const char* t = std::getenv("MOE_EP_BENCH_TRACE"); t && t[0] == '1') {
     std::printf("replays us:");
     for (float u : us) std::printf(" %.0f", u);

@@ -2,8 +2,9 @@
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
 #   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
-#                        [benchall] [profile] [epab] [probe] [fp8] [stream] [ab]  (default:
-#                        all but benchall, profile, epab, probe, fp8, stream, ab)
+#                        [benchall] [profile] [epab] [probe] [fp8] [stream] [ab] [timeline]
+#                        (default: all but benchall, profile, epab, probe, fp8, stream, ab,
+#                        timeline)
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 / 4 / 8 where that many GPUs are present (BENCH_EP="8" narrows it), the
 #   PyTorch baseline of each shape and the plots, packed into $OUT/bench.tar.gz (the device
@@ -25,6 +26,10 @@
 #   (tree and environment) instead; AB_ARGS with --ep takes one recipe (bench_layer's rule).
 #   The table goes to $OUT/ab.log, each run followed by a "# clocks:" line (GPU 0's SM clock and
 #   power cap during it: the 700 W cap lowers the clock partway through runs).
+#   timeline = a second build (build-timeline, configured with MOE_EP_TIMELINE=ON: the kernels
+#   record their first start and last end, src/kernels/moe/timeline.cuh) and bench_layer with
+#   MOE_EP_BENCH_TIMELINE=1: where each kernel of a graph replay runs (TIMELINE_ARGS, default
+#   DSV3 nvfp4 and mxfp4_mxfp8 at 1, 8, 128 and 4096 tokens).
 #   pack = last: everything under $OUT into $OUT/all.tgz (the device tool returns at most 8
 #   files, two folders down; run `scripts/gpu_round.sh pack` once at the end of a call that ran
 #   several steps or several OUT=$OUT/sub invocations).
@@ -176,6 +181,20 @@ if has bench; then
     "$b" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1 || status=1
     tail -25 "$OUT/$name.log"
   done
+fi
+
+if has timeline; then
+  echo "== kernel timeline (build-timeline, MOE_EP_TIMELINE=ON) -> $OUT/timeline.log"
+  TL=build-timeline
+  cmake -S . -B "$TL" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON -DMOE_EP_TIMELINE=ON \
+    ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
+    -DCUTLASS_DIR="$PWD/.deps/cutlass/include" >"$OUT/timeline_configure.log" 2>&1 &&
+    cmake --build "$TL" -j "$JOBS" --target bench_layer >"$OUT/timeline_build.log" 2>&1 ||
+    { tail -20 "$OUT/timeline_build.log"; status=1; }
+  # shellcheck disable=SC2206
+  targs=(${TIMELINE_ARGS:---shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1,8,128,4096})
+  MOE_EP_BENCH_TIMELINE=1 timeout 300 "$TL/bench/bench_layer" "${targs[@]}" --iters 20 2>&1 |
+    grep -E "uniform|zipf|timeline|rror" | tee "$OUT/timeline.log" || status=1
 fi
 
 if has probe; then

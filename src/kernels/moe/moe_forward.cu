@@ -17,6 +17,7 @@
 #include "kernels/moe/quant4_device.cuh"
 #include "kernels/moe/sm90_moe_decode.cuh"
 #include "kernels/moe/sm90_moe_device.cuh"
+#include "kernels/moe/timeline.cuh"
 #include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
@@ -349,6 +350,7 @@ __host__ __device__ inline int quant_blocks_per_token(int H, int per_thread) {
 template <Recipe R, int kN, int kRB = kRouteIds>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs a) {
   static_assert(kN == 4 || kN == 8, "4 or 8 elements per thread");
+  MOE_EP_TIMELINE_SCOPE(a, kTlPrepare);
   constexpr int kElems = kN * kPrepThreads;
   // An EP owner's prepare (route only) launches with PDL after the unpack kernel, whose ids it
   // reads; on one GPU it is the forward's first kernel, a plain launch (the wait is a no-op).
@@ -419,6 +421,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
 constexpr int kFinThreads = 128;
 constexpr int kFinBatch = 8;
 __global__ void __launch_bounds__(kFinThreads) finalize_kernel(const ForwardArgs a) {
+  MOE_EP_TIMELINE_SCOPE(a, kTlFinalize);
   pdl_wait();  // y rows are fc2's output
   pdl_launch_dependents();
   const int t = blockIdx.x;
@@ -467,6 +470,7 @@ __global__ void __launch_bounds__(kFinThreads) finalize_kernel(const ForwardArgs
 // zeros, plus the weights / indices the single-GPU prepare writes.
 __global__ void __launch_bounds__(kFinThreads)
     unfinalized_copy_kernel(const ForwardArgs a, uint16_t* rows) {
+  MOE_EP_TIMELINE_SCOPE(a, kTlFinalize);
   pdl_wait();  // y rows: the combine's (EP) output
   pdl_launch_dependents();
   const int t = blockIdx.x, k = blockIdx.y, K = a.K, H = a.H;
@@ -867,9 +871,17 @@ cudaError_t encode_fp8_h_tensor_map(void* dst, const uint8_t* h8, size_t rows, i
   return cudaMemcpy(dst, &map, sizeof(map), cudaMemcpyHostToDevice);
 }
 
+namespace {
+std::atomic<uint64_t*> g_timeline{nullptr};
+}
+void set_timeline_buffer(uint64_t* buf) { g_timeline.store(buf, std::memory_order_relaxed); }
+
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  a.timeline = g_timeline.load(std::memory_order_relaxed);
+#endif
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   a.fc2_early = fc2_early_start();
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);

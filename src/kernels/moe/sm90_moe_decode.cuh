@@ -859,6 +859,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
 template <Recipe R, int kN, int kFW, bool kFc1>
 __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
     sm90_moe_decode_kernel(const ForwardArgs a, const int stages, const int splits) {
+  MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
   decode_gemm<R, kN, kFW, kFc1, false, 1>(a, stages, splits);
 }
 
@@ -868,6 +869,7 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
 template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
 __global__ void __maxnreg__(96)
     sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages, const int splits) {
+  MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
   decode_gemm<R, kN, kFW, kFc1, true, kCps>(a, stages, splits);
 }
 

@@ -14,6 +14,7 @@
 #include <initializer_list>
 
 #include "kernels/moe/moe_params.h"
+#include "kernels/moe/timeline.cuh"
 #include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
@@ -397,6 +398,7 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
 
 template <Recipe R, int kN, bool kFc1>
 __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardArgs a) {
+  MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
   using C = GemmConfig<R, kN>;
   using RT = typename C::RT;
   constexpr int kNF = C::kNF;

@@ -282,6 +282,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
 // Grid: one CTA per (routing tile, M-tile), M-tile fastest.
 template <bool kFc1>
 __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const ForwardArgs a) {
+  MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t table[kFp8GapTables];
   __shared__ const uint8_t* brow_ptr[kFp8N];

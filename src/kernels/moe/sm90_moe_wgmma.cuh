@@ -122,6 +122,7 @@ struct WgmmaConfig {
 // together and share its activation rows in L2.
 template <Recipe R, bool kFc1>
 __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const ForwardArgs a) {
+  MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
   using C = WgmmaConfig<R>;
   using RT = typename C::RT;
   constexpr int kNF = kWgN / 8;
@@ -473,6 +474,7 @@ __device__ __forceinline__ void with_n_class(int rows, F& f,
 // decodes nor multiplies.
 template <Recipe R, bool kFc1, int kG, int kMinB>
 __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
+  MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
   using C = Wgmma3Config<R, kG, kMinB>;
   using RT = typename C::RT;
   constexpr int kNT = C::kNT;
