@@ -243,8 +243,6 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
     CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
     us[it] = ms * 1000;
   }
-  // MOE_EP_BENCH_TRACE=1: every replay's time in order (set it & 1), to tell input-set effects
-  // from clock changes.
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
   if (timeline) {
     // Per stage: µs from the replay's first recorded start to the stage's first CTA resident
@@ -282,6 +280,8 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
     CK(cudaFree(tl));
   }
 #endif
+  // MOE_EP_BENCH_TRACE=1: every replay's time in order (set it & 1), to tell input-set effects
+  // from clock changes.
   if (const char* t = std::getenv("MOE_EP_BENCH_TRACE"); t && t[0] == '1') {
     std::printf("replays us:");
     for (float u : us) std::printf(" %.0f", u);
@@ -487,6 +487,7 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   auto* sh = new (mem) EpShared();
   std::fflush(stdout);
   std::vector<pid_t> pids;
+  nccl_multicast_off_unless_set();  // the ranks inherit it
   // One recipe per run: the unique id serves one communicator (one layer per rank).
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
@@ -585,9 +586,6 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
 }  // namespace
 
 int main(int argc, char** argv) {
-  // As the moe-ep command does: NCCL's NVLink SHARP off unless the caller set it (the layer's
-  // transport does not use it, and machines without working multicast need it off).
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   std::string json_path, shape_name = "dsv3", recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16";
   std::vector<int> tokens = {1, 8, 32, 128, 512, 2048, 4096};
   int iters = 30, ep = 1, experts = 0;

@@ -534,11 +534,6 @@ int main_impl(int argc, char** argv) {
 }  // namespace moe_ep::cli
 
 int main(int argc, char** argv) {
-  // NCCL's NVLink SHARP (multicast) setup is not used by the layer (its transport is NCCL's
-  // device API over LSA pointers), and machines without working multicast need it off (the H200
-  // hosts of DEVICE.md); off unless the caller set NCCL_NVLS_ENABLE. The per-GPU processes
-  // forked from this one inherit it.
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   try {
     return moe_ep::cli::main_impl(argc, argv);
   } catch (const moe_ep::Error& e) {

@@ -24,4 +24,11 @@ inline bool env_switch(const char* name, bool default_on) {
   return m < 0 ? default_on : m == 1;
 }
 
+// For the programs that start one process per GPU (the moe-ep command, bench_layer --ep, the
+// multi-GPU tests), before they fork: NCCL's NVLink SHARP (multicast) off unless the caller set
+// NCCL_NVLS_ENABLE. The layer's transport (NCCL's device API over LSA pointers) does not use
+// it, and hosts without working multicast need it off (DEVICE.md). The library itself never
+// sets it: an engine's environment is the engine's.
+inline void nccl_multicast_off_unless_set() { setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0); }
+
 }  // namespace moe_ep

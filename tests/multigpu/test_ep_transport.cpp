@@ -36,10 +36,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Before any rank process is forked: NCCL's NVLink SHARP off unless the caller set it, as the
-// moe-ep command does (the layer does not use it; DEVICE.md keeps it off on the H200 hosts).
-const bool kNvlsOffUnlessSet = [] { return setenv("NCCL_NVLS_ENABLE", "0", 0) == 0; }();
-
 // ---------------------------------------------------------------------------------------------
 // Process harness
 
