@@ -335,10 +335,10 @@ struct ForwardArgs {
   // rows, 128-byte swizzle, zeros past the rows): fc2's B rows, contiguous per tile, arrive by
   // the tensor memory accelerator.
   const void* h8_tmap = nullptr;
+  uint8_t* href = nullptr;  // [T*K]
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
   uint64_t* timeline = nullptr;  // [kTlSlots][2] (kernels/moe/timeline.cuh; debug builds only)
 #endif
-  uint8_t* href = nullptr;  // [T*K]
 };
 
 // CTAs per SM an EP owner's fc1 decode ring is sized for, or 0 where the general estimate

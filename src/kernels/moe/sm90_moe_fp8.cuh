@@ -83,30 +83,6 @@ __device__ __forceinline__ uint64_t lds_u64(uint32_t base, int i) {
   return v;
 }
 
-// One box of h8's tensor map (128 bytes x 8 rows, 128-byte swizzle) from byte column x, row y
-// into shared memory at dst (1024-byte aligned), completing on bar's transaction count.
-__device__ __forceinline__ void tma_box_2d(uint32_t dst, const void* tmap, int x, int y,
-                                           uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(tmap), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-}
-// True in one lane of the (converged) warp.
-__device__ __forceinline__ bool elect_one() {
-  uint32_t p = 0;
-  asm volatile("{\n .reg .pred e;\n elect.sync _|e, 0xffffffff;\n selp.u32 %0, 1, 0, e;\n}\n"
-               : "=r"(p));
-  return p != 0;
-}
-// Adds `bytes` to the barrier's expected transactions of its current phase (no arrival).
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
 template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo& tile,
                                             const Fp8Cta& c, uint64_t* full, uint64_t* empty) {
