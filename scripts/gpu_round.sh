@@ -78,11 +78,11 @@ clocks_stop() {
 }
 
 # Configures source tree $1 into build folder $2 (log $3) with this machine's NCCL and the
-# carried CUTLASS / GoogleTest headers.
+# carried CUTLASS / GoogleTest headers; further arguments go to cmake.
 configure() {
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON \
     ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
-    -DCUTLASS_DIR="$PWD/.deps/cutlass/include" >"$3" 2>&1
+    -DCUTLASS_DIR="$PWD/.deps/cutlass/include" "${@:4}" >"$3" 2>&1
 }
 
 if has build; then
@@ -186,9 +186,7 @@ fi
 if has timeline; then
   echo "== kernel timeline (build-timeline, MOE_EP_TIMELINE=ON) -> $OUT/timeline.log"
   TL=build-timeline
-  cmake -S . -B "$TL" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON -DMOE_EP_TIMELINE=ON \
-    ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
-    -DCUTLASS_DIR="$PWD/.deps/cutlass/include" >"$OUT/timeline_configure.log" 2>&1 &&
+  configure . "$TL" "$OUT/timeline_configure.log" -DMOE_EP_TIMELINE=ON &&
     cmake --build "$TL" -j "$JOBS" --target bench_layer >"$OUT/timeline_build.log" 2>&1 ||
     { tail -20 "$OUT/timeline_build.log"; status=1; }
   # shellcheck disable=SC2206

@@ -1168,13 +1168,13 @@ TEST(GpuLayer, SpreadRouteAgainstCpu) {
     ForwardInputs f = device_view(d, h);
     f.stream = cs.st;
     f.num_tokens = cs.n_dev;
-    std::vector<uint16_t> first;
     {
       const CapturedGraph g(cs.st, [&] {
         gpu->forward(f, TensorView::contiguous(out.p, DType::kBF16, {h.T, s.H},
                                                Device{DeviceKind::kCUDA, 0}));
       });
       ASSERT_TRUE(g.ok());
+      std::vector<uint16_t> first;
       for (int n : {1000, 100, 1000}) {
         cs.set(n);
         CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
