@@ -56,14 +56,27 @@ if(MOE_EP_WITH_CUDA)
     list(APPEND _nccl_hints ${_py_nccl})
   endif()
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
-  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64)
+  # The library beside those headers first. The device API (ncclDevComm, LSA barriers) is
+  # compiled into our kernels from the headers, so the library must be the same NCCL: a search
+  # by name alone found a system libnccl.so (2.28.3, /usr/lib) on the H200 machines while the
+  # headers came from the Python wheel (2.28.9), and the first LSA barrier faulted unless
+  # LD_LIBRARY_PATH named the wheel's folder (docs/protocol.md §1).
+  get_filename_component(_nccl_root "${NCCL_INCLUDE_DIR}" DIRECTORY)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_nccl_root}
+               PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_nccl_hints}
+               PATH_SUFFIXES lib lib64)
   if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
     message(FATAL_ERROR "moe_ep: NCCL not found (set NCCL_ROOT)")
   endif()
   add_library(moe_nccl INTERFACE)
   target_include_directories(moe_nccl INTERFACE ${NCCL_INCLUDE_DIR})
   target_link_libraries(moe_nccl INTERFACE ${NCCL_LIBRARY})
-  message(STATUS "moe_ep: NCCL ${NCCL_LIBRARY}")
+  # And that library at run time without LD_LIBRARY_PATH: the wheel ships only libnccl.so.2, so
+  # name its folder in the run path of everything linked against it.
+  get_filename_component(_nccl_libdir "${NCCL_LIBRARY}" DIRECTORY)
+  target_link_options(moe_nccl INTERFACE "LINKER:-rpath,${_nccl_libdir}")
+  message(STATUS "moe_ep: NCCL ${NCCL_LIBRARY} (headers ${NCCL_INCLUDE_DIR})")
 
   # CUTLASS / CuTe headers from the pinned nvidia-cutlass wheel (copied to .deps/cutlass by
   # scripts/setup.sh so they can travel to the GPU machine): the wgmma kernels issue CuTe's SM90

@@ -369,6 +369,18 @@ TEST(EpHost, UniqueIdHexRoundTrip) {
   EXPECT_THROW(ep_unique_id_from_hex(bad), Error);
 }
 
+// The NCCL release check: the same codes pass; another release is refused with both releases
+// and the library named; this process runs the NCCL it was built against.
+TEST(EpHost, NcclRuntimeMustBeTheBuildsRelease) {
+  EXPECT_EQ(ep_nccl_mismatch(22809, 22809, "/x/libnccl.so.2"), "");
+  const std::string m = ep_nccl_mismatch(22803, 22809, "/usr/lib/libnccl.so.2");
+  EXPECT_NE(m.find("NCCL 2.28.3 (/usr/lib/libnccl.so.2)"), std::string::npos) << m;
+  EXPECT_NE(m.find("NCCL 2.28.9"), std::string::npos) << m;
+  EXPECT_NE(m.find("LD_LIBRARY_PATH"), std::string::npos) << m;
+  EXPECT_NE(ep_nccl_mismatch(22900, 22809, "l"), "");  // newer is refused too
+  EXPECT_NO_THROW(ep_check_nccl_runtime());
+}
+
 TEST(EpHost, ErrorMessageNamesPeerStageAndCall) {
   EpErrorRecord r{};
   r.flag = 1;

@@ -1,5 +1,7 @@
 #include "cuda/comm/nccl_comm.h"
 
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -30,6 +32,34 @@ void cuda_check(cudaError_t e, const std::string& what) {
 }
 
 }  // namespace
+
+namespace {
+std::string nccl_release(int code) {  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z
+  return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+         std::to_string(code % 100);
+}
+}  // namespace
+
+std::string ep_nccl_mismatch(int runtime_code, int build_code, const std::string& library) {
+  if (runtime_code == build_code) return {};
+  return "NCCL " + nccl_release(runtime_code) + " (" + library +
+         ") is loaded, but moe_ep was built " + "against NCCL " + nccl_release(build_code) +
+         " and compiles its device API into the " +
+         "kernels, so the two must be the same release: put the folder of the build's NCCL first " +
+         "on LD_LIBRARY_PATH, or rebuild with NCCL_ROOT naming the loaded one";
+}
+
+void ep_check_nccl_runtime() {
+  int v = 0;
+  nccl_check(ncclGetVersion(&v), nullptr, "ncclGetVersion");
+  std::string library = "libnccl.so.2";
+  Dl_info info{};
+  if (void* f = dlsym(RTLD_DEFAULT, "ncclGetVersion");
+      f != nullptr && dladdr(f, &info) != 0 && info.dli_fname != nullptr)
+    library = info.dli_fname;
+  const std::string why = ep_nccl_mismatch(v, NCCL_VERSION_CODE, library);
+  if (!why.empty()) throw Error(ErrorCode::kUnsupported, why);
+}
 
 NcclUniqueIdBytes ep_create_unique_id() {
   ncclUniqueId id;
@@ -279,6 +309,7 @@ struct EpComm::Impl {
 
 EpComm::EpComm(ncclComm_t comm, const EpCommOptions& options) : impl_(std::make_unique<Impl>()) {
   if (comm == nullptr) throw Error(ErrorCode::kInvalidArgument, "EpComm: null ncclComm_t");
+  ep_check_nccl_runtime();
   impl_->opt = options;
   if (options.device >= 0) cuda_check(cudaSetDevice(options.device), "cudaSetDevice");
   cuda_check(cudaGetDevice(&impl_->device), "cudaGetDevice");
@@ -298,6 +329,7 @@ EpComm::EpComm(const NcclUniqueIdBytes& id, int rank, int world_size, const EpCo
     throw Error(ErrorCode::kInvalidArgument, "EpComm: rank " + std::to_string(rank) +
                                                  " is outside the world [0, " +
                                                  std::to_string(world_size) + ")");
+  ep_check_nccl_runtime();
   impl_->opt = options;
   if (options.device >= 0) cuda_check(cudaSetDevice(options.device), "cudaSetDevice");
   cuda_check(cudaGetDevice(&impl_->device), "cudaGetDevice");

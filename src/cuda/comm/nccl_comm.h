@@ -28,6 +28,16 @@ namespace moe_ep {
 using NcclUniqueIdBytes = std::array<char, 128>;  // the bytes of an ncclUniqueId
 
 NcclUniqueIdBytes ep_create_unique_id();  // ncclGetUniqueId
+
+// The NCCL release a process runs with against the one the build compiled against
+// (NCCL_VERSION_CODE). The device API (ncclDevComm, LSA barriers) is compiled into moe_ep's
+// kernels from the headers, and NCCL's structures carry no version, so another release faults
+// in the first LSA barrier instead of failing a call (seen: headers 2.28.9, a system 2.28.3
+// loaded). ep_nccl_mismatch: empty where the codes agree, else the message naming both releases
+// and the library file. ep_check_nccl_runtime throws it (ErrorCode::kUnsupported); the EP
+// communicator's constructors call it first.
+std::string ep_nccl_mismatch(int runtime_code, int build_code, const std::string& library);
+void ep_check_nccl_runtime();
 std::string ep_unique_id_to_hex(const NcclUniqueIdBytes& id);
 NcclUniqueIdBytes ep_unique_id_from_hex(const std::string& hex);  // throws on a bad string
 
