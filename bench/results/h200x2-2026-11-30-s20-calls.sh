@@ -11,3 +11,5 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 scripts/gpu_round.sh build 2>&1 | tail -1; AB_REPS=2 AB_VARIANTS="base;this;this:MOE_EP_DECODE_GRID_CAP=12,9;this:MOE_EP_DECODE_GRID_CAP=12,0;this:MOE_EP_DECODE_GRID_CAP=0,9" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --tokens 1" timeout 400 scripts/gpu_round.sh ab 2>&1 | grep -E '^#|dsv3|stages'
 # Call E (nvidia-h200-x2): branch s20-nccl (main + the NCCL fix), carry [".deps"]: the whole round; the cli step without LD_LIBRARY_PATH (bench/results/h200x2-2026-11-30-s20-e-*)
 timeout 580 scripts/gpu_round.sh build test sanitize multigpu cli python 2>&1 | grep -E 'build|PASSED|FAILED|Failure|memcheck|racecheck|tests ran|== |passed|failed|nccl|ERROR' | head -50; scripts/gpu_round.sh pack
+# Call F (nvidia-h200): main 0744c38, carry [".deps"]: the kernel timeline of a graph replay (debug build, MOE_EP_TIMELINE=ON) at DSV3 nvfp4 1 / 8 / 128 tokens (bench/results/h200-2026-11-30-s20-f-timeline.log)
+TIMELINE_ARGS="--shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1,8,128" timeout 400 scripts/gpu_round.sh timeline
