@@ -551,12 +551,16 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
     const double tflops = 6.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
     std::printf("%-8s %-12s %4d %6d %12.1f %12.1f %12.1f %14.3f %s\n", s.name.c_str(),
                 rn[0].c_str(), world, T, med, mn, mx, bytes / 1e9, per.c_str());
-    // Stages of rank 0 (events captured in a replayed graph).
-    const double* sg = sh->rank[0].cases[c].stage_us;
-    std::printf(
-        "    stages us (rank 0, graph): quantize %.1f, dispatch+wait %.1f, unpack %.1f, "
-        "route+fc1+fc2 %.1f, combine+wait %.1f, finalize %.1f\n",
-        sg[0], sg[1], sg[2], sg[3], sg[4], sg[5]);
+    // Stages of every rank (events captured in a replayed graph): a rank that waits long in
+    // combine waits for a slower peer.
+    for (int r = 0; r < world; ++r) {
+      const double* sg = sh->rank[r].cases[c].stage_us;
+      std::printf(
+          "    stages us (rank %d, graph): quantize %.1f, dispatch+wait %.1f, unpack %.1f, "
+          "route+fc1+fc2 %.1f, combine+wait %.1f, finalize %.1f\n",
+          r, sg[0], sg[1], sg[2], sg[3], sg[4], sg[5]);
+    }
+    const double* sg = sh->rank[0].cases[c].stage_us;  // rank 0's in the JSON
     if (js)
       std::fprintf(js,
                    "%s  {\"commit\": \"%s\", \"device\": \"%d x %s\", \"ep\": %d, "
