@@ -31,9 +31,6 @@ void cuda_check(cudaError_t e, const std::string& what) {
   throw Error(ErrorCode::kBackend, what + " failed: " + cudaGetErrorString(e));
 }
 
-}  // namespace
-
-namespace {
 std::string nccl_release(int code) {  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z
   return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
          std::to_string(code % 100);
@@ -42,11 +39,12 @@ std::string nccl_release(int code) {  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y *
 
 std::string ep_nccl_mismatch(int runtime_code, int build_code, const std::string& library) {
   if (runtime_code == build_code) return {};
-  return "NCCL " + nccl_release(runtime_code) + " (" + library +
-         ") is loaded, but moe_ep was built " + "against NCCL " + nccl_release(build_code) +
-         " and compiles its device API into the " +
-         "kernels, so the two must be the same release: put the folder of the build's NCCL first " +
-         "on LD_LIBRARY_PATH, or rebuild with NCCL_ROOT naming the loaded one";
+  std::string m = "NCCL " + nccl_release(runtime_code) + " (" + library + ") is loaded, but ";
+  m += "moe_ep was built against NCCL " + nccl_release(build_code);
+  m += " and compiles its device API into the kernels, so the two must be the same release: ";
+  m += "put the folder of the build's NCCL first on LD_LIBRARY_PATH, or rebuild with NCCL_ROOT ";
+  m += "naming the loaded one";
+  return m;
 }
 
 void ep_check_nccl_runtime() {
