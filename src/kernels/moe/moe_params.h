@@ -302,6 +302,9 @@ struct ForwardArgs {
   DeviceError* error = nullptr;  // device alias of host-mapped memory
   int tile_n = 16;
   int num_sms = 132;  // multiprocessors of the device (the backend sets it; sizes the decode ring)
+  // CTAs of a decode launch's first wave (num_sms * the CTAs per SM its ring is sized for; set
+  // per launch): they set up before their PDL wait, later CTAs after finding their tile.
+  int decode_wave = 1 << 30;
   // EP owner side: xq (and ids / topk_weights) were filled from the received rows
   // (launch_ep_unpack), so prepare only routes.
   bool xq_ready = false;

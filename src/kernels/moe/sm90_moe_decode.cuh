@@ -526,16 +526,25 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   // list comes from the kernel right before it).
   constexpr bool kEarly = !kFc1;
   const bool producer0 = tid == kCW * 32;  // the producer warp's lane 0
-  if constexpr (RT::kFourBit) {
-    for (int b = tid; b < 256; b += C::kThreads) scale_lut[b] = scale_multiplier<R>(b);
-  }
-  if (kEarly ? producer0 : tid == 0) {
-    for (int s = 0; s < stages; ++s) {
-      mbar_init(&full_bar[s], 1);
-      mbar_init(&empty_bar[s], kCW * 32);
+  // The scale table and the ring barriers. A CTA of the first wave sets them up before its PDL
+  // wait, which that overlaps; a later CTA starts once the kernel before has completed (fc1: a
+  // first-wave CTA leaves only after its wait), so it first looks for its tile: the many CTAs
+  // of an EP owner's grid without one (sized for W * capacity rows) then exit at once.
+  auto setup = [&] {
+    if constexpr (RT::kFourBit) {
+      for (int b = tid; b < 256; b += C::kThreads) scale_lut[b] = scale_multiplier<R>(b);
     }
-    mbar_init_fence();
-  }
+    if (kEarly ? producer0 : tid == 0) {
+      for (int s = 0; s < stages; ++s) {
+        mbar_init(&full_bar[s], 1);
+        mbar_init(&empty_bar[s], kCW * 32);
+      }
+      mbar_init_fence();
+    }
+  };
+  const bool first_wave =
+      (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x < unsigned(a.decode_wave);
+  if (first_wave) setup();
   // The second launch of a split pair (ForwardArgs::pdl_late) waits for the first at its end,
   // on every way out.
   struct LateWait {
@@ -556,6 +565,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     if (kEarly && a.tile_split && !a.pdl_late) pdl_wait();
     return;
   }
+  if (!first_wave) setup();
   const TileInfo tile = a.tiles[tile_idx];
   const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
   const int split = blockIdx.z;
@@ -1021,8 +1031,10 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
   const auto kernel = kCps == 1 && !decode_pipelined()
                           ? sm90_moe_decode_kernel<R, kN, 2, kFc1>
                           : sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
+  ForwardArgs b = a;
+  b.decode_wave = a.num_sms * per_sm;
   return launch_pdl(kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads), C::smem_bytes(stages),
-                    s, a, stages, splits);
+                    s, b, stages, splits);
 }
 
 template <Recipe R, int kN, bool kFc1>
