@@ -1210,6 +1210,49 @@ TEST(GpuLayer, SpreadRouteAgainstCpu) {
 
 // A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
 // and unfinalized, against the CPU reference.
+// A test's first-wave size for the decode launches (kern::set_decode_wave_override), cleared
+// at scope end.
+struct WaveOverride {
+  explicit WaveOverride(int ctas) { kern::set_decode_wave_override(ctas); }
+  ~WaveOverride() { kern::set_decode_wave_override(0); }
+};
+
+// Decode CTAs past the launch's first wave read their tile before they set up the scale table
+// and ring barriers (sm90_moe_decode.cuh); with a first wave of one CTA every other CTA does,
+// and the outputs are the same bits: tile 8 (T = 1, 7; 3 K-splits forced at T = 7) and tile 16
+// split by rows (T = 12) and unsplit (T = 40) on Qwen3 (E 16, K 8).
+TEST(GpuLayer, DecodeLateSetupSameBits) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  Master m(s, 43);
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 64, true, Options{}), p);
+    gpu->warmup();
+    for (int T : {1, 7, 12, 40}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 60 + T);
+      DeviceInputs d(h);
+      auto run = [&](int wave) {
+        WaveOverride w(wave);
+        TileOverride to(T <= 7 ? 8 : 16);
+        Split16Override so(T == 12);
+        SplitKOverride sk(T == 7 ? 3 : kern::kSplitKDefault, T == 7 ? 3 : kern::kSplitKDefault);
+        return forward_bits(*gpu, d, h);
+      };
+      const std::vector<uint16_t> ref = run(0);
+      EXPECT_TRUE(run(1) == ref) << "a first wave of one CTA changes the outputs";
+      bool nonzero = false;
+      for (uint16_t v : ref) nonzero |= (v & 0x7fff) != 0;
+      EXPECT_TRUE(nonzero);
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The sanitizers' case (scripts/gpu_round.sh sanitize): every recipe at T = 5 and 40 (the
+// decode kernel, its CTAs past the first taking the late setup), 120 (wgmma) and 1100.
 TEST(GpuLayer, SmallForSanitizer) {
   SKIP_WITHOUT_GPU();
   const Shape s{"small", 256, 128, 8, 2};
@@ -1227,6 +1270,7 @@ TEST(GpuLayer, SmallForSanitizer) {
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
       DeviceInputs d(h);
       const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
+      WaveOverride wave(1);
       const std::vector<uint16_t> got = to_host_bf16(gpu->forward(device_view(d, h)).view());
       std::string why;
       EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;

@@ -703,6 +703,14 @@ std::array<int, 2> last_m64_shape(bool fc1) {
   return m64_from_code(g_last_m64[fc1].load(std::memory_order_relaxed));
 }
 
+namespace {
+std::atomic<int> g_wave_override{0};
+}
+void set_decode_wave_override(int ctas) {
+  g_wave_override.store(ctas > 0 ? ctas : 0, std::memory_order_relaxed);
+}
+int decode_wave_override() { return g_wave_override.load(std::memory_order_relaxed); }
+
 void set_decode_cps_override(int cps) {
   g_cps_override.store(cps == 1 || cps == 2 || cps == 4 ? cps : 0, std::memory_order_relaxed);
 }

@@ -1032,7 +1032,8 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
                           ? sm90_moe_decode_kernel<R, kN, 2, kFc1>
                           : sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
   ForwardArgs b = a;
-  b.decode_wave = a.num_sms * per_sm;
+  const int wave = decode_wave_override();
+  b.decode_wave = wave ? wave : a.num_sms * per_sm;
   return launch_pdl(kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads), C::smem_bytes(stages),
                     s, b, stages, splits);
 }
