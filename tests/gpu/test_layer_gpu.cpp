@@ -1208,8 +1208,6 @@ TEST(GpuLayer, SpreadRouteAgainstCpu) {
   }
 }
 
-// A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
-// and unfinalized, against the CPU reference.
 // A test's first-wave size for the decode launches (kern::set_decode_wave_override), cleared
 // at scope end.
 struct WaveOverride {
@@ -1251,8 +1249,9 @@ TEST(GpuLayer, DecodeLateSetupSameBits) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// The sanitizers' case (scripts/gpu_round.sh sanitize): every recipe at T = 5 and 40 (the
-// decode kernel, its CTAs past the first taking the late setup), 120 (wgmma) and 1100.
+// A tiny case for compute-sanitizer (scripts/gpu_round.sh sanitize): every recipe, finalized
+// and unfinalized, against the CPU reference, with a first wave of one CTA so that the decode
+// CTAs past it take the late setup.
 TEST(GpuLayer, SmallForSanitizer) {
   SKIP_WITHOUT_GPU();
   const Shape s{"small", 256, 128, 8, 2};
