@@ -235,8 +235,8 @@ inline std::array<int, 2> knob_fc1_fc2(const char* v, int lo, int hi, int other)
   const int n1 = count(v), n2 = comma ? count(comma + 1) : n1;
   return {n2, n1};
 }
-// A test's first-wave size for the decode launches (ForwardArgs::decode_wave; 0 clears it), so
-// that small grids take the late setup too (under the sanitizers).
+// A test's first-wave size for the decode launches (decode_gemm's `wave`; 0 clears it), so that
+// small grids take the late setup too (under the sanitizers).
 void set_decode_wave_override(int ctas);
 int decode_wave_override();
 int decode_splitk_mode(bool fc1);
@@ -306,10 +306,6 @@ struct ForwardArgs {
   DeviceError* error = nullptr;  // device alias of host-mapped memory
   int tile_n = 16;
   int num_sms = 132;  // multiprocessors of the device (the backend sets it; sizes the decode ring)
-  // CTAs of a decode launch's first wave (num_sms * the CTAs per SM its ring is sized for; set
-  // per launch, or a test's set_decode_wave_override): they set up before their PDL wait, later
-  // CTAs after finding their tile.
-  int decode_wave = 1 << 30;
   // EP owner side: xq (and ids / topk_weights) were filled from the received rows
   // (launch_ep_unpack), so prepare only routes.
   bool xq_ready = false;

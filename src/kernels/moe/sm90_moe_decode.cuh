@@ -499,10 +499,11 @@ __device__ __forceinline__ bool splitk_last(const ForwardArgs& a, float (&acc)[k
 
 // kPipe: the pipelined consumer (PipeConsumer), else the plain loop below. splits > 1: this CTA
 // computes K-chunks [split * chunks / splits, (split + 1) * chunks / splits) of its M-tile
-// (split = blockIdx.z) and splitk_last combines the splits.
+// (split = blockIdx.z) and splitk_last combines the splits. wave: the CTAs of the launch's first
+// wave (below).
 template <Recipe R, int kN, int kFW, bool kFc1, bool kPipe, int kCps>
 __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stages,
-                                            const int splits) {
+                                            const int splits, const int wave) {
   static_assert(kPipe || kCps == 1, "the plain loop takes one chunk per slot");
   using C = DecodeConfig<R, kN, kFW, kCps>;
   using RT = typename C::RT;
@@ -543,7 +544,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     }
   };
   const bool first_wave =
-      (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x < unsigned(a.decode_wave);
+      (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x < unsigned(wave);
   if (first_wave) setup();
   // The second launch of a split pair (ForwardArgs::pdl_late) waits for the first at its end,
   // on every way out.
@@ -892,19 +893,20 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
 // The plain consumer loop (MOE_EP_DECODE_PIPE=0).
 template <Recipe R, int kN, int kFW, bool kFc1>
 __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
-    sm90_moe_decode_kernel(const ForwardArgs a, const int stages, const int splits) {
+    sm90_moe_decode_kernel(const ForwardArgs a, const int stages, const int splits,
+                           const int wave) {
   MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
-  decode_gemm<R, kN, kFW, kFc1, false, 1>(a, stages, splits);
+  decode_gemm<R, kN, kFW, kFc1, false, 1>(a, stages, splits, wave);
 }
 
 // The pipelined consumer (default). Up to 96 registers: the two operand sets fit without
 // ptxas recomputing per-lane offsets in the loop, and 4 CTAs of 160 threads (2 of 288) still
 // fit an SM.
 template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
-__global__ void __maxnreg__(96)
-    sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages, const int splits) {
+__global__ void __maxnreg__(96) sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages,
+                                                            const int splits, const int wave) {
   MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
-  decode_gemm<R, kN, kFW, kFc1, true, kCps>(a, stages, splits);
+  decode_gemm<R, kN, kFW, kFc1, true, kCps>(a, stages, splits, wave);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1031,11 +1033,12 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
   const auto kernel = kCps == 1 && !decode_pipelined()
                           ? sm90_moe_decode_kernel<R, kN, 2, kFc1>
                           : sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
-  ForwardArgs b = a;
-  const int wave = decode_wave_override();
-  b.decode_wave = wave ? wave : a.num_sms * per_sm;
+  // The first wave (decode_gemm's `wave`): the CTAs that fit the SMs at the ring's size, or a
+  // test's count.
+  const int forced_wave = decode_wave_override();
+  const int wave = forced_wave ? forced_wave : a.num_sms * per_sm;
   return launch_pdl(kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads), C::smem_bytes(stages),
-                    s, b, stages, splits);
+                    s, a, stages, splits, wave);
 }
 
 template <Recipe R, int kN, bool kFc1>
