@@ -45,11 +45,9 @@ has() { [[ " $steps " == *" $1 "* ]]; }
 # NVLink multicast stays off on these machines (DEVICE.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
-# The builds link the wheel's NCCL and name its folder in their run path (docs/protocol.md §1);
-# LD_LIBRARY_PATH stays for ab_base trees older than that. The cli step runs without it, as a
-# user's shell would.
-PLAIN_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
-[ -n "$NCCL_DIR" ] && export LD_LIBRARY_PATH="$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}"
+# The builds link the wheel's NCCL and name its folder in their run path (docs/protocol.md §1),
+# so every step runs as a user's shell would, without LD_LIBRARY_PATH; only the ab step's base
+# tree gets it (a revision older than that links the image's own NCCL, another release).
 BUILD=${BUILD_DIR:-build-gpu}
 JOBS=$(nproc)
 status=0
@@ -159,16 +157,13 @@ if has epab; then
 fi
 
 if has cli; then
-  echo "== moe-ep command on the GPU(s), without the LD_LIBRARY_PATH above"
-  export LD_LIBRARY_PATH=$PLAIN_LD_LIBRARY_PATH
+  echo "== moe-ep command on the GPU(s)"
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   { ldd "$BUILD/moe-ep" | grep nccl && "$BUILD/moe-ep" run && "$BUILD/moe-ep" check --tokens 0,1,7,128 &&
     { [ "$ngpu" -lt 2 ] || "$BUILD/moe-ep" check --gpus 2 --tokens 0,1,64; }; } \
     >"$OUT/cli.log" 2>&1 || status=1
   grep -vE "^\[moe-ep\]" "$OUT/cli.log" | tail -40
 fi
-
-[ -n "$NCCL_DIR" ] && export LD_LIBRARY_PATH="$NCCL_DIR/lib:$PLAIN_LD_LIBRARY_PATH"
 
 if has python; then
   echo "== Python package (torch tests on the GPU)"
@@ -338,10 +333,14 @@ if has ab; then
         [[ $v == *:* ]] && venv=${v#*:}
         echo "# $side (run $rep)${venv:+, $venv}"
         bin="$BUILD/bench/bench_layer"
-        [ "$side" = base ] && bin=build-ab-base/bench/bench_layer
+        libs=""
+        if [ "$side" = base ]; then
+          bin=build-ab-base/bench/bench_layer
+          [ -n "$NCCL_DIR" ] && libs="LD_LIBRARY_PATH=$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}"
+        fi
         clocks_start
         # shellcheck disable=SC2086
-        env $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
+        env $libs $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
           grep -E "uniform|zipf|rror|failed|--ep|stages|replays|^(dsv3|qwen3|gpt-oss) "
         clocks_stop
       done
