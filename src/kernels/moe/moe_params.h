@@ -156,7 +156,7 @@ inline M64Shapes parse_m64_shapes(const char* e) {
   return M64Shapes{{n == 7 ? parse(e + 4) : fc1, fc1}};
 }
 
-// A test's tile width for the next forwards (8, 16, 128 or kM64TileN, as MOE_EP_TILE_N; 0
+// A test's tile width for the next forwards (8, 16, 32, 128 or kM64TileN, as MOE_EP_TILE_N; 0
 // clears it): forward_tile_n (moe_launch.h) takes it before the knob and the choice.
 void set_tile_n_override(int tile_n);
 // Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): 1 always, 0 never, -1
