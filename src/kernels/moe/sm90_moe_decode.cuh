@@ -1078,7 +1078,10 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   note_decode_splits(kFc1, splits);
   int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
   if constexpr (kN == 32) {
-    // Only the 4-chunk slots, no split; two slots of 35 KB (nvfp4) leave room for 3 CTAs.
+    // No split. MOE_EP_DECODE_PIPE=0: the plain loop on 1-chunk slots; else the pipelined one
+    // on 4-chunk slots, two of 35 KB (nvfp4) leaving room for 3 CTAs.
+    if (!decode_pipelined())
+      return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, 1, per_sm);
     per_sm = std::min(per_sm, decode_max_per_sm<R, kN, 4>());
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, 1, per_sm);
   } else if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
@@ -1144,7 +1147,11 @@ cudaError_t set_decode_attributes() {
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, true, 4>, kBytes16),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, false, 4>, kBytes16),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, true, 4>, kBytes32),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, false, 4>, kBytes32)});
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, false, 4>, kBytes32),
+                      set_max_smem(sm90_moe_decode_kernel<R, 32, 2, true>,
+                                   DecodeConfig<R, 32, 2, 1>::kMaxSmemBytes),
+                      set_max_smem(sm90_moe_decode_kernel<R, 32, 2, false>,
+                                   DecodeConfig<R, 32, 2, 1>::kMaxSmemBytes)});
 }
 
 }  // namespace moe_ep::kern
