@@ -866,9 +866,9 @@ TEST(GpuLayerHost, TileOverrideRoundTrip) {
   }
   EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);  // cleared
   {
-    TileOverride o(32);  // the decode kernel's widest tile; bf16 weights run it as 16
+    TileOverride o(32);  // the decode kernel's widest tile; bf16 weights run 128 instead
     EXPECT_EQ(kern::forward_tile_n(Recipe::kMxfp4Bf16, 8), 32);
-    EXPECT_EQ(kern::forward_tile_n(Recipe::kBf16, 8), 16);
+    EXPECT_EQ(kern::forward_tile_n(Recipe::kBf16, 8), 128);
   }
   TileOverride bad(7);                                         // not a tile width: ignored
   EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);

@@ -643,8 +643,8 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
   return cudaErrorInvalidValue;
 }
 
-// The tile of a forward: choose_tile_n's 8, 16, 32 or 160, except bf16 weights (no tile_n 8
-// or 32: 16 on sm90_moe_gemm_kernel; no 160: 128 on the v2 wgmma kernel). Benchmark knobs:
+// The tile of a forward: choose_tile_n's 8, 16, 32 or 160, except bf16 weights (no tile_n 8:
+// 16 on sm90_moe_gemm_kernel; no 32 or 160: 128 on the v2 wgmma kernel). Benchmark knobs:
 // MOE_EP_TILE_N=8|16|32|128|160 overrides the choice (8, 16 and 32: the decode kernel, or 16 on
 // sm90_moe_gemm_kernel with MOE_EP_DECODE16=0; 128: the v2 wgmma kernel, 160: the m64 wgmma
 // kernel); MOE_EP_WGMMA_V=2 turns 160 into 128 (moe_params.h).
@@ -665,7 +665,8 @@ int forward_tile_n(Recipe r, int chosen) {
   }();
   const int o = g_tile_override.load(std::memory_order_relaxed);
   int n = o ? o : forced ? forced : chosen;
-  if ((n == 8 || n == 32) && r == Recipe::kBf16) n = 16;
+  if (n == 8 && r == Recipe::kBf16) n = 16;
+  if (n == 32 && r == Recipe::kBf16) n = 128;  // where it had 160 before tile 32 existed
   if (n == kM64TileN && (r == Recipe::kBf16 || wgmma_version() == 2)) n = 128;
   return n;
 }
