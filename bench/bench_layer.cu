@@ -772,7 +772,7 @@ int main(int argc, char** argv) {
               s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
               hbm, tflops, tflops / kBf16Tflops, iters, median(stage[0]), median(stage[1]),
               median(stage[2]), median(stage[3]), tile_n, tile_n == 256 ? 64 : 128,
-              tile_n <= 16 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
+              tile_n <= 32 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
           first_record = false;
         }
         for (auto& e : sev) cudaEventDestroy(e);

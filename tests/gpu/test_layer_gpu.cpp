@@ -865,6 +865,11 @@ TEST(GpuLayerHost, TileOverrideRoundTrip) {
     EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, kern::kM64TileN), 16);
   }
   EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);  // cleared
+  {
+    TileOverride o(32);  // the decode kernel's widest tile; bf16 weights run 128 instead
+    EXPECT_EQ(kern::forward_tile_n(Recipe::kMxfp4Bf16, 8), 32);
+    EXPECT_EQ(kern::forward_tile_n(Recipe::kBf16, 8), 128);
+  }
   TileOverride bad(7);                                         // not a tile width: ignored
   EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);
 }
@@ -963,6 +968,65 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
       bool nonzero = false;
       for (uint16_t v : t8) nonzero |= (v & 0x7fff) != 0;
       EXPECT_TRUE(nonzero);
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The decode kernel's tile of 32 (MOE_EP_TILE_N=32): each tile on the narrowest of its 8-, 16-
+// and 32-column consumers that holds its live rows. Every column gets the same MMAs in the same
+// k order as in a tile of 8, so forcing tile 32 gives tile 8's bits. Qwen3 (E 16, K 8): T = 3
+// (1.5 rows per expert: the 8-column consumer), 24 (12: 8- and 16-column), 48 (24: mostly 32),
+// 100 (50: a full tile of 32 and a remainder per expert); then a CUDA graph captured at T = 100
+// and replayed with device counts (the tiles change with each replay's rows) against eager
+// tile-8 forwards of the first n tokens.
+TEST(GpuLayer, Decode32SameBitsAsTile8) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  Master m(s, 41);
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 128, true, Options{}), p);
+    gpu->warmup();
+    for (int T : {3, 24, 48, 100}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 90 + T);
+      DeviceInputs d(h);
+      auto run = [&](int tile) {
+        TileOverride o(tile);
+        return forward_bits(*gpu, d, h);
+      };
+      const std::vector<uint16_t> t8 = run(8), t32 = run(32);
+      EXPECT_TRUE(t32 == t8) << "tile 32 differs from tile 8";
+      bool nonzero = false;
+      for (uint16_t v : t8) nonzero |= (v & 0x7fff) != 0;
+      EXPECT_TRUE(nonzero);
+      if (T != 100) continue;
+      CountedStream cs;
+      PoisonedOut out(size_t(T) * s.H);
+      ForwardInputs f = device_view(d, h);
+      f.stream = cs.st;
+      f.num_tokens = cs.n_dev;
+      const CapturedGraph g(cs.st, [&] {
+        TileOverride o(32);
+        gpu->forward(
+            f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0}));
+      });
+      ASSERT_TRUE(g.ok());
+      for (int n : {100, 40, 5}) {
+        SCOPED_TRACE("graph replay, n = " + std::to_string(n));
+        cs.set(n);
+        CUDA_OK(cudaGraphLaunch(g.exec, cs.st));
+        CUDA_OK(cudaStreamSynchronize(cs.st));
+        const std::vector<uint16_t> got = out.host();
+        const HostInputs hn = first_tokens(h, n);
+        DeviceInputs dn(hn);
+        TileOverride o(8);
+        const std::vector<uint16_t> want = forward_bits(*gpu, dn, hn);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()))
+            << "graph replay of tile 32 differs from the eager tile-8 forward";
+      }
     }
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);

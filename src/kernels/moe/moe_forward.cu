@@ -643,14 +643,14 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
   return cudaErrorInvalidValue;
 }
 
-// The tile of a forward: choose_tile_n's 8, 16 or 160, except bf16 weights (no tile_n 8:
-// 16 on sm90_moe_gemm_kernel; no 160: 128 on the v2 wgmma kernel). Benchmark knobs:
-// MOE_EP_TILE_N=8|16|128|160 overrides the choice (8 and 16: the decode kernel, or 16 on
+// The tile of a forward: choose_tile_n's 8, 16, 32 or 160, except bf16 weights (no tile_n 8:
+// 16 on sm90_moe_gemm_kernel; no 32 or 160: 128 on the v2 wgmma kernel). Benchmark knobs:
+// MOE_EP_TILE_N=8|16|32|128|160 overrides the choice (8, 16 and 32: the decode kernel, or 16 on
 // sm90_moe_gemm_kernel with MOE_EP_DECODE16=0; 128: the v2 wgmma kernel, 160: the m64 wgmma
 // kernel); MOE_EP_WGMMA_V=2 turns 160 into 128 (moe_params.h).
 namespace {
 std::atomic<int> g_tile_override{0};
-bool valid_tile_knob(int n) { return n == 8 || n == 16 || n == 128 || n == kM64TileN; }
+bool valid_tile_knob(int n) { return n == 8 || n == 16 || n == 32 || n == 128 || n == kM64TileN; }
 }  // namespace
 
 void set_tile_n_override(int tile_n) {
@@ -666,6 +666,7 @@ int forward_tile_n(Recipe r, int chosen) {
   const int o = g_tile_override.load(std::memory_order_relaxed);
   int n = o ? o : forced ? forced : chosen;
   if (n == 8 && r == Recipe::kBf16) n = 16;
+  if (n == 32 && r == Recipe::kBf16) n = 128;  // where it had 160 before tile 32 existed
   if (n == kM64TileN && (r == Recipe::kBf16 || wgmma_version() == 2)) n = 128;
   return n;
 }

@@ -106,7 +106,7 @@ auto with_m64_shape(const std::array<int, 2>& shape, F f) {
   return with_m64_shape_i(shape, f, std::make_index_sequence<std::size(kM64Shapes)>{});
 }
 
-// Tokens per routing tile: 8 or 16 while experts see few rows (decode: a weight stream; 8 up
+// Tokens per routing tile: 8, 16 or 32 while experts see few rows (decode: a weight stream; 8 up
 // to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work
 // goes to empty columns; measured, docs/gpu_kernels.md §6), kM64TileN = 160 above a mean of 17
 // rows (prefill: the m64 wgmma kernel, which sizes its N to each tile's rows in steps of 16-32,
@@ -117,9 +117,18 @@ auto with_m64_shape(const std::array<int, 2>& shape, F f) {
 // for tile 160 before those loads, which cut it by 11 % at 32 rows; mxfp4_bf16's tile 160 was
 // faster at 18 rows already before them. Session 8 (three CTAs per SM): against the v2 kernel's
 // tiles of 128, 5-12 % faster at 32 rows and level at 64.
+// Session 21 (H200x2, docs/gpu_kernels.md §6 "Session 21"): the decode kernel's tile of 32
+// between 17 and 21 rows, where an expert's rows mostly fit one tile of 32 but take two of 16,
+// and the m64 kernel still pays its fixed cost per K-chunk: at 20 rows nvfp4 DSV3 (640 tokens)
+// 2931 against 3096-3100 us on tile 160, gpt-oss 896-897 against 954-957, Qwen3 233-235 against
+// 236; at 16 rows tile 16 stays (gpt-oss and Qwen3 faster there), at 24 tile 160.
+constexpr double kTile16MaxMeanRows = 17.0, kTile32MaxMeanRows = 21.0;
 inline int choose_tile_n(int tokens, int top_k, int local_experts) {
   const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
-  return mean_rows <= 4.0 ? 8 : mean_rows <= 17.0 ? 16 : kM64TileN;
+  return mean_rows <= 4.0                  ? 8
+         : mean_rows <= kTile16MaxMeanRows ? 16
+         : mean_rows <= kTile32MaxMeanRows ? 32
+                                           : kM64TileN;
 }
 
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
@@ -156,7 +165,7 @@ inline M64Shapes parse_m64_shapes(const char* e) {
   return M64Shapes{{n == 7 ? parse(e + 4) : fc1, fc1}};
 }
 
-// A test's tile width for the next forwards (8, 16, 128 or kM64TileN, as MOE_EP_TILE_N; 0
+// A test's tile width for the next forwards (8, 16, 32, 128 or kM64TileN, as MOE_EP_TILE_N; 0
 // clears it): forward_tile_n (moe_launch.h) takes it before the knob and the choice.
 void set_tile_n_override(int tile_n);
 // Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): 1 always, 0 never, -1

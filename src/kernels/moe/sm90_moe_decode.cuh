@@ -684,22 +684,36 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       pc.pending = 0;
       pc.run(chunks, acc_r);
     };
-    if constexpr (kN == 16) {
-      // A tile of 16 with at most 8 live rows (about half of them at a mean of 8 rows per
-      // expert) runs the 8-column consumer: half the MMAs and B loads per chunk. Columns 0-7 get
-      // the same MMAs in the same order (ldmatrix x2 loads the x4's first two matrices), so the
-      // same bits; columns 8-15 (zero B rows, never stored) stay 0.
+    // A tile with few live rows runs a narrower consumer: 8 columns where at most 8 rows are
+    // live (tile 16: about half of the tiles at a mean of 8 rows per expert), 16 where at most
+    // 16 are (tile 32): fewer MMAs and B loads per chunk. The live columns get the same MMAs in
+    // the same order (ldmatrix x2 loads the x4's first two matrices), so the same bits; the
+    // columns past them (zero B rows, never stored) stay 0.
+    auto consume_narrow = [&](auto nf_c) {
+      constexpr int kNFr = decltype(nf_c)::value;
+      float acc_r[kFW][kNFr][4];
+#pragma unroll
+      for (int f = 0; f < kFW; ++f)
+#pragma unroll
+        for (int n = 0; n < kNFr; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_r[f][n][i] = 0.0f;
+      consume(nf_c, acc_r);
+#pragma unroll
+      for (int f = 0; f < kFW; ++f)
+#pragma unroll
+        for (int n = 0; n < kNFr; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[f][n][i] = acc_r[f][n][i];
+    };
+    if constexpr (kN >= 16) {
       if (tile.rows <= 8) {
-        float acc8[kFW][1][4];
-#pragma unroll
-        for (int f = 0; f < kFW; ++f)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc8[f][0][i] = 0.0f;
-        consume(std::integral_constant<int, 1>{}, acc8);
-#pragma unroll
-        for (int f = 0; f < kFW; ++f)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[f][0][i] = acc8[f][0][i];
+        consume_narrow(std::integral_constant<int, 1>{});
+      } else if constexpr (kN == 32) {
+        if (tile.rows <= 16)
+          consume_narrow(std::integral_constant<int, 2>{});
+        else
+          consume(std::integral_constant<int, kNF>{}, acc);
       } else {
         consume(std::integral_constant<int, kNF>{}, acc);
       }
@@ -899,12 +913,15 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
   decode_gemm<R, kN, kFW, kFc1, false, 1>(a, stages, splits, wave);
 }
 
+constexpr int kDecode32Regs = 136;
 // The pipelined consumer (default). Up to 96 registers: the two operand sets fit without
 // ptxas recomputing per-lane offsets in the loop, and 4 CTAs of 160 threads (2 of 288) still
-// fit an SM.
+// fit an SM. Tile 32 holds four times tile 8's B fragments per operand set: 128 registers (its
+// ring fits 3 CTAs per SM, 480 threads).
 template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
-__global__ void __maxnreg__(96) sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages,
-                                                            const int splits, const int wave) {
+__global__ void __maxnreg__(kN > 16 ? kDecode32Regs : 96)
+    sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages, const int splits,
+                                const int wave) {
   MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
   decode_gemm<R, kN, kFW, kFc1, true, kCps>(a, stages, splits, wave);
 }
@@ -985,6 +1002,16 @@ int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, in
   return std::max(1, s);
 }
 
+// The most CTAs of the decode kernel an SM holds at the ring's smallest depth (each with its
+// static shared memory, at most kDecodeStaticBound, and the runtime's reserved 1 KB).
+template <Recipe R, int kN, int kCps>
+constexpr int decode_max_per_sm() {
+  using C = DecodeConfig<R, kN, 2, kCps>;
+  const int n = kSmemPerSm / (C::kMinStages * C::kStageBytes + kDecodeStaticTwoTables +
+                              kSmemReservedPerCta);
+  return n < 4 ? n : 4;
+}
+
 // Ring depth: as deep as the shared memory of per_sm CTAs allows.
 template <Recipe R, int kN, int kFW, int kCps>
 int decode_stages(int per_sm) {
@@ -1049,8 +1076,15 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int chunks = kFc1 ? a.rs.fc1_chunks : a.rs.fc2_chunks;
   const int splits = kN == 8 ? decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks) : 1;
   note_decode_splits(kFc1, splits);
-  const int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
-  if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
+  int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
+  if constexpr (kN == 32) {
+    // No split. MOE_EP_DECODE_PIPE=0: the plain loop on 1-chunk slots; else the pipelined one
+    // on 4-chunk slots, two of 35 KB (nvfp4) leaving room for 3 CTAs.
+    if (!decode_pipelined())
+      return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, 1, per_sm);
+    per_sm = std::min(per_sm, decode_max_per_sm<R, kN, 4>());
+    return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, 1, per_sm);
+  } else if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
     if (a.tile_split) {
       // Tiles of at most 8 rows (the list's first num_tiles[1]) on the tile-8 kernel: its smaller
       // ring slots and one consumer loop. Then the rest on this kernel, which never runs its
@@ -1108,9 +1142,16 @@ cudaError_t set_decode_attr() {
 template <Recipe R>
 cudaError_t set_decode_attributes() {
   constexpr int kBytes16 = DecodeConfig<R, 16, 2, 4>::kMaxSmemBytes;
+  constexpr int kBytes32 = DecodeConfig<R, 32, 2, 4>::kMaxSmemBytes;
   return first_error({set_decode_attr<R, 8, true>(), set_decode_attr<R, 8, false>(),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, true, 4>, kBytes16),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, false, 4>, kBytes16)});
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, false, 4>, kBytes16),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, true, 4>, kBytes32),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, false, 4>, kBytes32),
+                      set_max_smem(sm90_moe_decode_kernel<R, 32, 2, true>,
+                                   DecodeConfig<R, 32, 2, 1>::kMaxSmemBytes),
+                      set_max_smem(sm90_moe_decode_kernel<R, 32, 2, false>,
+                                   DecodeConfig<R, 32, 2, 1>::kMaxSmemBytes)});
 }
 
 }  // namespace moe_ep::kern

@@ -72,8 +72,7 @@ cudaError_t set_wgmma3_attributes() {
 
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  // The 4-bit recipes' tile_n 8 and 16 (at most 17 rows per expert on average) go to the
-  // decode kernel (tile 16 since its 4-chunk slots: DSV3 nvfp4 512 tokens 3447 -> 3055 us,
+  // The 4-bit recipes' tile_n 8, 16 and 32 go to the decode kernel (tile 16 since its 4-chunk slots: DSV3 nvfp4 512 tokens 3447 -> 3055 us,
   // docs/gpu_kernels.md §6; MOE_EP_DECODE16=0 keeps it on the mma.sync kernel); bf16 weights
   // keep the tile_n 16 path here (launch_forward maps their tile_n 8 to 16). Tile_n 160 (4-bit
   // weights, more than 17 rows on average) runs the m64 wgmma kernel, 128 the v2 one.
@@ -81,6 +80,8 @@ cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) 
     if (a.tile_n == 8) return launch_decode_gemms<R>(a, s, ev);
   if constexpr (R != Recipe::kBf16)
     if (a.tile_n == 16 && decode_tile16()) return launch_decode_gemms<R, 16>(a, s, ev);
+  if constexpr (R != Recipe::kBf16)
+    if (a.tile_n == 32) return launch_decode_gemms<R, 32>(a, s, ev);
   if (a.tile_n == 16)
     return launch_fc1_fc2([&] { return launch_gemm<R, 16, true>(a, s); },
                           [&] { return launch_gemm<R, 16, false>(a, s); }, s, ev);
