@@ -870,7 +870,7 @@ TEST(GpuLayerHost, TileOverrideRoundTrip) {
     EXPECT_EQ(kern::forward_tile_n(Recipe::kMxfp4Bf16, 8), 32);
     EXPECT_EQ(kern::forward_tile_n(Recipe::kBf16, 8), 128);
   }
-  TileOverride bad(7);                                         // not a tile width: ignored
+  TileOverride bad(7);  // not a tile width: ignored
   EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);
 }
 

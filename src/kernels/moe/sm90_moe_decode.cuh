@@ -1,4 +1,4 @@
-// The decode GEMM (routing tiles of 8 or 16 tokens): the same swap-AB mma.sync math as
+// The decode GEMM (routing tiles of 8, 16 or 32 tokens): the same swap-AB mma.sync math as
 // sm90_moe_gemm_kernel (same fragments, same decode, same k order per column, so the same bits),
 // with a cheaper weight stream and consumer loop for the few-token case:
 //  - one producer warp feeds a ring of stages with 1-D bulk copies (cp.async.bulk, TMA): per
@@ -1007,8 +1007,8 @@ int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, in
 template <Recipe R, int kN, int kCps>
 constexpr int decode_max_per_sm() {
   using C = DecodeConfig<R, kN, 2, kCps>;
-  const int n = kSmemPerSm / (C::kMinStages * C::kStageBytes + kDecodeStaticTwoTables +
-                              kSmemReservedPerCta);
+  const int n =
+      kSmemPerSm / (C::kMinStages * C::kStageBytes + kDecodeStaticTwoTables + kSmemReservedPerCta);
   return n < 4 ? n : 4;
 }
 

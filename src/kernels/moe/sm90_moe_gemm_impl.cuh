@@ -72,10 +72,11 @@ cudaError_t set_wgmma3_attributes() {
 
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, cudaStream_t s, cudaEvent_t* ev) {
-  // The 4-bit recipes' tile_n 8, 16 and 32 go to the decode kernel (tile 16 since its 4-chunk slots: DSV3 nvfp4 512 tokens 3447 -> 3055 us,
+  // The 4-bit recipes' tile_n 8, 16 and 32 (at most 21 rows per expert on average) go to the
+  // decode kernel (tile 16 since its 4-chunk slots: DSV3 nvfp4 512 tokens 3447 -> 3055 us,
   // docs/gpu_kernels.md §6; MOE_EP_DECODE16=0 keeps it on the mma.sync kernel); bf16 weights
-  // keep the tile_n 16 path here (launch_forward maps their tile_n 8 to 16). Tile_n 160 (4-bit
-  // weights, more than 17 rows on average) runs the m64 wgmma kernel, 128 the v2 one.
+  // keep the tile_n 16 path here (launch_forward maps their tile_n 8 to 16, 32 to 128). Tile_n
+  // 160 (4-bit weights, more than 21 rows on average) runs the m64 wgmma kernel, 128 the v2 one.
   if constexpr (R != Recipe::kBf16)
     if (a.tile_n == 8) return launch_decode_gemms<R>(a, s, ev);
   if constexpr (R != Recipe::kBf16)
