@@ -913,11 +913,12 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
   decode_gemm<R, kN, kFW, kFc1, false, 1>(a, stages, splits, wave);
 }
 
-constexpr int kDecode32Regs = 136;
 // The pipelined consumer (default). Up to 96 registers: the two operand sets fit without
 // ptxas recomputing per-lane offsets in the loop, and 4 CTAs of 160 threads (2 of 288) still
-// fit an SM. Tile 32 holds four times tile 8's B fragments per operand set: 128 registers (its
-// ring fits 3 CTAs per SM, 480 threads).
+// fit an SM. Tile 32 holds four times tile 8's B fragments per operand set: kDecode32Regs (3
+// CTAs of 160 threads fit the register file, as its ring fits the shared memory; 32-44 bytes
+// of spill remain in its 32-column loop).
+constexpr int kDecode32Regs = 136;
 template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
 __global__ void __maxnreg__(kN > 16 ? kDecode32Regs : 96)
     sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages, const int splits,
@@ -1003,7 +1004,7 @@ int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, in
 }
 
 // The most CTAs of the decode kernel an SM holds at the ring's smallest depth (each with its
-// static shared memory, at most kDecodeStaticBound, and the runtime's reserved 1 KB).
+// static shared memory, two scale tables' worth, and the runtime's reserved 1 KB; at most 4).
 template <Recipe R, int kN, int kCps>
 constexpr int decode_max_per_sm() {
   using C = DecodeConfig<R, kN, 2, kCps>;
