@@ -1058,9 +1058,14 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
   using C = DecodeConfig<R, kN, 2, kCps>;
   if (tiles == 0) return cudaSuccess;
   const int stages = decode_stages<R, kN, 2, kCps>(per_sm);
-  const auto kernel = kCps == 1 && !decode_pipelined()
-                          ? sm90_moe_decode_kernel<R, kN, 2, kFc1>
-                          : sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
+  // Tile 32 takes 1-chunk slots only on the plain loop (launch_decode), so its pipelined kernel
+  // of 1-chunk slots, which would spill, is never built.
+  void (*kernel)(const ForwardArgs, const int, const int, const int) = nullptr;
+  if constexpr (kN == 32 && kCps == 1)
+    kernel = sm90_moe_decode_kernel<R, kN, 2, kFc1>;
+  else
+    kernel = kCps == 1 && !decode_pipelined() ? sm90_moe_decode_kernel<R, kN, 2, kFc1>
+                                              : sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
   // The first wave (decode_gemm's `wave`): the CTAs that fit the SMs at the ring's size, or a
   // test's count.
   const int forced_wave = decode_wave_override();
