@@ -1022,7 +1022,8 @@ int decode_stages(int per_sm) {
 }
 
 // MOE_EP_DECODE_PIPE=0 (benchmark knob, read once per process): the plain consumer loop (load,
-// decode, MMAs, then release the slot; the session-2 kernel) instead of the pipelined one. Both
+// decode, MMAs, then release the slot; the session-2 kernel) instead of the pipelined one, on
+// tile 8's launches (tiles 16 and 32 run only the pipelined one). Both
 // give the same bits. Measured on the H200 (docs/gpu_kernels.md §6): the pipelined consumer is
 // faster or level at 1-128 tokens for nvfp4 and mxfp4_mxfp8 (1 token nvfp4 93.9 -> 90.3 us).
 // Variants measured and dropped: the wait for the next chunk before the current one's math, the
@@ -1058,14 +1059,11 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
   using C = DecodeConfig<R, kN, 2, kCps>;
   if (tiles == 0) return cudaSuccess;
   const int stages = decode_stages<R, kN, 2, kCps>(per_sm);
-  // Tile 32 takes 1-chunk slots only on the plain loop (launch_decode), so its pipelined kernel
-  // of 1-chunk slots, which would spill, is never built.
-  void (*kernel)(const ForwardArgs, const int, const int, const int) = nullptr;
-  if constexpr (kN == 32 && kCps == 1)
-    kernel = sm90_moe_decode_kernel<R, kN, 2, kFc1>;
-  else
-    kernel = kCps == 1 && !decode_pipelined() ? sm90_moe_decode_kernel<R, kN, 2, kFc1>
-                                              : sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
+  // The plain loop takes 1-chunk slots only, so slots of 2 or 4 chunks build only the pipelined
+  // kernel.
+  auto kernel = sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
+  if constexpr (kCps == 1)
+    if (!decode_pipelined()) kernel = sm90_moe_decode_kernel<R, kN, 2, kFc1>;
   // The first wave (decode_gemm's `wave`): the CTAs that fit the SMs at the ring's size, or a
   // test's count.
   const int forced_wave = decode_wave_override();
@@ -1084,10 +1082,9 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   note_decode_splits(kFc1, splits);
   int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
   if constexpr (kN == 32) {
-    // No split. MOE_EP_DECODE_PIPE=0: the plain loop on 1-chunk slots; else the pipelined one
-    // on 4-chunk slots, two of 35 KB (nvfp4) leaving room for 3 CTAs.
-    if (!decode_pipelined())
-      return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, 1, per_sm);
+    // No split, only the pipelined consumer on 4-chunk slots (as tile 16; the plain loop on
+    // 1-chunk slots measured 18-53 % slower, docs/gpu_kernels.md §6 "Session 21"): two slots of
+    // 35 KB (nvfp4) leave room for 3 CTAs.
     per_sm = std::min(per_sm, decode_max_per_sm<R, kN, 4>());
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, 1, per_sm);
   } else if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
@@ -1153,11 +1150,7 @@ cudaError_t set_decode_attributes() {
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, true, 4>, kBytes16),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, false, 4>, kBytes16),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, true, 4>, kBytes32),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, false, 4>, kBytes32),
-                      set_max_smem(sm90_moe_decode_kernel<R, 32, 2, true>,
-                                   DecodeConfig<R, 32, 2, 1>::kMaxSmemBytes),
-                      set_max_smem(sm90_moe_decode_kernel<R, 32, 2, false>,
-                                   DecodeConfig<R, 32, 2, 1>::kMaxSmemBytes)});
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, false, 4>, kBytes32)});
 }
 
 }  // namespace moe_ep::kern
