@@ -908,6 +908,37 @@ TEST(GpuLayerHost, Split16OverrideAndPolicy) {
   }
 }
 
+// A forward of T tokens captured in a CUDA graph that reads its token count on the device
+// (`captured` runs it under the overrides it needs), replayed with each n of `ns` and compared
+// bit for bit with an eager tile-8 forward of the first n tokens.
+template <class Captured>
+void expect_replays_equal_eager_tile8(MegaLayer& gpu, const Shape& s, const DeviceInputs& d,
+                                      const HostInputs& h, int T, std::initializer_list<int> ns,
+                                      Captured captured) {
+  CountedStream cs;
+  PoisonedOut out(size_t(T) * s.H);
+  ForwardInputs f = device_view(d, h);
+  f.stream = cs.st;
+  f.num_tokens = cs.n_dev;
+  const TensorView view =
+      TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0});
+  const CapturedGraph g(cs.st, [&] { captured(f, view); });
+  ASSERT_TRUE(g.ok());
+  for (int n : ns) {
+    SCOPED_TRACE("graph replay, n = " + std::to_string(n));
+    cs.set(n);
+    CUDA_OK(cudaGraphLaunch(g.exec, cs.st));
+    CUDA_OK(cudaStreamSynchronize(cs.st));
+    const std::vector<uint16_t> got = out.host();
+    const HostInputs hn = first_tokens(h, n);
+    DeviceInputs dn(hn);
+    TileOverride o(8);
+    const std::vector<uint16_t> want = forward_bits(gpu, dn, hn);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()))
+        << "graph replay differs from the eager tile-8 forward";
+  }
+}
+
 // The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer
 // (half the MMAs and B loads) and the others on the 16-column one; either way a column gets the
 // same MMAs in the same k order as in a tile of 8, so forcing tile 16 or 8 gives the same bits.
@@ -940,31 +971,12 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
       if (T != 40) continue;
       // The split captured in a CUDA graph at T and replayed with device counts (route orders
       // each replay's tiles on the device) against eager tile-8 forwards of the first n tokens.
-      CountedStream cs;
-      PoisonedOut out(size_t(T) * s.H);
-      ForwardInputs f = device_view(d, h);
-      f.stream = cs.st;
-      f.num_tokens = cs.n_dev;
-      const CapturedGraph g(cs.st, [&] {
-        TileOverride o(16);
-        Split16Override so(true);
-        gpu->forward(
-            f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0}));
-      });
-      ASSERT_TRUE(g.ok());
-      for (int n : {40, 12, 3}) {
-        SCOPED_TRACE("graph replay, n = " + std::to_string(n));
-        cs.set(n);
-        CUDA_OK(cudaGraphLaunch(g.exec, cs.st));
-        CUDA_OK(cudaStreamSynchronize(cs.st));
-        const std::vector<uint16_t> got = out.host();
-        const HostInputs hn = first_tokens(h, n);
-        DeviceInputs dn(hn);
-        TileOverride o(8);
-        const std::vector<uint16_t> want = forward_bits(*gpu, dn, hn);
-        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()))
-            << "graph replay with the split differs from the eager tile-8 forward";
-      }
+      expect_replays_equal_eager_tile8(*gpu, s, d, h, T, {40, 12, 3},
+                                       [&](const ForwardInputs& f, const TensorView& out) {
+                                         TileOverride o(16);
+                                         Split16Override so(true);
+                                         gpu->forward(f, out);
+                                       });
       bool nonzero = false;
       for (uint16_t v : t8) nonzero |= (v & 0x7fff) != 0;
       EXPECT_TRUE(nonzero);
@@ -1003,30 +1015,11 @@ TEST(GpuLayer, Decode32SameBitsAsTile8) {
       for (uint16_t v : t8) nonzero |= (v & 0x7fff) != 0;
       EXPECT_TRUE(nonzero);
       if (T != 100) continue;
-      CountedStream cs;
-      PoisonedOut out(size_t(T) * s.H);
-      ForwardInputs f = device_view(d, h);
-      f.stream = cs.st;
-      f.num_tokens = cs.n_dev;
-      const CapturedGraph g(cs.st, [&] {
-        TileOverride o(32);
-        gpu->forward(
-            f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, Device{DeviceKind::kCUDA, 0}));
-      });
-      ASSERT_TRUE(g.ok());
-      for (int n : {100, 40, 5}) {
-        SCOPED_TRACE("graph replay, n = " + std::to_string(n));
-        cs.set(n);
-        CUDA_OK(cudaGraphLaunch(g.exec, cs.st));
-        CUDA_OK(cudaStreamSynchronize(cs.st));
-        const std::vector<uint16_t> got = out.host();
-        const HostInputs hn = first_tokens(h, n);
-        DeviceInputs dn(hn);
-        TileOverride o(8);
-        const std::vector<uint16_t> want = forward_bits(*gpu, dn, hn);
-        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()))
-            << "graph replay of tile 32 differs from the eager tile-8 forward";
-      }
+      expect_replays_equal_eager_tile8(*gpu, s, d, h, T, {100, 40, 5},
+                                       [&](const ForwardInputs& f, const TensorView& out) {
+                                         TileOverride o(32);
+                                         gpu->forward(f, out);
+                                       });
     }
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
