@@ -211,29 +211,38 @@ constexpr int decode_scale_tables(int stage_bytes) {
   return 4 * (2 * stage_bytes + kDecodeStaticTwoTables + kSmemReservedPerCta) > kSmemPerSm ? 1 : 2;
 }
 
-// One chunk's operands of one consumer lane (kFW fragments).
-template <Recipe R, int kN, int kFW>
+// One chunk's operands of one consumer lane (kFW fragments). kLean: only the weight words and
+// where the chunk's B columns and scale multipliers are (read per k16 step by compute).
+template <Recipe R, int kN, int kFW, bool kLean = false>
 struct PipeOps {
   using RT = RecipeKernelTraits<R>;
   static constexpr int kSW = RT::kNvScale ? 4 : 2;  // multipliers per row: per k16 step or per 32
-  uint32_t b[4][kN / 8][2];
+  uint32_t b[kLean ? 1 : 4][kLean ? 1 : kN / 8][2];
   uint4 w[kFW];
-  uint32_t lo[kFW][kSW], hi[kFW][kSW];  // rows g and g + 8 of each fragment
+  uint32_t lo[kLean ? 1 : kFW][kSW], hi[kLean ? 1 : kFW][kSW];  // rows g and g + 8 of each frag
+  uint32_t sb, tbl;  // kLean: this lane's B address in the chunk's slot, the chunk's table
 };
 
 // kN columns of MMAs on a ring laid out for kRingN columns (kN <= kRingN: a tile of kRingN
 // with at most kN live rows).
-template <Recipe R, int kN, int kFW, int kCps, int kRingN = kN>
+// kLean (tile 32's 32-column consumer on 2-chunk slots): B fragments and scale multipliers are
+// read from shared memory at each k16 step instead of a chunk ahead, so two operand sets fit
+// 96 registers and 4 CTAs an SM; a slot goes back to the producer after the MMAs of its last
+// chunk instead of after that chunk's loads.
+template <Recipe R, int kN, int kFW, int kCps, int kRingN = kN, bool kLean = false>
 struct PipeConsumer {
   using C = DecodeConfig<R, kRingN, kFW, kCps>;
   using RT = typename C::RT;
-  using Ops = PipeOps<R, kN, kFW>;
+  using Ops = PipeOps<R, kN, kFW, kLean>;
   static constexpr int kNF = kN / 8, kSW = Ops::kSW;
   // One scale table per warp instead of two (decode_scale_tables): the next chunk's table writes
   // wait at a __syncwarp for every lane's reads of the previous one.
   static constexpr bool kOneTable = decode_scale_tables(C::kStageBytes) == 1;
   static_assert(kN % 8 == 0 && kN <= kRingN, "MMA columns within the ring's");
   static_assert(RT::kFourBit, "the pipelined consumer decodes 4-bit weights");
+  // kLean reads a chunk's table during the next chunk's loads (two tables), and its release
+  // relies on a slot's closing chunk never being followed by another closing one.
+  static_assert(!kLean || (!kOneTable && kCps >= 2 && kN >= 16), "lean consumer");
   uint32_t ring, ring_end, full0, empty0;  // shared addresses: slot 0, past the last slot, bars
   uint32_t lut;  // shared address of the scale multiplier table (1 KB aligned: | adds the index)
   uint32_t b_off, w_off, s_off, t_off, tbl0, tbl_step, g_off;
@@ -257,6 +266,23 @@ struct PipeConsumer {
   template <int kJ>
   static constexpr bool kCloses = kSub<kJ> == kCps - 1;
 
+  // k16 step s's B fragments of the kNF column blocks (ldmatrix from the chunk's B columns).
+  static __device__ __forceinline__ void load_b(uint32_t (&b)[kNF][2], uint32_t base, int s) {
+    if constexpr (kNF >= 2) {
+#pragma unroll
+      for (int nf = 0; nf < kNF; nf += 2) {
+        uint32_t r[4];
+        ldsm_x4(r, base + (nf * 8 * C::kBRow + s * 16) * 2);
+        b[nf][0] = r[0];
+        b[nf][1] = r[1];
+        b[nf + 1][0] = r[2];
+        b[nf + 1][1] = r[3];
+      }
+    } else {
+      ldsm_x2(b[0][0], b[0][1], base + s * 32);
+    }
+  }
+
   template <int kJ>
   __device__ __forceinline__ void load(Ops& o, int chunk) {
     if constexpr (kOpens<kJ>) mbar_wait(full0 + bar, phase);
@@ -278,27 +304,18 @@ struct PipeConsumer {
       asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(tbl + t_off),
                    "r"(lds32(lut | ((v << 2) & 0x3fc))), "r"(lds32(lut | ((v >> 6) & 0x3fc))));
     }
+    if constexpr (kLean) {
+      o.sb = sb + b_off;
+      o.tbl = tbl;
+    } else {
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      if constexpr (kNF >= 2) {
-#pragma unroll
-        for (int nf = 0; nf < kNF; nf += 2) {
-          uint32_t r[4];
-          ldsm_x4(r, sb + b_off + (nf * 8 * C::kBRow + s * 16) * 2);
-          o.b[s][nf][0] = r[0];
-          o.b[s][nf][1] = r[1];
-          o.b[s][nf + 1][0] = r[2];
-          o.b[s][nf + 1][1] = r[3];
-        }
-      } else {
-        ldsm_x2(o.b[s][0][0], o.b[s][0][1], sb + b_off + s * 32);
-      }
+      for (int s = 0; s < 4; ++s) load_b(o.b[s], sb + b_off, s);
     }
 #pragma unroll
     for (int f = 0; f < kFW; ++f) o.w[f] = lds128(sw + w_off + f * RT::kFragBytes);
     __syncwarp();
 #pragma unroll
-    for (int f = 0; f < kFW; ++f) {
+    for (int f = 0; f < (kLean ? 0 : kFW); ++f) {
       if constexpr (RT::kNvScale) {
         const uint4 l = lds128(tbl + f * 256 + g_off), h = lds128(tbl + f * 256 + g_off + 128);
         o.lo[f][0] = l.x, o.lo[f][1] = l.y, o.lo[f][2] = l.z, o.lo[f][3] = l.w;
@@ -323,10 +340,12 @@ struct PipeConsumer {
 
   static __device__ __forceinline__ uint32_t loaded(const Ops& o) {
     uint32_t dep = o.w[0].x ^ o.w[kFW - 1].x;
+    if constexpr (!kLean) {
 #pragma unroll
-    for (int s = 0; s < 4; ++s)
+      for (int s = 0; s < 4; ++s)
 #pragma unroll
-      for (int nf = 0; nf < kNF; nf += 2) dep ^= o.b[s][nf][0];
+        for (int nf = 0; nf < kNF; nf += 2) dep ^= o.b[s][nf][0];
+    }
     return dep;
   }
 
@@ -336,7 +355,13 @@ struct PipeConsumer {
   // order, which already orders them, and the extra dependence costs a few LOP3).
   template <int kJ>
   __device__ __forceinline__ void release(const Ops& o, const Ops& prev) {
-    if constexpr (kCloses<kJ>) {
+    if constexpr (kLean) {
+      // The slot of `prev` (chunk kJ - 1) once its MMAs, which come before in program order and
+      // took its B fragments as operands, have been issued; `o` opened the next slot (kCps >= 2),
+      // so `pending` is still prev's.
+      constexpr int kJp = (kJ + kU - 1) % kU;
+      if constexpr (kCloses<kJp>) mbar_arrive_after(pending, prev.w[0].x & zero);
+    } else if constexpr (kCloses<kJ>) {
       uint32_t dep = loaded(o);
       if constexpr (kCps > 1) dep ^= loaded(prev);
       mbar_arrive_after(pending, dep & zero);
@@ -348,20 +373,35 @@ struct PipeConsumer {
   __device__ __forceinline__ void compute(const Ops& o, float (&acc)[kFW][kNF][4]) const {
 #pragma unroll
     for (int s = s0; s < s1; ++s) {
+      uint32_t bs[kNF][2];  // kLean: this step's B fragments
+      if constexpr (kLean) load_b(bs, o.sb, s);
 #pragma unroll
       for (int f = 0; f < kFW; ++f) {
         const uint4& w = o.w[f];
         const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
-        const uint32_t lo = o.lo[f][RT::kNvScale ? s : s >> 1];
-        const uint32_t hi = o.hi[f][RT::kNvScale ? s : s >> 1];
+        uint32_t lo, hi;
+        if constexpr (kLean) {  // the table's rows g and g + 8 of fragment f (load's layout)
+          constexpr int kRow = RT::kNvScale ? 16 : 8;
+          const uint32_t t = o.tbl + f * 16 * kRow + g_off + (RT::kNvScale ? s : s >> 1) * 4;
+          lo = lds32(t);
+          hi = lds32(t + 8 * kRow);
+        } else {
+          lo = o.lo[f][RT::kNvScale ? s : s >> 1];
+          hi = o.hi[f][RT::kNvScale ? s : s >> 1];
+        }
         uint32_t bits[4], af[4];
         decode_e2m1x8_mulhi(word, bits);
         af[0] = mul_bf16x2(bits[0], lo);
         af[1] = mul_bf16x2(bits[1], hi);
         af[2] = mul_bf16x2(bits[2], lo);
         af[3] = mul_bf16x2(bits[3], hi);
+        if constexpr (kLean) {
 #pragma unroll
-        for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, o.b[s][nf][0], o.b[s][nf][1]);
+          for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, bs[nf][0], bs[nf][1]);
+        } else {
+#pragma unroll
+          for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, o.b[s][nf][0], o.b[s][nf][1]);
+        }
       }
     }
   }
@@ -384,7 +424,7 @@ struct PipeConsumer {
   __device__ __forceinline__ void run(int chunks, float (&acc)[kFW][kNF][4]) {
     Ops a, b;
     load<0>(a, 0);
-    release<0>(a, a);
+    if constexpr (!kLean) release<0>(a, a);  // lean: chunk 0 opens its slot, nothing to release
     int c = 0;
     if constexpr (kU == 2) {
       for (; c + 2 < chunks; c += 2) {
@@ -655,7 +695,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     // A consumer of kNFr * 8 MMA columns (kNFr <= kNF) accumulating into acc_r.
     auto consume = [&](auto nf_c, auto& acc_r) {
       constexpr int kNFr = decltype(nf_c)::value;
-      PipeConsumer<R, 8 * kNFr, kFW, kCps, kN> pc;
+      PipeConsumer<R, 8 * kNFr, kFW, kCps, kN, kN == 32 && kCps == 2 && kNFr == kNF> pc;
       const int lm_row = (lane & 7) + (kNFr >= 2 ? ((lane >> 4) << 3) : 0);
       const int lm_col = ((lane >> 3) & 1) * 8;
       pc.ring = ring;
@@ -919,8 +959,10 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
 // CTAs of 160 threads fit the register file, as its ring fits the shared memory; 32-44 bytes
 // of spill remain in its 32-column loop).
 constexpr int kDecode32Regs = 136;
+// (Tile 32 on 2-chunk slots runs the lean consumer at 96 registers and 4 CTAs per SM:
+// MOE_EP_DECODE32_LEAN=1, measured against the 4-chunk one.)
 template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
-__global__ void __maxnreg__(kN > 16 ? kDecode32Regs : 96)
+__global__ void __maxnreg__(kN > 16 && kCps == 4 ? kDecode32Regs : 96)
     sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages, const int splits,
                                 const int wave) {
   MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
@@ -1044,6 +1086,13 @@ inline int decode_forced_cps(bool fc1) {
   }();
   return n[fc1];
 }
+// MOE_EP_DECODE32_LEAN=1 (benchmark knob, read once per process): tile 32 on 2-chunk slots with
+// the lean consumer (PipeConsumer::kLean, 96 registers, 4 CTAs per SM) instead of 4-chunk slots.
+inline bool decode32_lean() {
+  static const bool on = env_switch("MOE_EP_DECODE32_LEAN", false);
+  return on;
+}
+
 // K-chunks per ring slot: 4 (fewer, larger copies and a quarter of the barrier waits per byte;
 // measured against 1 and 2 in docs/gpu_kernels.md §6), unless a test's override or the knob
 // says otherwise.
@@ -1082,9 +1131,14 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   note_decode_splits(kFc1, splits);
   int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
   if constexpr (kN == 32) {
-    // No split, only the pipelined consumer on 4-chunk slots (as tile 16; the plain loop on
-    // 1-chunk slots measured 18-53 % slower, docs/gpu_kernels.md §6 "Session 21"): two slots of
-    // 35 KB (nvfp4) leave room for 3 CTAs.
+    // No split, only the pipelined consumer (as tile 16; the plain loop on 1-chunk slots
+    // measured 18-53 % slower, docs/gpu_kernels.md §6 "Session 21"): on 4-chunk slots, two of
+    // 35 KB (nvfp4) leaving room for 3 CTAs, or with MOE_EP_DECODE32_LEAN=1 the lean one on
+    // 2-chunk slots at 4 CTAs.
+    if (decode32_lean()) {
+      per_sm = std::min(per_sm, decode_max_per_sm<R, kN, 2>());
+      return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, 1, per_sm);
+    }
     per_sm = std::min(per_sm, decode_max_per_sm<R, kN, 4>());
     return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, 1, per_sm);
   } else if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
@@ -1150,7 +1204,11 @@ cudaError_t set_decode_attributes() {
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, true, 4>, kBytes16),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 16, 2, false, 4>, kBytes16),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, true, 4>, kBytes32),
-                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, false, 4>, kBytes32)});
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, false, 4>, kBytes32),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, true, 2>,
+                                   DecodeConfig<R, 32, 2, 2>::kMaxSmemBytes),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, 32, 2, false, 2>,
+                                   DecodeConfig<R, 32, 2, 2>::kMaxSmemBytes)});
 }
 
 }  // namespace moe_ep::kern
