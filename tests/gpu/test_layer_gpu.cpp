@@ -991,37 +991,47 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
 
 // The decode kernel's tile of 32 (MOE_EP_TILE_N=32): each tile on the narrowest of its 8-, 16-
 // and 32-column consumers that holds its live rows. Every column gets the same MMAs in the same
-// k order as in a tile of 8, so forcing tile 32 gives tile 8's bits. Qwen3 (E 16, K 8): T = 3
-// (1.5 rows per expert: the 8-column consumer), 24 (12: 8- and 16-column), 48 (24: mostly 32),
-// 100 (50: a full tile of 32 and a remainder per expert); then a CUDA graph captured at T = 100
-// and replayed with device counts (the tiles change with each replay's rows) against eager
-// tile-8 forwards of the first n tokens.
+// k order as in a tile of 8, so forcing tile 32 gives tile 8's bits, on either 32-column
+// consumer (lean on 2-chunk slots, 136 registers on 4). Qwen3 (E 16, K 8): T = 3 (1.5 rows per
+// expert: the 8-column consumer), 24 (12: 8- and 16-column), 48 (24: mostly 32), 100 (50: a full
+// tile of 32 and a remainder per expert); DSV3 (E 8, K 8) twice the rows; then a CUDA graph
+// captured at T = 100 and replayed with device counts (the tiles change with each replay's rows)
+// against eager tile-8 forwards of the first n tokens.
 TEST(GpuLayer, Decode32SameBitsAsTile8) {
   SKIP_WITHOUT_GPU();
-  const Shape s = kQwen3;
-  Master m(s, 41);
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
-    SCOPED_TRACE(recipe_name(r));
-    const PackedExperts p = pack(s, r, m, Options{});
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 128, true, Options{}), p);
-    gpu->warmup();
-    for (int T : {3, 24, 48, 100}) {
-      SCOPED_TRACE("T = " + std::to_string(T));
-      HostInputs h = make_inputs(T, s.H, s.K, s.E, 90 + T);
-      DeviceInputs d(h);
-      auto run = [&](int tile) {
-        TileOverride o(tile);
-        return forward_bits(*gpu, d, h);
-      };
-      const std::vector<uint16_t> t8 = run(8), t32 = run(32);
-      EXPECT_TRUE(t32 == t8) << "tile 32 differs from tile 8";
-      EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
-      if (T != 100) continue;
-      expect_replays_equal_eager_tile8(*gpu, s, d, h, T, {100, 40, 5},
-                                       [&](const ForwardInputs& f, const TensorView& out) {
-                                         TileOverride o(32);
-                                         gpu->forward(f, out);
-                                       });
+  // Qwen3 (K of 2048 and 768) runs both GEMMs on the lean consumer by default, DSV3 (7168 and
+  // 2048) fc1 on the 136-register one; each also runs both consumers forced (2- / 4-chunk slots).
+  for (const Shape& s : {kQwen3, kDsv3}) {
+    SCOPED_TRACE(s.name);
+    Master m(s, 41);
+    for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
+      SCOPED_TRACE(recipe_name(r));
+      const PackedExperts p = pack(s, r, m, Options{});
+      auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 128, true, Options{}), p);
+      gpu->warmup();
+      for (int T : {3, 24, 48, 100}) {
+        SCOPED_TRACE("T = " + std::to_string(T));
+        HostInputs h = make_inputs(T, s.H, s.K, s.E, 90 + T);
+        DeviceInputs d(h);
+        auto run = [&](int tile, int cps) {
+          TileOverride o(tile);
+          CpsOverride c(cps);
+          return forward_bits(*gpu, d, h);
+        };
+        const std::vector<uint16_t> t8 = run(8, 0);
+        EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
+        EXPECT_TRUE(run(32, 0) == t8) << "tile 32 (the default consumers) differs from tile 8";
+        for (int cps : {2, 4}) {
+          EXPECT_TRUE(run(32, cps) == t8) << "tile 32 on " << cps << "-chunk slots differs";
+          EXPECT_EQ(kern::last_decode_cps(), cps);
+        }
+        if (T != 100) continue;
+        expect_replays_equal_eager_tile8(*gpu, s, d, h, T, {100, 40, 5},
+                                         [&](const ForwardInputs& f, const TensorView& out) {
+                                           TileOverride o(32);
+                                           gpu->forward(f, out);
+                                         });
+      }
     }
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
@@ -1318,15 +1328,19 @@ TEST(GpuLayer, SmallForSanitizer) {
     auto cpu = make_layer(Backend::kCPU, make_config(s, r, 1100, true, Options{}), p);
     auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 1100, true, Options{}), p);
     auto unf = make_layer(Backend::kCUDA, make_config(s, r, 1100, false, Options{}), p);
-    // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16; T = 120: 30
-    // rows per expert, the wgmma kernel; T = 1100 (2200 pairs): prepare's spread route.
+    // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16; T = 72 (18
+    // rows): tile 32 on its lean consumer (this K's default) and, forced, on 4-chunk slots;
+    // T = 120: 30 rows per expert, the wgmma kernel; T = 1100 (2200 pairs): prepare's spread
+    // route.
     SpreadOverride spread(1);
-    for (int T : {5, 40, 120, 1100}) {
-      SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T));
+    for (const auto [T, cps] : {std::pair{5, 0}, {40, 0}, {72, 0}, {72, 4}, {120, 0}, {1100, 0}}) {
+      SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T) +
+                   " chunks per slot " + std::to_string(cps));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
       DeviceInputs d(h);
       const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
       WaveOverride wave(1);
+      CpsOverride slots(cps);
       const std::vector<uint16_t> got = to_host_bf16(gpu->forward(device_view(d, h)).view());
       std::string why;
       EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;

@@ -98,6 +98,17 @@ TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   EXPECT_EQ(choose_tile_n(0, 8, 0), 8);
 }
 
+// Tile 32's consumer follows the GEMM's K: the lean one on 2-chunk slots up to 2048 inner values
+// (32 K-chunks per CTA), the 136-register one on 4-chunk slots above.
+TEST(KernelParams, Tile32SlotChunksFollowK) {
+  EXPECT_EQ(kDecode32LeanMaxK, 2048);
+  EXPECT_EQ(decode32_cps_for(768), 2);   // Qwen3 fc2
+  EXPECT_EQ(decode32_cps_for(2048), 2);  // Qwen3 fc1, DSV3 fc2
+  EXPECT_EQ(decode32_cps_for(2049), 4);
+  EXPECT_EQ(decode32_cps_for(2880), 4);  // gpt-oss fc1 and fc2
+  EXPECT_EQ(decode32_cps_for(7168), 4);  // DSV3 fc1
+}
+
 // Routing makes ceil(count_e / tile_n) tiles per touched expert; max_tiles must bound their sum
 // for every distribution of `pairs` over the experts (the grids and the tile list rely on it).
 TEST(KernelParams, MaxTilesBoundsEveryRouting) {

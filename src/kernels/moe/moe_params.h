@@ -131,6 +131,16 @@ inline int choose_tile_n(int tokens, int top_k, int local_experts) {
                                            : kM64TileN;
 }
 
+// Tile 32's K-chunks per ring slot for a GEMM of k_total inner values (H for fc1, I for fc2):
+// 2, the lean consumer (B fragments and scale multipliers read at each k16 step, 96 registers,
+// 4 CTAs per SM), up to kDecode32LeanMaxK; else 4, the 136-register consumer (3 CTAs per SM, a
+// deeper ring, fewer instructions per chunk). Measured at 12-20 rows per expert
+// (docs/gpu_kernels.md §6 "Session 22"): lean was faster where a CTA streams at most 32 K-chunks
+// of 64 (Qwen3's fc1 and fc2, DSV3's fc2), level or slower at 45 (gpt-oss) and slower at 112
+// (DSV3's fc1).
+constexpr int kDecode32LeanMaxK = 2048;
+constexpr int decode32_cps_for(int k_total) { return k_total <= kDecode32LeanMaxK ? 2 : 4; }
+
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
 // follows choose_tile_n; 2 runs the 4-bit recipes' tiles of 160 as tiles of 128 on the v2
 // kernel (the default before session 8 up to a mean of 120 rows). launch_forward applies it
@@ -256,7 +266,8 @@ void note_decode_splits(bool fc1, int splits);
 int last_decode_splits(bool fc1);
 
 // K-chunks per ring slot of the tile-8 decode GEMM set by a test (1, 2 or 4; 0 clears it and
-// the default or MOE_EP_DECODE_CPS applies), and the count the last tile-8 decode launch used.
+// the default or MOE_EP_DECODE_CPS applies; tile 32 takes 2 or 4, its two consumers), and the
+// count the last tile-8 or tile-32 decode launch used.
 void set_decode_cps_override(int cps);
 int decode_cps_override();
 void note_decode_cps(int cps);

@@ -291,7 +291,9 @@ struct PipeConsumer {
     const uint32_t sb = st + kSub<kJ> * (kKChunk * 2);  // + b_off: its B columns
     // Scale bytes first: their table round trip is the longest chain of the chunk.
     const uint32_t tbl = kOneTable ? tbl0 : tbl0 + (chunk & 1) * tbl_step;
-    if constexpr (kOneTable) __syncwarp();  // the previous chunk's table was read
+    // One table: the previous chunk's was read. kLean: this table was last read by the MMAs of
+    // chunk - 2 (compute, after that chunk's loads), so every lane's reads of it must come first.
+    if constexpr (kOneTable || kLean) __syncwarp();
     // Each lane converts 4 (nvfp4, 2 fragments) or 2 scale bytes; with one mxfp4 fragment (16
     // rows of 2 bytes) only lanes 0..15 have any.
     if constexpr (RT::kNvScale && kFW == 2) {
@@ -959,8 +961,8 @@ __global__ void __launch_bounds__(DecodeConfig<R, kN, kFW>::kThreads)
 // CTAs of 160 threads fit the register file, as its ring fits the shared memory; 32-44 bytes
 // of spill remain in its 32-column loop).
 constexpr int kDecode32Regs = 136;
-// (Tile 32 on 2-chunk slots runs the lean consumer at 96 registers and 4 CTAs per SM:
-// MOE_EP_DECODE32_LEAN=1, measured against the 4-chunk one.)
+// (Tile 32 on 2-chunk slots runs the lean consumer at 96 registers and 4 CTAs per SM, for GEMMs
+// with a short K: decode32_chunks_per_slot.)
 template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
 __global__ void __maxnreg__(kN > 16 && kCps == 4 ? kDecode32Regs : 96)
     sm90_moe_decode_pipe_kernel(const ForwardArgs a, const int stages, const int splits,
@@ -1086,11 +1088,15 @@ inline int decode_forced_cps(bool fc1) {
   }();
   return n[fc1];
 }
-// MOE_EP_DECODE32_LEAN=1 (benchmark knob, read once per process): tile 32 on 2-chunk slots with
-// the lean consumer (PipeConsumer::kLean, 96 registers, 4 CTAs per SM) instead of 4-chunk slots.
-inline bool decode32_lean() {
-  static const bool on = env_switch("MOE_EP_DECODE32_LEAN", false);
-  return on;
+// Tile 32's K-chunks per ring slot for a GEMM of k_total inner values (H for fc1, I for fc2):
+// decode32_cps_for's policy (2, the lean consumer, where K is short; else 4), unless a test's
+// override (2 or 4) or MOE_EP_DECODE32_LEAN=1 / =0 (benchmark knob, read once per process: 2 / 4)
+// says otherwise.
+inline int decode32_chunks_per_slot(int k_total) {
+  const int o = decode_cps_override();
+  if (o == 2 || o == 4) return o;
+  static const int mode = env_mode("MOE_EP_DECODE32_LEAN");
+  return mode < 0 ? decode32_cps_for(k_total) : mode == 1 ? 2 : 4;
 }
 
 // K-chunks per ring slot: 4 (fewer, larger copies and a quarter of the barrier waits per byte;
@@ -1133,9 +1139,11 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   if constexpr (kN == 32) {
     // No split, only the pipelined consumer (as tile 16; the plain loop on 1-chunk slots
     // measured 18-53 % slower, docs/gpu_kernels.md §6 "Session 21"): on 4-chunk slots, two of
-    // 35 KB (nvfp4) leaving room for 3 CTAs, or with MOE_EP_DECODE32_LEAN=1 the lean one on
-    // 2-chunk slots at 4 CTAs.
-    if (decode32_lean()) {
+    // 35 KB (nvfp4) leaving room for 3 CTAs, or the lean one on 2-chunk slots at 4 CTAs where
+    // the GEMM's K is short (decode32_chunks_per_slot).
+    const int cps = decode32_chunks_per_slot(kFc1 ? a.H : a.I);
+    note_decode_cps(cps);
+    if (cps == 2) {
       per_sm = std::min(per_sm, decode_max_per_sm<R, kN, 2>());
       return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, 1, per_sm);
     }
