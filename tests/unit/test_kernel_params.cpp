@@ -72,16 +72,18 @@ TEST(KernelParams, OwnerFc1RingAtFewTokens) {
   EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 1), 0);
 }
 
-// The tile width is 8 up to 4 mean rows per expert, 16 up to 17, 32 up to 21, else kM64TileN
+// The tile width is 8 up to 4 mean rows per expert, 16 up to 15, 32 up to 21, else kM64TileN
 // (160).
 TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32.
   EXPECT_EQ(choose_tile_n(1, 8, 256), 8);
   EXPECT_EQ(choose_tile_n(128, 8, 256), 8);    // 4 rows
   EXPECT_EQ(choose_tile_n(129, 8, 256), 16);   // just above 4
-  EXPECT_EQ(choose_tile_n(512, 8, 256), 16);   // 16 rows
-  EXPECT_EQ(choose_tile_n(544, 8, 256), 16);   // 17 rows
-  EXPECT_EQ(choose_tile_n(545, 8, 256), 32);   // just above 17
+  EXPECT_EQ(choose_tile_n(448, 8, 256), 16);   // 14 rows
+  EXPECT_EQ(choose_tile_n(480, 8, 256), 16);   // 15 rows
+  EXPECT_EQ(choose_tile_n(481, 8, 256), 32);   // just above 15
+  EXPECT_EQ(choose_tile_n(512, 8, 256), 32);   // 16 rows
+  EXPECT_EQ(choose_tile_n(544, 8, 256), 32);   // 17 rows
   EXPECT_EQ(choose_tile_n(576, 8, 256), 32);   // 18 rows
   EXPECT_EQ(choose_tile_n(640, 8, 256), 32);   // 20 rows
   EXPECT_EQ(choose_tile_n(672, 8, 256), 32);   // 21 rows

@@ -108,7 +108,7 @@ auto with_m64_shape(const std::array<int, 2>& shape, F f) {
 
 // Tokens per routing tile: 8, 16 or 32 while experts see few rows (decode: a weight stream; 8 up
 // to a mean of 4 rows, where the few experts with more than 8 rows stream twice but no MMA work
-// goes to empty columns; measured, docs/gpu_kernels.md §6), kM64TileN = 160 above a mean of 17
+// goes to empty columns; measured, docs/gpu_kernels.md §6), kM64TileN = 160 above a mean of 21
 // rows (prefill: the m64 wgmma kernel, which sizes its N to each tile's rows in steps of 16-32,
 // so a tile costs no MMA work for the rows it lacks; an expert with more rows gets more tiles,
 // which run in parallel). Session 9 on the H200x2, DSV3 (§10): with the m64 kernel's branch-free
@@ -121,8 +121,13 @@ auto with_m64_shape(const std::array<int, 2>& shape, F f) {
 // between 17 and 21 rows, where an expert's rows mostly fit one tile of 32 but take two of 16,
 // and the m64 kernel still pays its fixed cost per K-chunk: at 20 rows nvfp4 DSV3 (640 tokens)
 // 2931 against 3096-3100 us on tile 160, gpt-oss 896-897 against 954-957, Qwen3 233-235 against
-// 236; at 16 rows tile 16 stays (gpt-oss and Qwen3 faster there), at 24 tile 160.
-constexpr double kTile16MaxMeanRows = 17.0, kTile32MaxMeanRows = 21.0;
+// 236; at 16 rows tile 16 stayed then (gpt-oss and Qwen3 faster there), at 24 tile 160.
+// Session 22 (one H200, §6 "Session 22"): with the lean consumer on short-K GEMMs
+// (decode32_cps_for) tile 32 from 16 rows: DSV3 nvfp4 512 / 544 tokens 2707-2714 / 2784-2788
+// against tile 16's 2860-2908 / 3037-3056 us, Qwen3 nvfp4 256 / 272 194 / 196 against 218-219 /
+// 234-235, gpt-oss level at 16 rows and 840 against 875-884 at 17; at 14-15 rows tile 16 was
+// faster on gpt-oss (685 against 790 at 14) and on DSV3 mxfp4_mxfp8 at 14.
+constexpr double kTile16MaxMeanRows = 15.0, kTile32MaxMeanRows = 21.0;
 inline int choose_tile_n(int tokens, int top_k, int local_experts) {
   const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
   return mean_rows <= 4.0                  ? 8

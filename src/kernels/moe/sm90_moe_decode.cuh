@@ -1176,7 +1176,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   }
 }
 
-// Tile_n 16 (5-17 rows per expert) runs this kernel too (4-chunk slots, no split): with the
+// Tile_n 16 (5-15 rows per expert) runs this kernel too (4-chunk slots, no split): with the
 // 4-chunk slots it measured faster than sm90_moe_gemm_kernel (DSV3 nvfp4 256 / 512 tokens
 // 2448 -> 2144 / 3447 -> 3055 us; docs/gpu_kernels.md §6). MOE_EP_DECODE16=0 (benchmark knob,
 // read once per process) sends tile_n 16 back to sm90_moe_gemm_kernel.

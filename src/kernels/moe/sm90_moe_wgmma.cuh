@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
 }
 
 // ---------------------------------------------------------------------------------------------
-// The m64 kernel (4-bit weights, tile_n kM64TileN = 160, more than 17 rows per expert on
+// The m64 kernel (4-bit weights, tile_n kM64TileN = 160, more than 21 rows per expert on
 // average; docs/gpu_kernels.md §10): one m64nNk16 wgmma per k16 step. A warpgroup = 64 weight
 // rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's rows
 // rounded up to a class (M64NClasses, <= 160; acc N/2 fp32 registers per thread). A CTA holds G
