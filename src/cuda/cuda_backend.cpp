@@ -365,7 +365,7 @@ class CudaBackend final : public LayerBackend {
       a.weights_out = out.weights.ptr<float>();
       a.indices_out = out.indices.ptr<int32_t>();
     }
-    a.tile_n = kern::choose_tile_n(in.tokens, a.K, El_);
+    a.tile_n = kern::choose_tile_n(in.tokens, a.K, El_, kern::tile16_max_mean_rows(a.recipe, a.I));
     check(kern::launch_forward(a, static_cast<cudaStream_t>(in.stream), debug::g_stage_events),
           "launching the forward");
   }
@@ -597,11 +597,8 @@ class CudaBackend final : public LayerBackend {
     } else {
       a.y_rows = reinterpret_cast<uint16_t*>(scratch + ws.y_off);
     }
-    // Tile width from T*W "tokens" (every rank's T about ours). That is W times the mean rows
-    // an owner gets (T*K pairs over E_local experts), but with choose_tile_n's thresholds it
-    // picks the tile measured faster at EP = 2 (32, 64, 2048 and 4096 tokens per rank,
-    // docs/gpu_kernels.md §10, session 4).
-    a.tile_n = kern::choose_tile_n(in.tokens * W_, K, El_);
+    // Tile width from T*W "tokens" (every rank's T about ours; choose_owner_tile_n).
+    a.tile_n = kern::choose_owner_tile_n(in.tokens, W_, K, El_);
     check(kern::launch_forward(a, s, nullptr), "launching the expert compute");
     mark(4);
 

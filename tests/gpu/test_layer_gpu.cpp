@@ -1334,8 +1334,8 @@ TEST(GpuLayer, SmallForSanitizer) {
     // route.
     SpreadOverride spread(1);
     for (const auto [T, cps] : {std::pair{5, 0}, {40, 0}, {72, 0}, {72, 4}, {120, 0}, {1100, 0}}) {
-      SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T) +
-                   " chunks per slot " + std::to_string(cps));
+      SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T) + " chunks per slot " +
+                   std::to_string(cps));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
       DeviceInputs d(h);
       const std::vector<uint16_t> ref = cpu_bits(*cpu, h);

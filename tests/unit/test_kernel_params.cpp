@@ -72,30 +72,45 @@ TEST(KernelParams, OwnerFc1RingAtFewTokens) {
   EXPECT_EQ(owner_fc1_ctas_per_sm(a, 8, 32, 1), 0);
 }
 
-// The tile width is 8 up to 4 mean rows per expert, 16 up to 15, 32 up to 21, else kM64TileN
-// (160).
+// The tile width is 8 up to 4 mean rows per expert, 16 up to 17 (14 where tile 32's fc2 runs the
+// lean consumer), 32 up to 21, else kM64TileN (160).
 TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
-  // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32.
-  EXPECT_EQ(choose_tile_n(1, 8, 256), 8);
-  EXPECT_EQ(choose_tile_n(128, 8, 256), 8);    // 4 rows
-  EXPECT_EQ(choose_tile_n(129, 8, 256), 16);   // just above 4
-  EXPECT_EQ(choose_tile_n(448, 8, 256), 16);   // 14 rows
-  EXPECT_EQ(choose_tile_n(480, 8, 256), 16);   // 15 rows
-  EXPECT_EQ(choose_tile_n(481, 8, 256), 32);   // just above 15
-  EXPECT_EQ(choose_tile_n(512, 8, 256), 32);   // 16 rows
-  EXPECT_EQ(choose_tile_n(544, 8, 256), 32);   // 17 rows
-  EXPECT_EQ(choose_tile_n(576, 8, 256), 32);   // 18 rows
-  EXPECT_EQ(choose_tile_n(640, 8, 256), 32);   // 20 rows
-  EXPECT_EQ(choose_tile_n(672, 8, 256), 32);   // 21 rows
-  EXPECT_EQ(choose_tile_n(673, 8, 256), 160);  // just above 21
-  EXPECT_EQ(choose_tile_n(768, 8, 256), 160);  // 24 rows
-  EXPECT_EQ(choose_tile_n(2048, 8, 256), 160);
-  EXPECT_EQ(choose_tile_n(4096, 8, 256), 160);
+  // DeepSeek-V3, EP = 1: K 8, 256 experts -> mean rows = T / 32; I = 2048, so fc2 runs lean.
+  const double dsv3 = tile16_max_mean_rows(Recipe::kNvfp4, 2048);
+  EXPECT_EQ(dsv3, 14.0);
+  EXPECT_EQ(choose_tile_n(1, 8, 256, dsv3), 8);
+  EXPECT_EQ(choose_tile_n(128, 8, 256, dsv3), 8);    // 4 rows
+  EXPECT_EQ(choose_tile_n(129, 8, 256, dsv3), 16);   // just above 4
+  EXPECT_EQ(choose_tile_n(448, 8, 256, dsv3), 16);   // 14 rows
+  EXPECT_EQ(choose_tile_n(449, 8, 256, dsv3), 32);   // just above 14
+  EXPECT_EQ(choose_tile_n(512, 8, 256, dsv3), 32);   // 16 rows
+  EXPECT_EQ(choose_tile_n(576, 8, 256, dsv3), 32);   // 18 rows
+  EXPECT_EQ(choose_tile_n(640, 8, 256, dsv3), 32);   // 20 rows
+  EXPECT_EQ(choose_tile_n(672, 8, 256, dsv3), 32);   // 21 rows
+  EXPECT_EQ(choose_tile_n(673, 8, 256, dsv3), 160);  // just above 21
+  EXPECT_EQ(choose_tile_n(768, 8, 256, dsv3), 160);  // 24 rows
+  EXPECT_EQ(choose_tile_n(2048, 8, 256, dsv3), 160);
+  EXPECT_EQ(choose_tile_n(4096, 8, 256, dsv3), 160);
   EXPECT_EQ(kM64TileN, 160);
-  // EP = 2 owner side: W * T virtual tokens over 128 local experts.
-  EXPECT_EQ(choose_tile_n(2 * 128, 8, 128), 16);
-  EXPECT_EQ(choose_tile_n(2 * 960, 8, 128), 160);
-  EXPECT_EQ(choose_tile_n(2 * 4096, 8, 128), 160);
+  // Qwen3 (I = 768) as DSV3; gpt-oss (I = 2880, K 4, 128 experts: mean rows = T / 32) and bf16
+  // weights keep tile 16 up to 17 rows.
+  EXPECT_EQ(tile16_max_mean_rows(Recipe::kMxfp4Mxfp8, 768), 14.0);
+  const double gpt_oss = tile16_max_mean_rows(Recipe::kNvfp4, 2880);
+  EXPECT_EQ(gpt_oss, 17.0);
+  EXPECT_EQ(tile16_max_mean_rows(Recipe::kBf16, 2048), 17.0);
+  EXPECT_EQ(choose_tile_n(512, 4, 128, gpt_oss), 16);  // 16 rows
+  EXPECT_EQ(choose_tile_n(544, 4, 128, gpt_oss), 16);  // 17 rows
+  EXPECT_EQ(choose_tile_n(545, 4, 128, gpt_oss), 32);  // just above 17
+  EXPECT_EQ(choose_tile_n(544, 4, 128), 16);           // the default bound is 17
+  // EP = 2 owner side: W * T virtual tokens over 128 local experts; never tile 32 (at most
+  // 21 / W real rows per expert there).
+  EXPECT_EQ(choose_owner_tile_n(128, 2, 8, 128), 16);   // W * 16 rows
+  EXPECT_EQ(choose_owner_tile_n(160, 2, 8, 128), 16);   // W * 20 rows: 32 on one GPU
+  EXPECT_EQ(choose_owner_tile_n(176, 2, 8, 128), 160);  // W * 22 rows
+  EXPECT_EQ(choose_owner_tile_n(960, 2, 8, 128), 160);
+  EXPECT_EQ(choose_owner_tile_n(4096, 2, 8, 128), 160);
+  EXPECT_EQ(choose_owner_tile_n(16, 2, 8, 128), 8);    // W * 2 rows
+  EXPECT_EQ(choose_owner_tile_n(640, 1, 8, 256), 32);  // one rank: the single-GPU choice
   // No local experts (a degenerate split) does not divide by zero.
   EXPECT_EQ(choose_tile_n(0, 8, 0), 8);
 }

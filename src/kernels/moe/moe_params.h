@@ -122,19 +122,15 @@ auto with_m64_shape(const std::array<int, 2>& shape, F f) {
 // and the m64 kernel still pays its fixed cost per K-chunk: at 20 rows nvfp4 DSV3 (640 tokens)
 // 2931 against 3096-3100 us on tile 160, gpt-oss 896-897 against 954-957, Qwen3 233-235 against
 // 236; at 16 rows tile 16 stayed then (gpt-oss and Qwen3 faster there), at 24 tile 160.
-// Session 22 (one H200, §6 "Session 22"): with the lean consumer on short-K GEMMs
-// (decode32_cps_for) tile 32 from 16 rows: DSV3 nvfp4 512 / 544 tokens 2707-2714 / 2784-2788
-// against tile 16's 2860-2908 / 3037-3056 us, Qwen3 nvfp4 256 / 272 194 / 196 against 218-219 /
-// 234-235, gpt-oss level at 16 rows and 840 against 875-884 at 17; at 14-15 rows tile 16 was
-// faster on gpt-oss (685 against 790 at 14) and on DSV3 mxfp4_mxfp8 at 14.
-constexpr double kTile16MaxMeanRows = 15.0, kTile32MaxMeanRows = 21.0;
-inline int choose_tile_n(int tokens, int top_k, int local_experts) {
-  const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
-  return mean_rows <= 4.0                  ? 8
-         : mean_rows <= kTile16MaxMeanRows ? 16
-         : mean_rows <= kTile32MaxMeanRows ? 32
-                                           : kM64TileN;
-}
+// Session 22 (one H200 and the H200x2, §6 "Session 22"): where tile 32's fc2 runs the lean
+// consumer (decode32_cps_for: 4-bit weights, I <= 2048), tile 32 from above 14 rows: DSV3 nvfp4
+// 480 / 512 / 544 tokens (15 / 16 / 17 rows) 2628-2637 / 2700-2729 / 2767-2788 against tile 16's
+// 2674-2704 / 2826-2908 / 3037-3063 us, Qwen3 nvfp4 240 / 256 / 272 187 / 193 / 196 against
+// 213 / 217-219 / 234-236; at 14 rows mxfp4_mxfp8 was faster on tile 16 (DSV3 2324-2408 against
+// 2446-2467). Elsewhere (gpt-oss, I = 2880: both GEMMs on the 136-register consumer) tile 32
+// was 2-8 % slower at 16 rows and level to 4 % slower at 17, so tile 16 stays up to 17 there.
+constexpr double kTile16MaxMeanRows = 17.0, kTile16MaxMeanRowsLeanFc2 = 14.0;
+constexpr double kTile32MaxMeanRows = 21.0;
 
 // Tile 32's K-chunks per ring slot for a GEMM of k_total inner values (H for fc1, I for fc2):
 // 2, the lean consumer (B fragments and scale multipliers read at each k16 step, 96 registers,
@@ -145,6 +141,32 @@ inline int choose_tile_n(int tokens, int top_k, int local_experts) {
 // (DSV3's fc1).
 constexpr int kDecode32LeanMaxK = 2048;
 constexpr int decode32_cps_for(int k_total) { return k_total <= kDecode32LeanMaxK ? 2 : 4; }
+
+// The mean rows per expert up to which choose_tile_n takes tile 16 for a layer of this recipe
+// and intermediate size (tile 32 above, up to kTile32MaxMeanRows).
+constexpr double tile16_max_mean_rows(Recipe r, int intermediate) {
+  return r != Recipe::kBf16 && decode32_cps_for(intermediate) == 2 ? kTile16MaxMeanRowsLeanFc2
+                                                                   : kTile16MaxMeanRows;
+}
+
+inline int choose_tile_n(int tokens, int top_k, int local_experts,
+                         double tile16_max_rows = kTile16MaxMeanRows) {
+  const double mean_rows = double(tokens) * top_k / (local_experts > 0 ? local_experts : 1);
+  return mean_rows <= 4.0                  ? 8
+         : mean_rows <= tile16_max_rows    ? 16
+         : mean_rows <= kTile32MaxMeanRows ? 32
+                                           : kM64TileN;
+}
+
+// An EP owner's tile (world >= 2 ranks, tokens per rank): choose_tile_n on world * tokens (every
+// rank's T about ours; W times the owner's mean rows, which picked the tile measured faster at
+// EP = 2 for 32, 64, 2048 and 4096 tokens per rank, docs/gpu_kernels.md §10, session 4), with
+// tile 16 where that says 32: the owner's mean is then at most 21 / W rows, and there tile 32 was
+// slower (DSV3 nvfp4, 128 tokens per rank: 1056-1058 us against 917-918, §9 "Session 22").
+inline int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts) {
+  const int n = choose_tile_n(tokens * world, top_k, local_experts);
+  return world > 1 && n == 32 ? 16 : n;
+}
 
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
 // follows choose_tile_n; 2 runs the 4-bit recipes' tiles of 160 as tiles of 128 on the v2
