@@ -1,0 +1,29 @@
+# Session 22 device calls through the device tool; outputs under bench/results/
+# h200[x2]-2026-11-30-s22-<call>-*. Carry [".deps"] (and "ab_base" where a base runs).
+# Call A (nvidia-h200, branch s21-tile32-lean f432206 = main b32e5ee + the lean consumer behind
+# MOE_EP_DECODE32_LEAN=1): GPU tests 32/32 (the first GPU run of session 21's review mends:
+# expect_replays_equal_eager_tile8, any_nonzero), memcheck / racecheck of SmallForSanitizer clean;
+# with MOE_EP_DECODE32_LEAN=1 GpuLayer.Decode* 5/5, but racecheck of Decode32SameBitsAsTile8
+# 6 warnings (the lean consumer's scale-table writes against lds32 reads two chunks before; fixed
+# in 0ff6b52 with a __syncwarp) (-a-*).
+timeout 260 scripts/gpu_round.sh build test sanitize; B=build-gpu; MOE_EP_DECODE32_LEAN=1 $B/tests/moe_ep_gpu_tests --gtest_filter='GpuLayer.Decode*'; MOE_EP_DECODE32_LEAN=1 compute-sanitizer --tool racecheck --error-exitcode 1 $B/tests/moe_ep_gpu_tests --gtest_filter='GpuLayer.Decode32SameBitsAsTile8'
+# Call B (same machine, same tree): the default against MOE_EP_DECODE32_LEAN=1, MOE_EP_TILE_N=32
+# and both, 12-20 rows per expert, nvfp4 (-b-lean-*-ab.log).
+V="this;this:MOE_EP_DECODE32_LEAN=1;this:MOE_EP_TILE_N=32;this:MOE_EP_TILE_N=32 MOE_EP_DECODE32_LEAN=1"; for s in "dsv3 384,448,512,576,640" "gpt-oss 384,448,512,576,640" "qwen3 192,224,256,288,320"; do set -- $s; OUT=$OUT/$1 AB_REPS=2 AB_VARIANTS="$V" AB_ARGS="--shape $1 --recipes nvfp4 --routing uniform --tokens $2" scripts/gpu_round.sh ab; done
+# Call C (nvidia-h200, 0ff6b52: lean by K): GpuLayer* 27/27 with Decode32SameBitsAsTile8 on both
+# consumers and shapes, SmallForSanitizer with tile 32 memcheck / racecheck clean; gpt-oss 576
+# alone (-d-history.log); tile 16 / 32 forced against the default at 14-20 rows (-c-band-*).
+GTEST_FILTER='GpuLayer*' scripts/gpu_round.sh build test sanitize; V="this;this:MOE_EP_TILE_N=16;this:MOE_EP_TILE_N=32"; for s in "dsv3 448,480,512,544,576,640" "gpt-oss 448,480,512,544,576,640" "qwen3 224,240,256,272,288,320"; do set -- $s; OUT=$OUT/$1 AB_REPS=2 AB_VARIANTS="$V" AB_ARGS="--shape $1 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens $2" scripts/gpu_round.sh ab; done
+# Call D (nvidia-h200-x2, bcddb58: tile 16 up to 15 rows everywhere; ab_base = main b32e5ee):
+# gpt-oss history runs (-d-history.log); EP = 2 at 128 tokens per rank, the owner's tile 32 (this
+# tree's choice at W x 16 rows) against tile 16: 1055.8-1058.0 against 917.2-917.8 us
+# (-d-ep2-owner-tile-ab.log); main against this tree at 15-21 rows (-d-rule-*).
+scripts/ab_base.sh main; OUT=$OUT/ep2 AB_REPS=3 AB_VARIANTS="this;this:MOE_EP_TILE_N=16" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --tokens 128" scripts/gpu_round.sh ab; for s in "dsv3 480,512,544,576,640,672" "gpt-oss 480,512,544,576,640,672" "qwen3 240,256,272,288,320,336"; do set -- $s; OUT=$OUT/$1 AB_REPS=2 AB_VARIANTS="base;this" AB_ARGS="--shape $1 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens $2" scripts/gpu_round.sh ab; done
+# Call E (nvidia-h200-x2, 0e2bad7, the rule kept; ab_base = main b32e5ee): EP = 2 at 128 and 160
+# tokens per rank, main against this tree (-e-final-ep2-ab.log), and the three shapes at 14-20
+# rows (-e-final-*-ab.log).
+OUT=$OUT/ep2 AB_REPS=2 AB_VARIANTS="base;this" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --tokens 128,160" scripts/gpu_round.sh ab; for s in "dsv3 448,480,512,544,576,640" "qwen3 224,240,256,272,288,320" "gpt-oss 512,544,576,640"; do set -- $s; OUT=$OUT/$1 AB_REPS=2 AB_VARIANTS="base;this" AB_ARGS="--shape $1 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens $2" scripts/gpu_round.sh ab; done
+# Call F (nvidia-h200-x2, 0e2bad7): the whole round: GPU tests 32/32, memcheck 0 errors,
+# racecheck 0 hazards, multi-GPU 27/27 at W = 2, moe-ep on one and two GPUs (28 PASS), Python 59
+# passed 1 skipped (-f-*).
+timeout 570 scripts/gpu_round.sh build test sanitize multigpu cli python
