@@ -27,3 +27,8 @@ OUT=$OUT/ep2 AB_REPS=2 AB_VARIANTS="base;this" AB_ARGS="--ep 2 --shape dsv3 --re
 # racecheck 0 hazards, multi-GPU 27/27 at W = 2, moe-ep on one and two GPUs (28 PASS), Python 59
 # passed 1 skipped (-f-*).
 timeout 570 scripts/gpu_round.sh build test sanitize multigpu cli python
+# Call G (nvidia-h200-x2, main 15aa73c; ab_base = b32e5ee): Zipf routing at 15-20 rows, main
+# against this tree (-g-zipf-*-ab.log), then every BENCH.md case of DSV3 at EP = 1 (records
+# -g-layer-dsv3.{json,log,png}; the plot redrawn here with the recorded PyTorch baseline
+# bench/results/h200-2026-11-29-torch-baseline.json).
+for s in "dsv3 480,512,544,576,640" "qwen3 240,256,272,288,320"; do set -- $s; OUT=$OUT/$1 AB_REPS=2 AB_VARIANTS="base;this" AB_ARGS="--shape $1 --recipes nvfp4,mxfp4_mxfp8 --routing zipf --tokens $2" scripts/gpu_round.sh ab; done; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" scripts/gpu_round.sh benchall
