@@ -111,6 +111,13 @@ TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   EXPECT_EQ(choose_owner_tile_n(4096, 2, 8, 128), 160);
   EXPECT_EQ(choose_owner_tile_n(16, 2, 8, 128), 8);    // W * 2 rows
   EXPECT_EQ(choose_owner_tile_n(640, 1, 8, 256), 32);  // one rank: the single-GPU choice
+  // W = 8 (32 local experts): twice the owner's mean, not 8 times.
+  EXPECT_EQ(choose_owner_tile_n(1, 8, 8, 32), 8);      // 0.25 rows
+  EXPECT_EQ(choose_owner_tile_n(8, 8, 8, 32), 8);      // 2 rows -> 4
+  EXPECT_EQ(choose_owner_tile_n(32, 8, 8, 32), 16);    // 8 rows -> 16
+  EXPECT_EQ(choose_owner_tile_n(40, 8, 8, 32), 16);    // 10 rows -> 20: 32 on one GPU
+  EXPECT_EQ(choose_owner_tile_n(128, 8, 8, 32), 160);  // 32 rows
+  EXPECT_EQ(choose_owner_tile_n(32, 4, 8, 64), 16);    // W = 4: 4 rows -> 8
   // No local experts (a degenerate split) does not divide by zero.
   EXPECT_EQ(choose_tile_n(0, 8, 0), 8);
 }

@@ -158,13 +158,17 @@ inline int choose_tile_n(int tokens, int top_k, int local_experts,
                                            : kM64TileN;
 }
 
-// An EP owner's tile (world >= 2 ranks, tokens per rank): choose_tile_n on world * tokens (every
-// rank's T about ours; W times the owner's mean rows, which picked the tile measured faster at
-// EP = 2 for 32, 64, 2048 and 4096 tokens per rank, docs/gpu_kernels.md §10, session 4), with
-// tile 16 where that says 32: the owner's mean is then at most 21 / W rows, and there tile 32 was
-// slower (DSV3 nvfp4, 128 tokens per rank: 1056-1058 us against 917-918, §9 "Session 22").
+// An EP owner's tile (world ranks, tokens per rank). The owner's mean rows per expert are
+// world * tokens * top_k / E = tokens * top_k / local_experts, i.e. choose_tile_n(tokens, ...).
+// At W = 2 the choice from twice that (choose_tile_n on world * tokens: every rank's T about
+// ours) measured faster for 32, 64, 2048 and 4096 tokens per rank (docs/gpu_kernels.md §10,
+// session 4), so owners take twice their mean; for W > 2 too (not W times: at W = 8 that would
+// give the m64 kernel's tile of 160 at 8 rows per expert, where tile 16 is ~1.8x faster on one
+// GPU; W > 2 is not measured, issue #7). Where that says 32, tile 16: the owner's mean is then
+// at most 10.5 rows, and there tile 32 was slower (DSV3 nvfp4, 128 / 160 tokens per rank:
+// 1056-1058 / 1155-1157 us against 917-918 / 962-963, §9 "Session 22").
 inline int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts) {
-  const int n = choose_tile_n(tokens * world, top_k, local_experts);
+  const int n = choose_tile_n(tokens * std::min(world, 2), top_k, local_experts);
   return world > 1 && n == 32 ? 16 : n;
 }
 
