@@ -8,7 +8,8 @@
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
 #   EP = 1, EP = 2 / 4 / 8 where that many GPUs are present (BENCH_EP="8" narrows it), the
 #   PyTorch baseline of each shape and the plots, packed into $OUT/bench.tar.gz (the device
-#   returns few files). profile = Nsight Compute of the
+#   returns few files); give the tree's commit for the records as MOE_EP_COMMIT=<hash> in the
+#   call. profile = Nsight Compute of the
 #   decode GEMM at 1 and 128 tokens and the wgmma GEMM at 4096 tokens (PROFILE_CASES="kernel
 #   tokens" pairs, e.g. "wgmma3 4096"; PROFILE_SOURCE=1 adds per-instruction stall samples).
 #   multigpu = the multi-GPU suite at W = 2, and at 4 / 8 where that many GPUs are present.
@@ -270,7 +271,10 @@ if has benchall; then
   echo "== all BENCH.md cases -> $OUT/bench.tar.gz"
   B="$OUT/bench"
   mkdir -p "$B"
-  export MOE_EP_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  # The records' commit: MOE_EP_COMMIT as the caller gives it (the device's copy of the tree can
+  # carry the git metadata of an older commit: session 22's records read the session's first
+  # commit), else git describe, which marks a tree that differs from that metadata "-dirty".
+  export MOE_EP_COMMIT=${MOE_EP_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   "$BUILD/bench/bench_quantize" --json "$B/quantize.json" >"$B/quantize.log" 2>&1 || status=1
   # BENCH_SHAPES / TORCH_SHAPES narrow the shapes (e.g. TORCH_SHAPES="" when the baseline of
