@@ -32,3 +32,7 @@ timeout 570 scripts/gpu_round.sh build test sanitize multigpu cli python
 # -g-layer-dsv3.{json,log,png}; the plot redrawn here with the recorded PyTorch baseline
 # bench/results/h200-2026-11-29-torch-baseline.json).
 for s in "dsv3 480,512,544,576,640" "qwen3 240,256,272,288,320"; do set -- $s; OUT=$OUT/$1 AB_REPS=2 AB_VARIANTS="base;this" AB_ARGS="--shape $1 --recipes nvfp4,mxfp4_mxfp8 --routing zipf --tokens $2" scripts/gpu_round.sh ab; done; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" scripts/gpu_round.sh benchall
+# (Call G's JSON records read "commit": "b32e5ee", the git metadata the device's copy carried
+# from the session's start; the tree run was 15aa73c (its 512-token cases ran tile 32, which
+# b32e5ee does not choose), so the field was corrected here. gpu_round.sh now takes
+# MOE_EP_COMMIT from the call and otherwise marks such a tree "-dirty".)
