@@ -36,3 +36,8 @@ for s in "dsv3 480,512,544,576,640" "qwen3 240,256,272,288,320"; do set -- $s; O
 # from the session's start; the tree run was 15aa73c (its 512-token cases ran tile 32, which
 # b32e5ee does not choose), so the field was corrected here. gpu_round.sh now takes
 # MOE_EP_COMMIT from the call and otherwise marks such a tree "-dirty".)
+# Call H (nvidia-h200, branch s22-tile8-lean5 adb11c2, not merged): tile 8 on 2-chunk slots with
+# the lean consumer at 80 registers (5 CTAs per SM possible; MOE_EP_DECODE_CPS=2, with
+# MOE_EP_DECODE_PER_SM=5): GpuLayer.Decode* / SmallForSanitizer / Compare* 6/6 with it, racecheck
+# of SmallForSanitizer clean; slower than the default everywhere (-h-tile8-lean5-*).
+T=build-gpu/tests/moe_ep_gpu_tests; MOE_EP_DECODE_CPS=2 MOE_EP_DECODE_PER_SM=5 $T --gtest_filter='GpuLayer.Decode*:GpuLayer.SmallFor*:GpuLayer.Compare*'; V="this;this:MOE_EP_DECODE_CPS=2;this:MOE_EP_DECODE_CPS=2 MOE_EP_DECODE_PER_SM=5"; for s in "qwen3 1,8,32,64" "gpt-oss 1,8,32,64,128" "dsv3 1,8,32,128"; do set -- $s; OUT=$OUT/$1 AB_REPS=2 AB_VARIANTS="$V" AB_ARGS="--shape $1 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens $2" scripts/gpu_round.sh ab; done
