@@ -41,3 +41,6 @@ for s in "dsv3 480,512,544,576,640" "qwen3 240,256,272,288,320"; do set -- $s; O
 # MOE_EP_DECODE_PER_SM=5): GpuLayer.Decode* / SmallForSanitizer / Compare* 6/6 with it, racecheck
 # of SmallForSanitizer clean; slower than the default everywhere (-h-tile8-lean5-*).
 T=build-gpu/tests/moe_ep_gpu_tests; MOE_EP_DECODE_CPS=2 MOE_EP_DECODE_PER_SM=5 $T --gtest_filter='GpuLayer.Decode*:GpuLayer.SmallFor*:GpuLayer.Compare*'; V="this;this:MOE_EP_DECODE_CPS=2;this:MOE_EP_DECODE_CPS=2 MOE_EP_DECODE_PER_SM=5"; for s in "qwen3 1,8,32,64" "gpt-oss 1,8,32,64,128" "dsv3 1,8,32,128"; do set -- $s; OUT=$OUT/$1 AB_REPS=2 AB_VARIANTS="$V" AB_ARGS="--shape $1 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens $2" scripts/gpu_round.sh ab; done
+# Call I (nvidia-h200, main 7e96339): gpt-oss 576 tokens before and after other token counts in
+# one process (-d-history.log, its second half).
+B=build-gpu/bench/bench_layer; run() { echo "# ${1:-default}: $2"; env $1 $B --shape gpt-oss --recipes nvfp4 --routing uniform --tokens $2 | grep uniform; }; run "" 576,448,480,512,544,576; run "MOE_EP_TILE_N=32" 576,448,480,512,544,576; run "MOE_EP_DECODE16=0" 576,448,480,512,544,576; run "" 576,576,576,576,576,576; run "" 576,160,160,160,160,576; run "" 576,2048,2048,576; run "" 576,448,480,512,544,576
