@@ -283,6 +283,16 @@ struct PipeConsumer {
     }
   }
 
+  // Step s's B fragments: the ones compute just read (kLean) or the ones load kept.
+  static __device__ __forceinline__ const uint32_t (&step_b(const Ops& o,
+                                                            const uint32_t (&bs)[kNF][2],
+                                                            int s))[kNF][2] {
+    if constexpr (kLean)
+      return bs;
+    else
+      return o.b[s];
+  }
+
   template <int kJ>
   __device__ __forceinline__ void load(Ops& o, int chunk) {
     if constexpr (kOpens<kJ>) mbar_wait(full0 + bar, phase);
@@ -377,6 +387,7 @@ struct PipeConsumer {
     for (int s = s0; s < s1; ++s) {
       uint32_t bs[kNF][2];  // kLean: this step's B fragments
       if constexpr (kLean) load_b(bs, o.sb, s);
+      const uint32_t(&bf)[kNF][2] = step_b(o, bs, s);
 #pragma unroll
       for (int f = 0; f < kFW; ++f) {
         const uint4& w = o.w[f];
@@ -397,13 +408,8 @@ struct PipeConsumer {
         af[1] = mul_bf16x2(bits[1], hi);
         af[2] = mul_bf16x2(bits[2], lo);
         af[3] = mul_bf16x2(bits[3], hi);
-        if constexpr (kLean) {
 #pragma unroll
-          for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, bs[nf][0], bs[nf][1]);
-        } else {
-#pragma unroll
-          for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, o.b[s][nf][0], o.b[s][nf][1]);
-        }
+        for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, bf[nf][0], bf[nf][1]);
       }
     }
   }
@@ -1135,7 +1141,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int chunks = kFc1 ? a.rs.fc1_chunks : a.rs.fc2_chunks;
   const int splits = kN == 8 ? decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks) : 1;
   note_decode_splits(kFc1, splits);
-  int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
+  const int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
   if constexpr (kN == 32) {
     // No split, only the pipelined consumer (as tile 16; the plain loop on 1-chunk slots
     // measured 18-53 % slower, docs/gpu_kernels.md §6 "Session 21"): on 4-chunk slots, two of
@@ -1143,12 +1149,13 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
     // the GEMM's K is short (decode32_chunks_per_slot).
     const int cps = decode32_chunks_per_slot(kFc1 ? a.H : a.I);
     note_decode_cps(cps);
-    if (cps == 2) {
-      per_sm = std::min(per_sm, decode_max_per_sm<R, kN, 2>());
-      return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, 1, per_sm);
-    }
-    per_sm = std::min(per_sm, decode_max_per_sm<R, kN, 4>());
-    return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, 1, per_sm);
+    auto launch = [&](auto cps_c) {
+      constexpr int kC = decltype(cps_c)::value;
+      return launch_decode_cps<R, kN, kFc1, kC>(a, s, tiles, mtiles, 1,
+                                                std::min(per_sm, decode_max_per_sm<R, kN, kC>()));
+    };
+    return cps == 2 ? launch(std::integral_constant<int, 2>{})
+                    : launch(std::integral_constant<int, 4>{});
   } else if constexpr (kN == 16) {  // only the 4-chunk slots (decode_tile16)
     if (a.tile_split) {
       // Tiles of at most 8 rows (the list's first num_tiles[1]) on the tile-8 kernel: its smaller
