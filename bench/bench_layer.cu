@@ -748,8 +748,8 @@ int main(int argc, char** argv) {
         const double bytes = double(n_touched) * expert_bytes;
         const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
         const double tflops = 2.0 * 3.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
-        const int tile_n = kern::forward_tile_n(
-            *recipe, kern::choose_tile_n(T, s.K, s.E, kern::tile16_max_mean_rows(*recipe, s.I)));
+        const int tile_n =
+            kern::forward_tile_n(*recipe, kern::choose_layer_tile_n(T, s.K, s.E, *recipe, s.I));
         std::printf(
             "%-8s %-12s %6d %-7s %10.1f %10.1f %10.1f %8.3f %8.3f %8.3f  %.1f/%.1f/%.1f/%.1f\n",
             s.name.c_str(), rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes / 1e9,

@@ -365,7 +365,7 @@ class CudaBackend final : public LayerBackend {
       a.weights_out = out.weights.ptr<float>();
       a.indices_out = out.indices.ptr<int32_t>();
     }
-    a.tile_n = kern::choose_tile_n(in.tokens, a.K, El_, kern::tile16_max_mean_rows(a.recipe, a.I));
+    a.tile_n = kern::choose_layer_tile_n(in.tokens, a.K, El_, a.recipe, a.I);
     check(kern::launch_forward(a, static_cast<cudaStream_t>(in.stream), debug::g_stage_events),
           "launching the forward");
   }

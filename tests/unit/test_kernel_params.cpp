@@ -102,8 +102,12 @@ TEST(KernelParams, TileWidthFollowsMeanRowsPerExpert) {
   EXPECT_EQ(choose_tile_n(544, 4, 128, gpt_oss), 16);  // 17 rows
   EXPECT_EQ(choose_tile_n(545, 4, 128, gpt_oss), 32);  // just above 17
   EXPECT_EQ(choose_tile_n(544, 4, 128), 16);           // the default bound is 17
+  // The layer's choice (the backend's and bench_layer's) takes the bound of its recipe and I.
+  EXPECT_EQ(choose_layer_tile_n(480, 8, 256, Recipe::kNvfp4, 2048), 32);  // DSV3, 15 rows
+  EXPECT_EQ(choose_layer_tile_n(480, 8, 256, Recipe::kBf16, 2048), 16);
+  EXPECT_EQ(choose_layer_tile_n(544, 4, 128, Recipe::kNvfp4, 2880), 16);  // gpt-oss, 17 rows
   // EP = 2 owner side: W * T virtual tokens over 128 local experts; never tile 32 (at most
-  // 21 / W real rows per expert there).
+  // 10.5 real rows per expert there).
   EXPECT_EQ(choose_owner_tile_n(128, 2, 8, 128), 16);   // W * 16 rows
   EXPECT_EQ(choose_owner_tile_n(160, 2, 8, 128), 16);   // W * 20 rows: 32 on one GPU
   EXPECT_EQ(choose_owner_tile_n(176, 2, 8, 128), 160);  // W * 22 rows

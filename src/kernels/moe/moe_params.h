@@ -158,6 +158,12 @@ inline int choose_tile_n(int tokens, int top_k, int local_experts,
                                            : kM64TileN;
 }
 
+// A single-GPU layer's tile (the CUDA backend's forward, and bench_layer's record of it).
+inline int choose_layer_tile_n(int tokens, int top_k, int local_experts, Recipe r,
+                               int intermediate) {
+  return choose_tile_n(tokens, top_k, local_experts, tile16_max_mean_rows(r, intermediate));
+}
+
 // An EP owner's tile (world ranks, tokens per rank). The owner's mean rows per expert are
 // world * tokens * top_k / E = tokens * top_k / local_experts, i.e. choose_tile_n(tokens, ...).
 // At W = 2 the choice from twice that (choose_tile_n on world * tokens: every rank's T about
