@@ -251,13 +251,13 @@ struct CapturedGraph {
   bool ok() const { return exec != nullptr; }
 };
 
-// One forward of `h` on GPU 0 into a poisoned [T][H] output; its bits on the host.
 // Some output (bf16 bits) is neither +0 nor -0: a forward that wrote zeros everywhere cannot
 // pass a bitwise comparison against another such forward unnoticed.
 bool any_nonzero(const std::vector<uint16_t>& bits) {
   return std::any_of(bits.begin(), bits.end(), [](uint16_t v) { return (v & 0x7fff) != 0; });
 }
 
+// One forward of `h` on GPU 0 into a poisoned [T][H] output; its bits on the host.
 std::vector<uint16_t> forward_bits(MegaLayer& layer, const DeviceInputs& d, const HostInputs& h) {
   PoisonedOut out(size_t(h.T) * h.H);
   layer.forward(device_view(d, h), TensorView::contiguous(out.p, DType::kBF16, {h.T, h.H},
