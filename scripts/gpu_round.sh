@@ -60,8 +60,9 @@ cat "$OUT/device.txt"
 # GPU 0's SM clock, board power and throttle reasons sampled every 100 ms around a benchmark
 # run: clocks_start before it, clocks_stop after it prints one line (SM clock min / median /
 # max, the highest power reading, the share of samples with the software power cap active,
-# throttle reason 0x4). The board's 700 W cap lowers the SM clock partway through decode runs
-# (docs/gpu_kernels.md §6 "Session 18"), so each A/B run says which clocks it ran at.
+# throttle reason 0x4, and the samples per set of active throttle reasons). The board's 700 W
+# cap lowers the SM clock partway through decode runs (docs/gpu_kernels.md §6 "Session 18"), so
+# each A/B run says which clocks it ran at.
 clocks_start() {
   SMI_LOG=""
   command -v nvidia-smi >/dev/null || return 0
@@ -75,8 +76,9 @@ clocks_stop() {
   kill "$SMI_PID" 2>/dev/null
   wait "$SMI_PID" 2>/dev/null
   sort -t, -k1,1n "$SMI_LOG" | awk -F', *' 'NF >= 3 && $1 > 400 {
-      c[n++] = $1; if ($2 > p) p = $2; if ($3 ~ /[4567cdefCDEF]$/) cap++ }
-    END { if (n) printf "# clocks: SM %d / %d / %d MHz (min / median / max), power <= %.0f W, power cap in %d of %d samples\n", c[0], c[int(n / 2)], c[n - 1], p, cap, n }'
+      c[n++] = $1; if ($2 > p) p = $2; if ($3 ~ /[4567cdefCDEF]$/) cap++; r[$3]++ }
+    END { if (n) { printf "# clocks: SM %d / %d / %d MHz (min / median / max), power <= %.0f W, power cap in %d of %d samples, reasons", c[0], c[int(n / 2)], c[n - 1], p, cap, n
+      for (k in r) printf " %s:%d", k, r[k]; printf "\n" } }'
   rm -f "$SMI_LOG"
 }
 

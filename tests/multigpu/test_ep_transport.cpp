@@ -152,6 +152,7 @@ struct RankCtx {
   bool fused = false;        // waits fused into the last block of dispatch / combine
   bool signal_only = false;  // experts store into the sources' combine areas; combine signals
   bool ordered = false;      // dispatch rows in increasing token order (ordered_rows)
+  bool bulk = false;         // dispatch row heads by bulk copies (bulk_store)
   int check_stride = 1;      // result rows checked: every check_stride-th token (large cases)
 
   // This rank's buffers and one workspace of geometry g on `c` (activation rows of act_data
@@ -213,6 +214,7 @@ struct RankCtx {
       dp.num_threads = threads;
       dp.fused_wait = fused;
       dp.ordered_rows = ordered;
+      dp.bulk_store = bulk;
       CK(launch_ep_dispatch(dp, stream));
       EpWaitParams wp{tp, EpStage::kDispatch};
       if (!fused) CK(launch_ep_wait(wp, stream));
@@ -515,6 +517,19 @@ TEST(MultiGpu, DataMovementBitwise) {
     c.threads = 512;
     forward_and_verify(c, {100, 256}, Routing::kUniform, 91, true, "ordered rows, default grid");
     c.ordered = false;
+    // Row heads by bulk copies: every routing, empty ranks, a 3-block grid and ordered rows.
+    c.bulk = true;
+    forward_and_verify(c, {100, 256}, Routing::kUniform, 92, false, "bulk stores, default grid");
+    forward_and_verify(c, {0, 77}, Routing::kSkewed, 93, false, "bulk stores, T=0 on rank 0");
+    forward_and_verify(c, {128, 128}, Routing::kOther, 94, false, "bulk stores, all to the other");
+    forward_and_verify(c, {50, 70}, Routing::kNone, 95, false, "bulk stores, all slots -1");
+    c.blocks = 3;
+    c.threads = 64;
+    forward_and_verify(c, {256, 180}, Routing::kUniform, 96, true, "bulk stores, 3 x 64");
+    c.ordered = true;
+    forward_and_verify(c, {256, 255}, Routing::kSkewed, 97, false, "bulk stores, ordered rows");
+    c.ordered = false;
+    c.bulk = false;
     // Waits fused into dispatch / combine, 1024 threads, and the few-block grids of small calls.
     c.fused = true;
     c.blocks = 0;
@@ -549,6 +564,8 @@ TEST(MultiGpu, DataMovementBitwise) {
     wide.blocks = 2;
     wide.threads = 64;
     forward_and_verify(wide, {5, 64}, Routing::kSkewed, 83, true, "9008-byte rows, 2 x 64");
+    wide.bulk = true;  // the 4 KB head by a bulk copy, the rest by warp stores
+    forward_and_verify(wide, {64, 33}, Routing::kUniform, 98, false, "9008-byte rows, bulk");
     wide.free_all();
     c.free_all();
     comm.destroy();
@@ -709,12 +726,16 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
   constexpr double kCeilingGBps = 367.0;
   struct TransferConfig {
     int blocks, threads;
-    bool fused, ordered = false;
+    bool fused, ordered = false, bulk = false;
   };
   const std::vector<TransferConfig> configs = {
-      {16, 512, true},        {64, 512, true},   {132, 512, false}, {132, 512, true},
-      {132, 512, true, true}, {132, 1024, true}, {264, 512, false}, {264, 512, true},
-      {264, 512, true, true}, {256, 512, true}};
+      {16, 512, true},         {64, 512, true},   {132, 512, false}, {132, 512, true},
+      {132, 512, true, true},  {132, 1024, true}, {264, 512, false}, {264, 512, true},
+      {264, 512, true, true},  {256, 512, true},  {64, 512, true, false, true},
+      {132, 512, true, false, true}, {264, 512, true, false, true}};
+  // Dispatch alone at fewer tokens per rank (132 x 512, fused, device start; warp and bulk
+  // stores): the time against the bytes separates a per-call fixed cost from the rate.
+  const std::vector<int> sweep_tokens = {512, 1024, 2048};
   auto r = run_ranks(kW, 120, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
@@ -768,7 +789,8 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       out[1] = v.front() * 1000.0;
       out[2] = v.back() * 1000.0;
     };
-    auto dispatch = [&](int tokens, int blocks, int threads, bool fused, bool ordered = false) {
+    auto dispatch = [&](int tokens, int blocks, int threads, bool fused, bool ordered = false,
+                        bool bulk = false) {
       EpDispatchParams dp;
       dp.tp = tp;
       dp.act = c.act;
@@ -781,6 +803,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       dp.num_threads = threads;
       dp.fused_wait = fused;
       dp.ordered_rows = ordered;
+      dp.bulk_store = bulk;
       CK(launch_ep_dispatch(dp, c.stream));
       if (!fused) CK(launch_ep_wait(EpWaitParams{tp, EpStage::kDispatch}, c.stream));
     };
@@ -816,7 +839,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
           comm.barrier();
           if (start == 1) comm.barrier_async(c.stream);
           CK(cudaEventRecord(ev[0], c.stream));
-          dispatch(T, cf.blocks, cf.threads, cf.fused, cf.ordered);
+          dispatch(T, cf.blocks, cf.threads, cf.fused, cf.ordered, cf.bulk);
           CK(cudaEventRecord(ev[1], c.stream));
           CK(cudaStreamSynchronize(c.stream));
           comm.barrier();
@@ -834,7 +857,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       comm.check();
       rep.val[nv++] = cf.blocks;
       rep.val[nv++] = cf.threads;
-      rep.val[nv++] = int(cf.fused) + 2 * int(cf.ordered);
+      rep.val[nv++] = int(cf.fused) + 2 * int(cf.ordered) + 4 * int(cf.bulk);
       for (int start = 0; start < 2; ++start)
         for (int st = 0; st < 2; ++st) {
           stats(t[start][st], rep.val + nv);
@@ -882,6 +905,31 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       CK(cudaFree(act2));
       stats(ta, rep.val + nv);
       nv += 3;
+    }
+    // The token sweep: bytes, then (warp, bulk) medians per token count.
+    for (const int Ts : sweep_tokens) {
+      double bytes = 0;
+      for (int t = 0; t < Ts; ++t)
+        for (int o = 0; o < world; ++o)
+          if (o != rank && has_slot_on(c.g, all[size_t(rank)], t, o))
+            bytes += L.act_row_bytes + L.meta_row_bytes;
+      rep.val[nv++] = bytes;
+      for (int bulk = 0; bulk < 2; ++bulk) {
+        std::vector<float> ts;
+        for (int it = 0; it < 25; ++it) {
+          comm.barrier();
+          comm.barrier_async(c.stream);
+          CK(cudaEventRecord(ev[0], c.stream));
+          dispatch(Ts, 132, 512, true, false, bulk != 0);
+          CK(cudaEventRecord(ev[1], c.stream));
+          combine(132, 512, true);  // keeps the workspace's epochs in step
+          CK(cudaStreamSynchronize(c.stream));
+          if (it >= 5) ts.push_back(ms(0, 1));
+        }
+        comm.check();
+        stats(ts, rep.val + nv);
+        nv += 3;
+      }
     }
     // Decode: one token per rank, dispatch + wait + combine + wait, launched one by one and as
     // a replayed CUDA graph (what a captured forward sees). Mode 0: 16 blocks each and separate
@@ -945,7 +993,8 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       db / 1e6, cb / 1e6, kCeilingGBps);
   std::printf(
       "rows: atomic = each tile takes its rows from a per-owner counter (the default), "
-      "ordered = a count pass first, rows in token order\n");
+      "ordered = a count pass first, rows in token order, bulk = atomic rows whose heads leave "
+      "shared memory by bulk copies (TMA)\n");
   std::printf("%6s %7s %5s %7s | %10s %6s | %10s %6s %6s | %10s %6s | %10s %6s %6s\n", "blocks",
               "threads", "fused", "rows", "disp_host", "GB/s", "disp_dev", "GB/s", "frac",
               "comb_host", "GB/s", "comb_dev", "GB/s", "frac");
@@ -957,13 +1006,15 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
     const int blocks = int(r.rep[0].val[base]), threads = int(r.rep[0].val[base + 1]);
     const int fused = int(r.rep[0].val[base + 2]) & 1;
     const bool ordered = (int(r.rep[0].val[base + 2]) & 2) != 0;
+    const bool bulk = (int(r.rep[0].val[base + 2]) & 4) != 0;
+    const char* rows = ordered ? "ordered" : bulk ? "bulk" : "atomic";
     // [start][stage] medians at base + 3 + (start * 2 + stage) * 3
     auto med = [&](int start, int st) { return worst(base + 3 + (start * 2 + st) * 3); };
     auto gbps = [&](int st, double us) { return (st == 0 ? db : cb) / (us * 1e3); };
     std::printf(
         "%6d %7d %5s %7s | %10.1f %6.1f | %10.1f %6.1f %5.0f%% | %10.1f %6.1f | %10.1f %6.1f "
         "%5.0f%%\n",
-        blocks, threads, fused ? "yes" : "no", ordered ? "ordered" : "atomic", med(0, 0),
+        blocks, threads, fused ? "yes" : "no", rows, med(0, 0),
         gbps(0, med(0, 0)), med(1, 0), gbps(0, med(1, 0)), 100 * gbps(0, med(1, 0)) / kCeilingGBps,
         med(0, 1), gbps(1, med(0, 1)), med(1, 1), gbps(1, med(1, 1)),
         100 * gbps(1, med(1, 1)) / kCeilingGBps);
@@ -983,7 +1034,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
                       names[st], start ? "device_barrier" : "host_barrier", m, worst(o + 1),
                       worst(o + 2), bytes, bytes / (m * 1e3), kCeilingGBps,
                       bytes / (m * 1e3) / kCeilingGBps, blocks, threads, fused ? "true" : "false",
-                      ordered ? "ordered" : "atomic");
+                      rows);
         json += buf;
       }
   }
@@ -1000,7 +1051,31 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
                 "\"config\": {\"blocks\": 264, \"threads\": 512, \"fused_wait\": true}},\n",
                 worst(al), worst(al + 1), worst(al + 2), db / (worst(al) * 1e3));
   json += buf;
-  const int lb = al + 3;
+  int sw = al + 3;
+  for (const int Ts : sweep_tokens) {
+    const double bytes = worst(sw);
+    for (int bulk = 0; bulk < 2; ++bulk) {
+      const int o = sw + 1 + 3 * bulk;
+      const double m = worst(o);
+      std::printf(
+          "dispatch+wait at %d tokens/rank (%.1f MB per direction), 132 x 512, fused, device "
+          "start, %s stores: %.1f us = %.1f GB/s (%.0f%%)\n",
+          Ts, bytes / 1e6, bulk ? "bulk" : "warp", m, bytes / (m * 1e3),
+          100 * bytes / (m * 1e3) / kCeilingGBps);
+      std::snprintf(buf, sizeof(buf),
+                    "  {\"device\": \"2x H200 NVLink\", \"ep\": 2, \"shape\": \"dsv3\", "
+                    "\"tokens_per_rank\": %d, \"stage\": \"dispatch+wait\", \"start\": "
+                    "\"device_barrier\", \"routing\": \"uniform\", \"median_us\": %.2f, "
+                    "\"min_us\": %.2f, \"max_us\": %.2f, \"bytes_per_direction\": %.0f, "
+                    "\"nvlink_GBps\": %.1f, \"config\": {\"blocks\": 132, \"threads\": 512, "
+                    "\"fused_wait\": true, \"rows\": \"%s\"}},\n",
+                    Ts, m, worst(o + 1), worst(o + 2), bytes, bytes / (m * 1e3),
+                    bulk ? "bulk" : "atomic");
+      json += buf;
+    }
+    sw += 7;
+  }
+  const int lb = sw;
   for (int mode = 0; mode < 2; ++mode) {
     const int o = lb + mode * 6;
     std::printf(
