@@ -728,11 +728,19 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
     int blocks, threads;
     bool fused, ordered = false, bulk = false;
   };
-  const std::vector<TransferConfig> configs = {
-      {16, 512, true},         {64, 512, true},   {132, 512, false}, {132, 512, true},
-      {132, 512, true, true},  {132, 1024, true}, {264, 512, false}, {264, 512, true},
-      {264, 512, true, true},  {256, 512, true},  {64, 512, true, false, true},
-      {132, 512, true, false, true}, {264, 512, true, false, true}};
+  const std::vector<TransferConfig> configs = {{16, 512, true},
+                                               {64, 512, true},
+                                               {132, 512, false},
+                                               {132, 512, true},
+                                               {132, 512, true, true},
+                                               {132, 1024, true},
+                                               {264, 512, false},
+                                               {264, 512, true},
+                                               {264, 512, true, true},
+                                               {256, 512, true},
+                                               {64, 512, true, false, true},
+                                               {132, 512, true, false, true},
+                                               {264, 512, true, false, true}};
   // Dispatch alone at fewer tokens per rank (132 x 512, fused, device start; warp and bulk
   // stores): the time against the bytes separates a per-call fixed cost from the rate.
   const std::vector<int> sweep_tokens = {512, 1024, 2048};
@@ -1014,10 +1022,9 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
     std::printf(
         "%6d %7d %5s %7s | %10.1f %6.1f | %10.1f %6.1f %5.0f%% | %10.1f %6.1f | %10.1f %6.1f "
         "%5.0f%%\n",
-        blocks, threads, fused ? "yes" : "no", rows, med(0, 0),
-        gbps(0, med(0, 0)), med(1, 0), gbps(0, med(1, 0)), 100 * gbps(0, med(1, 0)) / kCeilingGBps,
-        med(0, 1), gbps(1, med(0, 1)), med(1, 1), gbps(1, med(1, 1)),
-        100 * gbps(1, med(1, 1)) / kCeilingGBps);
+        blocks, threads, fused ? "yes" : "no", rows, med(0, 0), gbps(0, med(0, 0)), med(1, 0),
+        gbps(0, med(1, 0)), 100 * gbps(0, med(1, 0)) / kCeilingGBps, med(0, 1), gbps(1, med(0, 1)),
+        med(1, 1), gbps(1, med(1, 1)), 100 * gbps(1, med(1, 1)) / kCeilingGBps);
     for (int start = 0; start < 2; ++start)
       for (int st = 0; st < 2; ++st) {
         const int o = base + 3 + (start * 2 + st) * 3;
