@@ -545,10 +545,6 @@ class CudaBackend final : public LayerBackend {
     // a count pass with MOE_EP_ORDERED_ROWS=1 (benchmark knob; same outputs either way).
     static const bool ordered_rows = env_switch("MOE_EP_ORDERED_ROWS", false);
     dp.ordered_rows = ordered_rows;
-    // Row heads by bulk copies (TMA) instead of warp stores with MOE_EP_DISPATCH_BULK=1
-    // (benchmark knob; the same bytes either way).
-    static const bool bulk_store = env_switch("MOE_EP_DISPATCH_BULK", false);
-    dp.bulk_store = bulk_store;
     check(launch_ep_dispatch(dp, s), "launching EP dispatch");
     mark(2);
 

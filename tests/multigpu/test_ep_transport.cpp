@@ -152,7 +152,6 @@ struct RankCtx {
   bool fused = false;        // waits fused into the last block of dispatch / combine
   bool signal_only = false;  // experts store into the sources' combine areas; combine signals
   bool ordered = false;      // dispatch rows in increasing token order (ordered_rows)
-  bool bulk = false;         // dispatch row heads by bulk copies (bulk_store)
   int check_stride = 1;      // result rows checked: every check_stride-th token (large cases)
 
   // This rank's buffers and one workspace of geometry g on `c` (activation rows of act_data
@@ -214,7 +213,6 @@ struct RankCtx {
       dp.num_threads = threads;
       dp.fused_wait = fused;
       dp.ordered_rows = ordered;
-      dp.bulk_store = bulk;
       CK(launch_ep_dispatch(dp, stream));
       EpWaitParams wp{tp, EpStage::kDispatch};
       if (!fused) CK(launch_ep_wait(wp, stream));
@@ -517,19 +515,6 @@ TEST(MultiGpu, DataMovementBitwise) {
     c.threads = 512;
     forward_and_verify(c, {100, 256}, Routing::kUniform, 91, true, "ordered rows, default grid");
     c.ordered = false;
-    // Row heads by bulk copies: every routing, empty ranks, a 3-block grid and ordered rows.
-    c.bulk = true;
-    forward_and_verify(c, {100, 256}, Routing::kUniform, 92, false, "bulk stores, default grid");
-    forward_and_verify(c, {0, 77}, Routing::kSkewed, 93, false, "bulk stores, T=0 on rank 0");
-    forward_and_verify(c, {128, 128}, Routing::kOther, 94, false, "bulk stores, all to the other");
-    forward_and_verify(c, {50, 70}, Routing::kNone, 95, false, "bulk stores, all slots -1");
-    c.blocks = 3;
-    c.threads = 64;
-    forward_and_verify(c, {256, 180}, Routing::kUniform, 96, true, "bulk stores, 3 x 64");
-    c.ordered = true;
-    forward_and_verify(c, {256, 255}, Routing::kSkewed, 97, false, "bulk stores, ordered rows");
-    c.ordered = false;
-    c.bulk = false;
     // Waits fused into dispatch / combine, 1024 threads, and the few-block grids of small calls.
     c.fused = true;
     c.blocks = 0;
@@ -564,8 +549,6 @@ TEST(MultiGpu, DataMovementBitwise) {
     wide.blocks = 2;
     wide.threads = 64;
     forward_and_verify(wide, {5, 64}, Routing::kSkewed, 83, true, "9008-byte rows, 2 x 64");
-    wide.bulk = true;  // the 4 KB head by a bulk copy, the rest by warp stores
-    forward_and_verify(wide, {64, 33}, Routing::kUniform, 98, false, "9008-byte rows, bulk");
     wide.free_all();
     c.free_all();
     comm.destroy();
@@ -726,23 +709,14 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
   constexpr double kCeilingGBps = 367.0;
   struct TransferConfig {
     int blocks, threads;
-    bool fused, ordered = false, bulk = false;
+    bool fused, ordered = false;
   };
-  const std::vector<TransferConfig> configs = {{16, 512, true},
-                                               {64, 512, true},
-                                               {132, 512, false},
-                                               {132, 512, true},
-                                               {132, 512, true, true},
-                                               {132, 1024, true},
-                                               {264, 512, false},
-                                               {264, 512, true},
-                                               {264, 512, true, true},
-                                               {256, 512, true},
-                                               {64, 512, true, false, true},
-                                               {132, 512, true, false, true},
-                                               {264, 512, true, false, true}};
-  // Dispatch alone at fewer tokens per rank (132 x 512, fused, device start; warp and bulk
-  // stores): the time against the bytes separates a per-call fixed cost from the rate.
+  const std::vector<TransferConfig> configs = {
+      {16, 512, true},        {64, 512, true},   {132, 512, false}, {132, 512, true},
+      {132, 512, true, true}, {132, 1024, true}, {264, 512, false}, {264, 512, true},
+      {264, 512, true, true}, {256, 512, true}};
+  // Dispatch alone at fewer tokens per rank (132 x 512, fused, device start): the time against
+  // the bytes separates a per-call fixed cost from the rate.
   const std::vector<int> sweep_tokens = {512, 1024, 2048};
   auto r = run_ranks(kW, 120, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
     EpComm comm(id, rank, world, opts(rank));
@@ -773,13 +747,19 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
     c.check_stride = 7;  // all received rows, every 7th token's results
     c.verify(all, "DSV3 call");
 
-    // Bytes that cross NVLink from this rank.
-    const WorkspaceLayout& L = comm.workspace(c.ws).layout;
-    double dispatch_bytes = 0, combine_bytes = 0;
-    for (int t = 0; t < T; ++t)
-      for (int o = 0; o < world; ++o)
-        if (o != rank && has_slot_on(c.g, all[size_t(rank)], t, o))
-          dispatch_bytes += L.act_row_bytes + L.meta_row_bytes;
+    // Bytes that cross NVLink from this rank (a copy of the layout: the workspace table may
+    // move when the experiment below creates another workspace).
+    const WorkspaceLayout L = comm.workspace(c.ws).layout;
+    const double row_bytes = double(L.act_row_bytes + L.meta_row_bytes);
+    auto dispatch_bytes_of = [&](int tokens) {
+      double b = 0;
+      for (int t = 0; t < tokens; ++t)
+        for (int o = 0; o < world; ++o)
+          if (o != rank && has_slot_on(c.g, all[size_t(rank)], t, o)) b += row_bytes;
+      return b;
+    };
+    const double dispatch_bytes = dispatch_bytes_of(T);
+    double combine_bytes = 0;
     for (int s = 0; s < world; ++s) {
       if (s == rank) continue;
       for (int t = 0; t < T; ++t)
@@ -797,8 +777,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       out[1] = v.front() * 1000.0;
       out[2] = v.back() * 1000.0;
     };
-    auto dispatch = [&](int tokens, int blocks, int threads, bool fused, bool ordered = false,
-                        bool bulk = false) {
+    auto dispatch = [&](int tokens, int blocks, int threads, bool fused, bool ordered = false) {
       EpDispatchParams dp;
       dp.tp = tp;
       dp.act = c.act;
@@ -811,7 +790,6 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       dp.num_threads = threads;
       dp.fused_wait = fused;
       dp.ordered_rows = ordered;
-      dp.bulk_store = bulk;
       CK(launch_ep_dispatch(dp, c.stream));
       if (!fused) CK(launch_ep_wait(EpWaitParams{tp, EpStage::kDispatch}, c.stream));
     };
@@ -847,7 +825,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
           comm.barrier();
           if (start == 1) comm.barrier_async(c.stream);
           CK(cudaEventRecord(ev[0], c.stream));
-          dispatch(T, cf.blocks, cf.threads, cf.fused, cf.ordered, cf.bulk);
+          dispatch(T, cf.blocks, cf.threads, cf.fused, cf.ordered);
           CK(cudaEventRecord(ev[1], c.stream));
           CK(cudaStreamSynchronize(c.stream));
           comm.barrier();
@@ -865,7 +843,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       comm.check();
       rep.val[nv++] = cf.blocks;
       rep.val[nv++] = cf.threads;
-      rep.val[nv++] = int(cf.fused) + 2 * int(cf.ordered) + 4 * int(cf.bulk);
+      rep.val[nv++] = int(cf.fused) + 2 * int(cf.ordered);
       for (int start = 0; start < 2; ++start)
         for (int st = 0; st < 2; ++st) {
           stats(t[start][st], rep.val + nv);
@@ -914,30 +892,23 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       stats(ta, rep.val + nv);
       nv += 3;
     }
-    // The token sweep: bytes, then (warp, bulk) medians per token count.
+    // The token sweep: bytes and the median per token count.
     for (const int Ts : sweep_tokens) {
-      double bytes = 0;
-      for (int t = 0; t < Ts; ++t)
-        for (int o = 0; o < world; ++o)
-          if (o != rank && has_slot_on(c.g, all[size_t(rank)], t, o))
-            bytes += L.act_row_bytes + L.meta_row_bytes;
-      rep.val[nv++] = bytes;
-      for (int bulk = 0; bulk < 2; ++bulk) {
-        std::vector<float> ts;
-        for (int it = 0; it < 25; ++it) {
-          comm.barrier();
-          comm.barrier_async(c.stream);
-          CK(cudaEventRecord(ev[0], c.stream));
-          dispatch(Ts, 132, 512, true, false, bulk != 0);
-          CK(cudaEventRecord(ev[1], c.stream));
-          combine(132, 512, true);  // keeps the workspace's epochs in step
-          CK(cudaStreamSynchronize(c.stream));
-          if (it >= 5) ts.push_back(ms(0, 1));
-        }
-        comm.check();
-        stats(ts, rep.val + nv);
-        nv += 3;
+      rep.val[nv++] = dispatch_bytes_of(Ts);
+      std::vector<float> ts;
+      for (int it = 0; it < 25; ++it) {
+        comm.barrier();
+        comm.barrier_async(c.stream);
+        CK(cudaEventRecord(ev[0], c.stream));
+        dispatch(Ts, 132, 512, true);
+        CK(cudaEventRecord(ev[1], c.stream));
+        combine(132, 512, true);  // keeps the workspace's epochs in step
+        CK(cudaStreamSynchronize(c.stream));
+        if (it >= 5) ts.push_back(ms(0, 1));
       }
+      comm.check();
+      stats(ts, rep.val + nv);
+      nv += 3;
     }
     // Decode: one token per rank, dispatch + wait + combine + wait, launched one by one and as
     // a replayed CUDA graph (what a captured forward sees). Mode 0: 16 blocks each and separate
@@ -1001,8 +972,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       db / 1e6, cb / 1e6, kCeilingGBps);
   std::printf(
       "rows: atomic = each tile takes its rows from a per-owner counter (the default), "
-      "ordered = a count pass first, rows in token order, bulk = atomic rows whose heads leave "
-      "shared memory by bulk copies (TMA)\n");
+      "ordered = a count pass first, rows in token order\n");
   std::printf("%6s %7s %5s %7s | %10s %6s | %10s %6s %6s | %10s %6s | %10s %6s %6s\n", "blocks",
               "threads", "fused", "rows", "disp_host", "GB/s", "disp_dev", "GB/s", "frac",
               "comb_host", "GB/s", "comb_dev", "GB/s", "frac");
@@ -1014,17 +984,16 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
     const int blocks = int(r.rep[0].val[base]), threads = int(r.rep[0].val[base + 1]);
     const int fused = int(r.rep[0].val[base + 2]) & 1;
     const bool ordered = (int(r.rep[0].val[base + 2]) & 2) != 0;
-    const bool bulk = (int(r.rep[0].val[base + 2]) & 4) != 0;
-    const char* rows = ordered ? "ordered" : bulk ? "bulk" : "atomic";
     // [start][stage] medians at base + 3 + (start * 2 + stage) * 3
     auto med = [&](int start, int st) { return worst(base + 3 + (start * 2 + st) * 3); };
     auto gbps = [&](int st, double us) { return (st == 0 ? db : cb) / (us * 1e3); };
     std::printf(
         "%6d %7d %5s %7s | %10.1f %6.1f | %10.1f %6.1f %5.0f%% | %10.1f %6.1f | %10.1f %6.1f "
         "%5.0f%%\n",
-        blocks, threads, fused ? "yes" : "no", rows, med(0, 0), gbps(0, med(0, 0)), med(1, 0),
-        gbps(0, med(1, 0)), 100 * gbps(0, med(1, 0)) / kCeilingGBps, med(0, 1), gbps(1, med(0, 1)),
-        med(1, 1), gbps(1, med(1, 1)), 100 * gbps(1, med(1, 1)) / kCeilingGBps);
+        blocks, threads, fused ? "yes" : "no", ordered ? "ordered" : "atomic", med(0, 0),
+        gbps(0, med(0, 0)), med(1, 0), gbps(0, med(1, 0)), 100 * gbps(0, med(1, 0)) / kCeilingGBps,
+        med(0, 1), gbps(1, med(0, 1)), med(1, 1), gbps(1, med(1, 1)),
+        100 * gbps(1, med(1, 1)) / kCeilingGBps);
     for (int start = 0; start < 2; ++start)
       for (int st = 0; st < 2; ++st) {
         const int o = base + 3 + (start * 2 + st) * 3;
@@ -1041,7 +1010,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
                       names[st], start ? "device_barrier" : "host_barrier", m, worst(o + 1),
                       worst(o + 2), bytes, bytes / (m * 1e3), kCeilingGBps,
                       bytes / (m * 1e3) / kCeilingGBps, blocks, threads, fused ? "true" : "false",
-                      rows);
+                      ordered ? "ordered" : "atomic");
         json += buf;
       }
   }
@@ -1060,27 +1029,21 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
   json += buf;
   int sw = al + 3;
   for (const int Ts : sweep_tokens) {
-    const double bytes = worst(sw);
-    for (int bulk = 0; bulk < 2; ++bulk) {
-      const int o = sw + 1 + 3 * bulk;
-      const double m = worst(o);
-      std::printf(
-          "dispatch+wait at %d tokens/rank (%.1f MB per direction), 132 x 512, fused, device "
-          "start, %s stores: %.1f us = %.1f GB/s (%.0f%%)\n",
-          Ts, bytes / 1e6, bulk ? "bulk" : "warp", m, bytes / (m * 1e3),
-          100 * bytes / (m * 1e3) / kCeilingGBps);
-      std::snprintf(buf, sizeof(buf),
-                    "  {\"device\": \"2x H200 NVLink\", \"ep\": 2, \"shape\": \"dsv3\", "
-                    "\"tokens_per_rank\": %d, \"stage\": \"dispatch+wait\", \"start\": "
-                    "\"device_barrier\", \"routing\": \"uniform\", \"median_us\": %.2f, "
-                    "\"min_us\": %.2f, \"max_us\": %.2f, \"bytes_per_direction\": %.0f, "
-                    "\"nvlink_GBps\": %.1f, \"config\": {\"blocks\": 132, \"threads\": 512, "
-                    "\"fused_wait\": true, \"rows\": \"%s\"}},\n",
-                    Ts, m, worst(o + 1), worst(o + 2), bytes, bytes / (m * 1e3),
-                    bulk ? "bulk" : "atomic");
-      json += buf;
-    }
-    sw += 7;
+    const double bytes = worst(sw), m = worst(sw + 1);
+    std::printf(
+        "dispatch+wait at %d tokens/rank (%.2f MB per direction), 132 x 512, fused, device "
+        "start: %.1f us = %.1f GB/s (%.0f%%)\n",
+        Ts, bytes / 1e6, m, bytes / (m * 1e3), 100 * bytes / (m * 1e3) / kCeilingGBps);
+    std::snprintf(buf, sizeof(buf),
+                  "  {\"device\": \"2x H200 NVLink\", \"ep\": 2, \"shape\": \"dsv3\", "
+                  "\"tokens_per_rank\": %d, \"stage\": \"dispatch+wait\", \"start\": "
+                  "\"device_barrier\", \"routing\": \"uniform\", \"median_us\": %.2f, "
+                  "\"min_us\": %.2f, \"max_us\": %.2f, \"bytes_per_direction\": %.0f, "
+                  "\"nvlink_GBps\": %.1f, \"config\": {\"blocks\": 132, \"threads\": 512, "
+                  "\"fused_wait\": true}},\n",
+                  Ts, m, worst(sw + 2), worst(sw + 3), bytes, bytes / (m * 1e3));
+    json += buf;
+    sw += 4;
   }
   const int lb = sw;
   for (int mode = 0; mode < 2; ++mode) {

@@ -128,32 +128,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// Bulk (TMA) stores from shared memory: `bytes` (a multiple of 16, both addresses 16-byte
-// aligned) to global memory, a peer's LSA window included. The shared bytes must be ordered for
-// the async proxy first (fence_proxy_async_shared after the writes that produced them).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-__device__ __forceinline__ void bulk_store(void* gmem, const void* smem, uint32_t bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem), "r"(s),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-// The source bytes were read: the shared buffer may be refilled.
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
-// The stores were made: visible to this thread (then ordered for the generic proxy, so that the
-// block's system fence before its grid arrival covers them as it covers ordinary stores).
-__device__ __forceinline__ void bulk_wait_done() {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
 // ---------------------------------------------------------------------------------------------
 // dispatch. Block b handles tokens [b*chunk, (b+1)*chunk), one token per warp per tile of
 // `nwarps` tokens. Rows at owner o: by default each tile takes as many rows as its tokens with a
@@ -196,7 +170,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
 
   // 1. ordered_rows: rows each owner already gets from tokens before this chunk (block 0: over
   //    all tokens, which are the counts it publishes).
-  const bool ordered = p.ordered_rows, bulk = p.bulk_store;
+  const bool ordered = p.ordered_rows;
   for (int o = tid; o < W; o += nthreads) s_base[o] = 0;
   __syncthreads();
   if (ordered) {
@@ -253,7 +227,6 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
       __syncthreads();
     }
     cp_async_wait_all();
-    if (bulk) fence_proxy_async_shared();  // the cp.async bytes, for the bulk copy's reads
     __syncwarp();
     for (uint64_t m = mask; m != 0; m &= m - 1) {
       const int o = __ffsll(static_cast<long long>(m)) - 1;
@@ -262,24 +235,19 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
       const int row = s_base[o] + __popc(before);
       uint8_t* dst_base = tp.peer_base[o];
       int4* dst = reinterpret_cast<int4*>(dst_base + L.recv_act(tp.rank, row));
-      if (bulk) {
-        if (lane == 0) bulk_store(dst, head, uint32_t(head16) * 16u);
-      } else {
-        // From shared memory (short latency): four words per lane per round, in 64 registers.
-        for (int c0 = 0; c0 < head16; c0 += 128) {
-          int4 v[4];
+      // From shared memory (short latency): four words per lane per round keep us in 64 registers.
+      for (int c0 = 0; c0 < head16; c0 += 128) {
+        int4 v[4];
 #pragma unroll
-          for (int u = 0; u < 4; ++u)
-            if (c0 + u * 32 + lane < head16) v[u] = head[c0 + u * 32 + lane];
+        for (int u = 0; u < 4; ++u)
+          if (c0 + u * 32 + lane < head16) v[u] = head[c0 + u * 32 + lane];
 #pragma unroll
-          for (int u = 0; u < 4; ++u)
-            if (c0 + u * 32 + lane < head16) dst[c0 + u * 32 + lane] = v[u];
-        }
+        for (int u = 0; u < 4; ++u)
+          if (c0 + u * 32 + lane < head16) dst[c0 + u * 32 + lane] = v[u];
       }
       if (lane < meta16)
         reinterpret_cast<int4*>(dst_base + L.recv_meta(tp.rank, row))[lane] = meta_v;
     }
-    if (bulk && lane == 0) bulk_commit();
     // Rows longer than 4 KB (mxfp8, bf16 rows): the rest, per owner (a second owner's read of
     // the same bytes hits L2).
     if (n16 > head16) {
@@ -300,16 +268,9 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
         s_base[o] += c;
       }
     }
-    if (t + nwarps < end) {  // this warp is done with its head buffer (once its copies read it)
-      if (bulk) {
-        if (lane == 0) bulk_wait_read();
-        __syncwarp();
-      }
-      prefetch(t + nwarps);
-    }
+    if (t + nwarps < end) prefetch(t + nwarps);  // this warp is done with its head buffer
     __syncthreads();
   }
-  if (bulk && lane == 0) bulk_wait_done();  // before the block's fence and arrival below
 
   // 3. The last block to finish publishes epoch 2n-1 to every owner (release after all rows),
   //    and with fused_wait waits for every source's epoch 2n-1 before the kernel ends.

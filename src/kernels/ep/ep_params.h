@@ -141,9 +141,6 @@ struct EpDispatchParams {
   bool fused_wait = false;
   // Rows in increasing token order (a count pass before the copies) instead of per-tile atomics.
   bool ordered_rows = false;
-  // Each row head leaves shared memory as one bulk copy (TMA, cp.async.bulk) per owner, issued
-  // by one lane, instead of the warp's 16-byte stores. Same bytes at the same places.
-  bool bulk_store = false;
 };
 
 // combine: every (source, received row, local slot) result row goes back to the source's
