@@ -292,6 +292,46 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
   return us;
 }
 
+// The forward as a captured model sees it: `n` forwards (the input sets alternating) captured into
+// one CUDA graph, so consecutive forwards meet at kernel boundaries (programmatic dependent
+// launch included) instead of graph launches; per replay the time divided by n. Returns the
+// median over `iters` replays (0 when n < 2). MOE_EP_BENCH_SEQ=N sets n (default 8; 0 skips).
+int graph_sequence_length() {
+  const char* e = std::getenv("MOE_EP_BENCH_SEQ");
+  return e != nullptr ? std::atoi(e) : 8;
+}
+template <class MakeInputs>
+double time_graph_sequence(MegaLayer& layer, const MakeInputs& inputs, const InputSet (&sets)[2],
+                           const TensorView& out, cudaStream_t st, int iters) {
+  const int n = graph_sequence_length();
+  if (n < 2) return 0;
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int j = 0; j < n; ++j) layer.forward(inputs(sets[j & 1]), out);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  CK(cudaGraphDestroy(g));
+  for (int it = 0; it < 3; ++it) CK(cudaGraphLaunch(exec, st));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int it = 0; it < iters; ++it) {
+    CK(cudaEventRecord(ev[2 * it], st));
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaEventRecord(ev[2 * it + 1], st));
+  }
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> per(iters);
+  for (int it = 0; it < iters; ++it) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
+    per[it] = ms * 1000 / n;
+  }
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  CK(cudaGraphExecDestroy(exec));
+  return median(per);
+}
+
 // --- EP over several GPUs: one process per rank -----------------------------------------------
 constexpr int kMaxCases = 64, kMaxEp = 8;
 struct EpCase {
@@ -733,6 +773,7 @@ int main(int argc, char** argv) {
         debug::set_stage_events(nullptr);
         // Whole forward: graph replays.
         const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters);
+        const double seq = time_graph_sequence(*layer, inputs, sets, ov, st, iters);
         const double med = median(us);
         const double mn = *std::min_element(us.begin(), us.end());
         const double mx = *std::max_element(us.begin(), us.end());
@@ -755,6 +796,9 @@ int main(int argc, char** argv) {
             s.name.c_str(), rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes / 1e9,
             hbm, tflops / kBf16Tflops, median(stage[0]), median(stage[1]), median(stage[2]),
             median(stage[3]));
+        if (seq > 0)
+          std::printf("  graph of %d forwards: %.1f us per forward (median of %d replays)\n",
+                      graph_sequence_length(), seq, iters);
         std::fflush(stdout);
         if (js) {
           std::fprintf(
@@ -766,12 +810,13 @@ int main(int argc, char** argv) {
               "\"weight_bytes_read\": %.0f, \"hbm_fraction\": %.4f, \"tflops\": %.2f, "
               "\"mma_fraction\": %.4f, \"mma_type\": \"bf16\", \"dispatch_bytes\": 0, "
               "\"nvlink_GBps\": null, \"iterations\": %d, \"timing\": \"cuda graph replay\", "
-              "\"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, \"fc2\": %.2f, "
+              "\"graph_sequence_us\": %.2f, \"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, "
+              "\"fc2\": %.2f, "
               "\"finalize\": %.2f}, \"config\": {\"tile_n\": %d, \"tile_m\": %d, "
               "\"k_chunk\": 64, \"mma\": \"%s\"}}",
               first_record ? "" : ",\n", commit ? commit : "unknown", prop.name, s.name.c_str(),
               s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
-              hbm, tflops, tflops / kBf16Tflops, iters, median(stage[0]), median(stage[1]),
+              hbm, tflops, tflops / kBf16Tflops, iters, seq, median(stage[0]), median(stage[1]),
               median(stage[2]), median(stage[3]), tile_n, tile_n == 256 ? 64 : 128,
               tile_n <= 32 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
           first_record = false;
