@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/env_switch.h"
+#include "common/workspace_layout.h"
 #include "cuda/comm/nccl_comm.h"
 #include "cuda/stage_timing.h"
 #include "cuda_check.h"
@@ -39,12 +40,13 @@
 #include "kernels/moe/timeline.cuh"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
+#include "reference/cpu_math.h"
 
 using namespace moe_ep;
 
 namespace {
 
-constexpr double kHbmTBps = 4.22, kBf16Tflops = 755.0;
+constexpr double kHbmTBps = 4.22, kBf16Tflops = 755.0, kNvlinkGBps = 367.0;  // DEVICE.md
 
 __device__ __forceinline__ uint64_t hash64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -338,6 +340,9 @@ struct EpCase {
   int recipe_index, tokens;
   double median_us, min_us, max_us, weight_bytes;
   int64_t pairs;
+  // NVLink bytes this rank sends (input set 0): dispatch rows (activation row + metadata, once
+  // per token and other owner rank) and result rows back to other sources (H bf16 per pair).
+  double dispatch_bytes, combine_bytes;
   double stage_us[debug::kEpStageEvents - 1];  // graph replays with captured stage events
 };
 struct EpShared {
@@ -450,8 +455,30 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
             ++pairs;
           }
       const int64_t n_touched = std::count(touched.begin(), touched.end(), 1);
+      const ActFormat af = act_format(recipe, s.H);
+      const WorkspaceLayout wl =
+          WorkspaceLayout::make(world, T, s.H, s.K, af.data_bytes, af.scale_bytes);
+      double dispatch_bytes = 0, combine_bytes = 0;
+      for (int r = 0; r < world; ++r) {
+        const std::vector<int32_t> ids = make_ids(T, s.K, s.E, false, 1000 * T + 10 * r);
+        for (int t = 0; t < T; ++t) {
+          uint64_t owners = 0;
+          for (int k = 0; k < s.K; ++k) {
+            const int32_t id = ids[size_t(t) * s.K + k];
+            if (id < 0) continue;
+            owners |= 1ull << (id / El);
+            if (r != rank && id / El == rank) combine_bytes += 2.0 * s.H;
+          }
+          if (r == rank)
+            for (int o = 0; o < world; ++o)
+              if (o != rank && ((owners >> o) & 1))
+                dispatch_bytes += wl.act_row_bytes + wl.meta_row_bytes;
+        }
+      }
       if (me.ncases < kMaxCases) {
         EpCase& c = me.cases[me.ncases++];
+        c.dispatch_bytes = dispatch_bytes;
+        c.combine_bytes = combine_bytes;
         c.recipe_index = int(ri);
         c.tokens = T;
         c.median_us = median(us);
@@ -601,6 +628,17 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
           r, sg[0], sg[1], sg[2], sg[3], sg[4], sg[5]);
     }
     const double* sg = sh->rank[0].cases[c].stage_us;  // rank 0's in the JSON
+    // BENCH.md's nvlink_GBps: the bytes rank 0's dispatch sends over its dispatch + wait stage
+    // in a replayed graph (the wait for the peers' rows included). With the fused combine (the
+    // default) the result rows leave from inside fc2, so no stage times them alone; their bytes
+    // are recorded.
+    const EpCase& c0 = sh->rank[0].cases[c];
+    const double nvlink = sg[1] > 0 ? c0.dispatch_bytes / (sg[1] * 1e3) : 0.0;
+    std::printf(
+        "    NVLink (rank 0): dispatch %.2f MB in %.1f us = %.1f GB/s (%.0f%% of %.0f); "
+        "combine %.2f MB (%s)\n",
+        c0.dispatch_bytes / 1e6, sg[1], nvlink, 100 * nvlink / kNvlinkGBps, kNvlinkGBps,
+        c0.combine_bytes / 1e6, combine);
     if (js)
       std::fprintf(js,
                    "%s  {\"commit\": \"%s\", \"device\": \"%d x %s\", \"ep\": %d, "
@@ -610,15 +648,18 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
                    "\"max_us\": %.2f, \"median_us_per_rank\": \"%s\", "
                    "\"weight_bytes_read\": %.0f, \"weight_bytes_per_rank_max\": %.0f, "
                    "\"hbm_fraction\": %.4f, \"tflops\": %.2f, \"mma_fraction\": %.4f, "
-                   "\"mma_type\": \"bf16\", \"iterations\": %d, "
+                   "\"mma_type\": \"bf16\", \"iterations\": %d, \"dispatch_bytes\": %.0f, "
+                   "\"combine_bytes\": %.0f, \"nvlink_GBps\": %.1f, "
+                   "\"nvlink_stage\": \"dispatch+wait of rank 0 in a replayed graph\", "
                    "\"stages_us_rank0_graph\": {\"quantize\": %.2f, \"dispatch_wait\": %.2f, "
                    "\"unpack\": %.2f, \"route_fc1_fc2\": %.2f, \"combine_wait\": %.2f, "
                    "\"finalize\": %.2f}, \"combine\": \"%s\", "
                    "\"timing\": \"%s\"}",
                    c ? ",\n" : "", commit ? commit : "unknown", world, sh->device, world, world,
                    s.name.c_str(), s.H, s.I, s.E, s.K, rn[0].c_str(), T, med, mn, mx, per.c_str(),
-                   bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters, sg[0], sg[1], sg[2],
-                   sg[3], sg[4], sg[5], combine, timing);
+                   bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters, c0.dispatch_bytes,
+                   c0.combine_bytes, nvlink, sg[0], sg[1], sg[2], sg[3], sg[4], sg[5], combine,
+                   timing);
   }
   if (js) {
     std::fprintf(js, "\n]\n");

@@ -347,7 +347,7 @@ if has ab; then
         clocks_start
         # shellcheck disable=SC2086
         env $libs $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
-          grep -E "uniform|zipf|rror|failed|--ep|stages|replays|graph of|^(dsv3|qwen3|gpt-oss) "
+          grep -E "uniform|zipf|rror|failed|--ep|stages|NVLink|replays|graph of|^(dsv3|qwen3|gpt-oss) "
         clocks_stop
       done
     done >"$OUT/ab.log"
