@@ -717,7 +717,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
       {264, 512, true, true}, {256, 512, true}};
   // Dispatch alone at fewer tokens per rank (132 x 512, fused, device start): the time against
   // the bytes separates a per-call fixed cost from the rate.
-  const std::vector<int> sweep_tokens = {512, 1024, 2048};
+  const std::vector<int> sweep_tokens = {1, 128, 512, 1024, 2048};
   auto r = run_ranks(kW, 120, [&](int rank, int world, const NcclUniqueIdBytes& id, Report& rep) {
     EpComm comm(id, rank, world, opts(rank));
     RankCtx c;
