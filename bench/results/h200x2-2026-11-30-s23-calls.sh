@@ -1,0 +1,29 @@
+# Session 23 device calls through the device tool (all on nvidia-h200-x2, carry [".deps"]);
+# outputs under bench/results/h200x2-2026-11-30-s23-<call>-*.
+# Call A (002d6e5: main 5e65efb + the dispatch's bulk-store variant behind MOE_EP_DISPATCH_BULK,
+# off by default; that variant now lives on branch s23-dispatch-bulk): GPU tests 32/32 (the first
+# GPU run of session 22's review mends), multi-GPU 27/27 with the bulk cases, the transfer test
+# with bulk configurations (85.1-87.2 us against 63.5-66.9 for warp stores at 4096 tokens per
+# rank) and a token sweep (its printed bytes read a moved workspace table, fixed in ddeb0df; the
+# times are right); gpt-oss 576 before / after tile-16 forwards under a clock trace (no step this
+# time); EP = 2 A/B of the bulk stores in the layer (-a-ep2-bulk-ab.log).
+export MOE_EP_COMMIT=002d6e5; timeout 400 scripts/gpu_round.sh build test multigpu; B=build-gpu/bench/bench_layer; H=$OUT/history; mkdir -p $H; for v in "576,160,160,160,160,576" "576,576,576,576,576,576"; do echo "# $v"; timeout 60 scripts/smi_trace.sh $H/trace-${v//,/_}.csv $B --shape gpt-oss --recipes nvfp4 --routing uniform --tokens $v --iters 20 2>&1 | grep -E "uniform|# trace"; done > $H/history.log 2>&1; cat $H/history.log; OUT=$OUT/ep2 AB_REPS=2 AB_VARIANTS="this;this:MOE_EP_DISPATCH_BULK=1" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --tokens 1,128,4096" timeout 120 scripts/gpu_round.sh ab; scripts/gpu_round.sh pack
+# Call B (7990354): the transfer test's token sweep with correct bytes (-b-ep_transfer.json);
+# DSV3 nvfp4 / mxfp4_mxfp8 at 1-4096 tokens with the new graph-of-8-forwards measurement, under a
+# clock trace (-b-graph-sequence-*).
+export MOE_EP_COMMIT=7990354 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; timeout 200 scripts/gpu_round.sh build > $OUT/build_step.log 2>&1; tail -2 $OUT/build_step.log; MOE_EP_BENCH_JSON=$OUT/ep_transfer.json timeout 60 build-gpu/tests/multigpu/moe_ep_multigpu_tests --gtest_filter=MultiGpu.DsV3TransferBandwidth > $OUT/transfer.log 2>&1; B=build-gpu/bench/bench_layer; timeout 150 scripts/smi_trace.sh $OUT/trace.csv $B --shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1,8,128,512,4096 --iters 20 --json $OUT/seq.json > $OUT/seq.log 2>&1
+# Call C (7990354): every BENCH.md case of DSV3 at EP = 2 (logs -c-layer-dsv3-ep2-*.log; the
+# records of call D replace its JSON).
+export MOE_EP_COMMIT=7990354; timeout 200 scripts/gpu_round.sh build > $OUT/build_step.log 2>&1; BENCH_SHAPES="" BENCH_EP="2" TORCH_SHAPES="" timeout 380 scripts/gpu_round.sh benchall
+# Call D (075467d): the transfer test with the sweep from 1 token (-d-multigpu-transfer.log,
+# -d-ep_transfer.json); every BENCH.md case of DSV3 at EP = 2 with dispatch_bytes / nvlink_GBps
+# in the records (-d-layer-dsv3-ep2-*.{json,log}, -d-layer-dsv3-ep2.png, -d-layer-dsv3-ep1-e128.*);
+# the owner's fc1 ring at 2 / 3 / 4 CTAs per SM against the default at 1 and 128 tokens per rank
+# (-d-ep2-per-sm-ab.log); moe-ep on one and two GPUs (-d-cli.log, 28 PASS) and the Python
+# package (-d-python.log: 59 passed, 1 skipped).
+export MOE_EP_COMMIT=075467d NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; timeout 200 scripts/gpu_round.sh build > $OUT/build_step.log 2>&1; MOE_EP_BENCH_JSON=$OUT/ep_transfer.json timeout 60 build-gpu/tests/multigpu/moe_ep_multigpu_tests --gtest_filter=MultiGpu.DsV3TransferBandwidth > $OUT/transfer.log 2>&1; BENCH_SHAPES="" BENCH_EP="2" TORCH_SHAPES="" timeout 150 scripts/gpu_round.sh benchall; OUT=$OUT/ab AB_REPS=2 AB_VARIANTS="this;this:MOE_EP_DECODE_PER_SM=2,0;this:MOE_EP_DECODE_PER_SM=3,0;this:MOE_EP_DECODE_PER_SM=4,0" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --tokens 1,128" timeout 150 scripts/gpu_round.sh ab; timeout 200 scripts/gpu_round.sh cli python; scripts/gpu_round.sh pack
+# Call E (ae2b709): order against power state. DSV3 nvfp4, EP = 2 and EP = 1, the sweep's order
+# (1, 8, 32, 128 tokens in one process) against 128 tokens alone, alternating, twice, with every
+# replay's time (MOE_EP_BENCH_TRACE=1) and both GPUs' clocks, power and throttle reasons every
+# 50 ms (-e-history.log, -e-history-traces.csv).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; timeout 200 scripts/gpu_round.sh build > $OUT/build_step.log 2>&1; B=build-gpu/bench/bench_layer; H=$OUT/hist; mkdir -p $H; i=0; for rep in 1 2; do for a in "--ep 2|1,8,32,128" "--ep 2|128" "|1,8,32,128" "|128"; do i=$((i+1)); e=${a%%|*}; t=${a#*|}; echo "## run $i: $e tokens $t, start $(date +%T.%N)"; MOE_EP_BENCH_TRACE=1 timeout 90 scripts/smi_trace.sh $H/trace-$i.csv $B $e --shape dsv3 --recipes nvfp4 --routing uniform --tokens $t --iters 20 2>&1 | grep -E "^dsv3|stages|replays us|# trace"; echo "## end $(date +%T.%N)"; done; done > $H/hist.log 2>&1
