@@ -27,3 +27,6 @@ export MOE_EP_COMMIT=075467d NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST
 # replay's time (MOE_EP_BENCH_TRACE=1) and both GPUs' clocks, power and throttle reasons every
 # 50 ms (-e-history.log, -e-history-traces.csv).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; timeout 200 scripts/gpu_round.sh build > $OUT/build_step.log 2>&1; B=build-gpu/bench/bench_layer; H=$OUT/hist; mkdir -p $H; i=0; for rep in 1 2; do for a in "--ep 2|1,8,32,128" "--ep 2|128" "|1,8,32,128" "|128"; do i=$((i+1)); e=${a%%|*}; t=${a#*|}; echo "## run $i: $e tokens $t, start $(date +%T.%N)"; MOE_EP_BENCH_TRACE=1 timeout 90 scripts/smi_trace.sh $H/trace-$i.csv $B $e --shape dsv3 --recipes nvfp4 --routing uniform --tokens $t --iters 20 2>&1 | grep -E "^dsv3|stages|replays us|# trace"; echo "## end $(date +%T.%N)"; done; done > $H/hist.log 2>&1
+# Call F (d09e1de, the session's final code): GPU tests 32/32, multi-GPU 27/27 at W = 2 (the
+# transfer test's dispatch 64.0-64.3 us at 64 / 132 blocks, 71-72 %; its sweep as call D's).
+export MOE_EP_COMMIT=d09e1de; timeout 470 scripts/gpu_round.sh build test multigpu; scripts/gpu_round.sh pack
