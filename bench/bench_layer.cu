@@ -199,6 +199,30 @@ bool bench_replay_barrier() {
   return on;
 }
 
+// `iters` calls of launch(it) on `st`, each between two events (before(it) runs ahead of the
+// first): the µs of each.
+template <class Before, class Launch>
+std::vector<float> time_between_events(cudaStream_t st, int iters, const Before& before,
+                                       const Launch& launch) {
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int it = 0; it < iters; ++it) {
+    before(it);
+    CK(cudaEventRecord(ev[2 * it], st));
+    launch(it);
+    CK(cudaEventRecord(ev[2 * it + 1], st));
+  }
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> us(iters);
+  for (int it = 0; it < iters; ++it) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
+    us[it] = ms * 1000;
+  }
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  return us;
+}
+
 // BENCH.md's timing: one forward per input set captured into a CUDA graph, 6 warm-up replays,
 // then `iters` replays alternating the sets, each between two events. Returns their µs.
 // `barrier` (EP > 1): enqueues a barrier of every rank before each timed replay, outside its
@@ -230,21 +254,12 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
     CK(cudaGraphDestroy(g));
   }
   for (int it = 0; it < 6; ++it) CK(cudaGraphLaunch(exec[it & 1], st));
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
-  for (int it = 0; it < iters; ++it) {
-    if (barrier) (*barrier)();
-    CK(cudaEventRecord(ev[2 * it], st));
-    CK(cudaGraphLaunch(exec[it & 1], st));
-    CK(cudaEventRecord(ev[2 * it + 1], st));
-  }
-  CK(cudaStreamSynchronize(st));
-  std::vector<float> us(iters);
-  for (int it = 0; it < iters; ++it) {
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
-    us[it] = ms * 1000;
-  }
+  const std::vector<float> us = time_between_events(
+      st, iters,
+      [&](int) {
+        if (barrier) (*barrier)();
+      },
+      [&](int it) { CK(cudaGraphLaunch(exec[it & 1], st)); });
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
   if (timeline) {
     // Per stage: µs from the replay's first recorded start to the stage's first CTA resident
@@ -289,7 +304,6 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
     for (float u : us) std::printf(" %.0f", u);
     std::printf("\n");
   }
-  for (auto& e : ev) CK(cudaEventDestroy(e));
   for (auto& x : exec) CK(cudaGraphExecDestroy(x));
   return us;
 }
@@ -315,21 +329,9 @@ double time_graph_sequence(MegaLayer& layer, const MakeInputs& inputs, const Inp
   CK(cudaGraphInstantiate(&exec, g, 0));
   CK(cudaGraphDestroy(g));
   for (int it = 0; it < 3; ++it) CK(cudaGraphLaunch(exec, st));
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
-  for (int it = 0; it < iters; ++it) {
-    CK(cudaEventRecord(ev[2 * it], st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(ev[2 * it + 1], st));
-  }
-  CK(cudaStreamSynchronize(st));
-  std::vector<float> per(iters);
-  for (int it = 0; it < iters; ++it) {
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
-    per[it] = ms * 1000 / n;
-  }
-  for (auto& e : ev) CK(cudaEventDestroy(e));
+  std::vector<float> per = time_between_events(
+      st, iters, [](int) {}, [&](int) { CK(cudaGraphLaunch(exec, st)); });
+  for (float& u : per) u /= n;
   CK(cudaGraphExecDestroy(exec));
   return median(per);
 }
