@@ -311,10 +311,12 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
 // The forward as a captured model sees it: `n` forwards (the input sets alternating) captured into
 // one CUDA graph, so consecutive forwards meet at kernel boundaries (programmatic dependent
 // launch included) instead of graph launches; per replay the time divided by n. Returns the
-// median over `iters` replays (0 when n < 2). MOE_EP_BENCH_SEQ=N sets n (default 8; 0 skips).
+// median over `iters` replays (0 when n < 2). Opt-in, MOE_EP_BENCH_SEQ=N sets n (e.g. 8): its
+// seconds of sustained load engage the board's power limiter for the next case of a sweep, whose
+// replays then read slower (docs/gpu_kernels.md §6 "Session 23").
 int graph_sequence_length() {
   const char* e = std::getenv("MOE_EP_BENCH_SEQ");
-  return e != nullptr ? std::atoi(e) : 8;
+  return e != nullptr ? std::atoi(e) : 0;
 }
 template <class MakeInputs>
 double time_graph_sequence(MegaLayer& layer, const MakeInputs& inputs, const InputSet (&sets)[2],
@@ -844,6 +846,8 @@ int main(int argc, char** argv) {
                       graph_sequence_length(), seq, iters);
         std::fflush(stdout);
         if (js) {
+          char seq_json[32] = "null";
+          if (seq > 0) std::snprintf(seq_json, sizeof seq_json, "%.2f", seq);
           std::fprintf(
               js,
               "%s  {\"commit\": \"%s\", \"device\": \"%s\", \"ep\": 1, \"rank_count\": 1, "
@@ -853,14 +857,15 @@ int main(int argc, char** argv) {
               "\"weight_bytes_read\": %.0f, \"hbm_fraction\": %.4f, \"tflops\": %.2f, "
               "\"mma_fraction\": %.4f, \"mma_type\": \"bf16\", \"dispatch_bytes\": 0, "
               "\"nvlink_GBps\": null, \"iterations\": %d, \"timing\": \"cuda graph replay\", "
-              "\"graph_sequence_us\": %.2f, \"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, "
+              "\"graph_sequence_us\": %s, \"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, "
               "\"fc2\": %.2f, "
               "\"finalize\": %.2f}, \"config\": {\"tile_n\": %d, \"tile_m\": %d, "
               "\"k_chunk\": 64, \"mma\": \"%s\"}}",
               first_record ? "" : ",\n", commit ? commit : "unknown", prop.name, s.name.c_str(),
               s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
-              hbm, tflops, tflops / kBf16Tflops, iters, seq, median(stage[0]), median(stage[1]),
-              median(stage[2]), median(stage[3]), tile_n, tile_n == 256 ? 64 : 128,
+              hbm, tflops, tflops / kBf16Tflops, iters, seq_json, median(stage[0]),
+              median(stage[1]), median(stage[2]), median(stage[3]), tile_n,
+              tile_n == 256 ? 64 : 128,
               tile_n <= 32 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
           first_record = false;
         }

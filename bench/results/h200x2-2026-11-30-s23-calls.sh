@@ -30,3 +30,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # Call F (d09e1de, the session's final code): GPU tests 32/32, multi-GPU 27/27 at W = 2 (the
 # transfer test's dispatch 64.0-64.3 us at 64 / 132 blocks, 71-72 %; its sweep as call D's).
 export MOE_EP_COMMIT=d09e1de; timeout 470 scripts/gpu_round.sh build test multigpu; scripts/gpu_round.sh pack
+# Call G (5a4b9dc): every BENCH.md case of DSV3 at EP = 1 with the graph-of-8-forwards
+# measurement after each case (then on by default), and EP = 2 at 1 token per rank
+# (-g-layer-dsv3-with-sequences.log; its JSON not kept as a record). The 128-token cases read
+# 2137.8 (nvfp4) / 1746.3 / 1832.6 us, right after the 32-token case's graph of 8 forwards, while
+# their own graphs of 8 read 1704.7 / 1657.4 / 1660.0 per forward: the seconds of sustained load
+# that measurement adds engage the power limiter for the next case. It is opt-in since
+# (MOE_EP_BENCH_SEQ=8).
+export MOE_EP_COMMIT=5a4b9dc; timeout 200 scripts/gpu_round.sh build; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" timeout 250 scripts/gpu_round.sh benchall; MOE_EP_BENCH_TRACE=1 timeout 60 build-gpu/bench/bench_layer --ep 2 --shape dsv3 --recipes nvfp4 --tokens 1 --iters 20
