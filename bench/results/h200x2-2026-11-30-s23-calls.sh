@@ -38,3 +38,8 @@ export MOE_EP_COMMIT=d09e1de; timeout 470 scripts/gpu_round.sh build test multig
 # that measurement adds engage the power limiter for the next case. It is opt-in since
 # (MOE_EP_BENCH_SEQ=8).
 export MOE_EP_COMMIT=5a4b9dc; timeout 200 scripts/gpu_round.sh build; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" timeout 250 scripts/gpu_round.sh benchall; MOE_EP_BENCH_TRACE=1 timeout 60 build-gpu/bench/bench_layer --ep 2 --shape dsv3 --recipes nvfp4 --tokens 1 --iters 20
+# Call H (1b57933, the graph sequence opt-in): every BENCH.md case of DSV3 at EP = 1, the record
+# of the final tree (-h-layer-dsv3.{json,log}, -h-quantize.json; the plot -h-layer-dsv3.png drawn
+# here with the recorded PyTorch baseline bench/results/h200-2026-11-29-torch-baseline.json).
+# graph_sequence_us is null in every record (not measured by default).
+export MOE_EP_COMMIT=1b57933; timeout 200 scripts/gpu_round.sh build; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" timeout 200 scripts/gpu_round.sh benchall
