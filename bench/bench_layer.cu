@@ -1,7 +1,8 @@
 // Benchmark of the layer per BENCH.md: DeepSeek-V3 shape by default, every recipe, tokens
 // 1..4096, uniform and Zipf routing. `--ep N` runs EP over N GPUs (one forked process per GPU,
 // NCCL unique id through a shared mapping, each rank holds E/N experts, a workspace sized to
-// each token count); the record is the slowest rank's median, weight bytes per rank. Random
+// each token count; Zipf with one expert order for every rank); the record is the slowest rank's
+// median, weight bytes per rank. Random
 // checkpoint-layout weights are made on the GPU (valid, non-zero scale bytes) and go through the
 // layer's own preprocessing. Each case: warm-up, then >= 20 CUDA-graph replays timed with events,
 // alternating 2 input sets; per-stage times from eager forwards with the stage-event hook. One JSON
@@ -153,12 +154,13 @@ uint64_t mix_host(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Top-k ids without repeats: uniform, or Zipf(1) over a shuffled expert order.
-std::vector<int32_t> make_ids(int T, int K, int E, bool zipf, uint64_t seed) {
+// Top-k ids without repeats: uniform, or Zipf(1) over a shuffled expert order (shuffled by
+// perm_seed, the draws by seed).
+std::vector<int32_t> make_ids(int T, int K, int E, bool zipf, uint64_t seed, uint64_t perm_seed) {
   std::vector<double> cdf(E);
   std::vector<int> perm(E);
   std::iota(perm.begin(), perm.end(), 0);
-  for (int i = E - 1; i > 0; --i) std::swap(perm[i], perm[mix_host(seed + i) % (i + 1)]);
+  for (int i = E - 1; i > 0; --i) std::swap(perm[i], perm[mix_host(perm_seed + i) % (i + 1)]);
   double acc = 0;
   for (int i = 0; i < E; ++i) cdf[i] = (acc += zipf ? 1.0 / (i + 1) : 1.0);
   std::vector<int32_t> ids(size_t(T) * K);
@@ -179,6 +181,17 @@ std::vector<int32_t> make_ids(int T, int K, int E, bool zipf, uint64_t seed) {
     }
   }
   return ids;
+}
+std::vector<int32_t> make_ids(int T, int K, int E, bool zipf, uint64_t seed) {
+  return make_ids(T, K, E, zipf, seed, seed);
+}
+
+// The ids of input set k of `rank` at EP: uniform as before Zipf was added (seeds 1000 T +
+// 10 rank + k); Zipf with one expert order for every rank (the popular experts of a model are
+// popular on every rank), each rank drawing its own tokens.
+std::vector<int32_t> ep_ids(int T, int K, int E, bool zipf, int rank, int k) {
+  const uint64_t seed = 1000ull * T + 10ull * rank + k;
+  return zipf ? make_ids(T, K, E, true, seed + 5, 1000ull * T + 7) : make_ids(T, K, E, false, seed);
 }
 
 struct InputSet {
@@ -347,6 +360,7 @@ struct EpCase {
   // NVLink bytes this rank sends (input set 0): dispatch rows (activation row + metadata, once
   // per token and other owner rank) and result rows back to other sources (H bf16 per pair).
   double dispatch_bytes, combine_bytes;
+  int zipf;
   double stage_us[debug::kEpStageEvents - 1];  // graph replays with captured stage events
 };
 struct EpShared {
@@ -361,7 +375,7 @@ struct EpShared {
 };
 
 void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vector<std::string>& rn,
-             const std::vector<int>& tokens, int iters) {
+             const std::vector<int>& tokens, const std::vector<int>& routings, int iters) {
   CK(cudaSetDevice(rank));
   if (rank == 0) {
     cudaDeviceProp prop{};
@@ -404,139 +418,142 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
       const WorkspaceId ws = layer->create_workspace(std::max(1, T));
       step(T, "warmup");
       layer->warmup(ws);
-      step(T, "inputs and eager forwards");
-      InputSet sets[2];
-      for (int k = 0; k < 2; ++k) {
-        InputSet& in = sets[k];
-        in.host_ids = make_ids(T, s.K, s.E, false, 1000 * T + 10 * rank + k);
-        std::vector<float> w(size_t(T) * s.K);
-        for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.01f * float(i % 13);
-        CK(cudaMalloc(&in.x, std::max<size_t>(16, size_t(T) * s.H * 2)));
-        CK(cudaMalloc(&in.ids, std::max<size_t>(16, w.size() * 4)));
-        CK(cudaMalloc(&in.w, std::max<size_t>(16, w.size() * 4)));
-        fill(in.x, size_t(T) * s.H * 2, 77 + k + rank, 4);
-        CK(cudaMemcpy(in.ids, in.host_ids.data(), w.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(in.w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
-      }
-      void* out = nullptr;
-      CK(cudaMalloc(&out, std::max<size_t>(16, size_t(T) * s.H * 2)));
-      auto inputs = [&](const InputSet& in) {
-        ForwardInputs f;
-        f.hidden_states = TensorView::contiguous(in.x, DType::kBF16, {T, s.H}, gpu);
-        f.topk_ids = TensorView::contiguous(in.ids, DType::kI32, {T, s.K}, gpu);
-        f.topk_weights = TensorView::contiguous(in.w, DType::kF32, {T, s.K}, gpu);
-        f.stream = st;
-        f.workspace = ws;
-        return f;
-      };
-      const TensorView ov = TensorView::contiguous(out, DType::kBF16, {T, s.H}, gpu);
-      for (int it = 0; it < 4; ++it) layer->forward(inputs(sets[it & 1]), ov);
-      CK(cudaStreamSynchronize(st));
-      step(T, "timed graph replays");
-      // The barrier: a forward of 0 tokens on every rank, enqueued eagerly on the stream. Every
-      // rank takes part in every call, and its dispatch and combine wait for every peer's
-      // signals, so each rank leaves it within a signal's latency of the others. (Session 13
-      // first used an LSA barrier kernel on a second NCCL communicator of the benchmark's own;
-      // one run then failed at construction, so the benchmark keeps to the layer's own.)
-      const std::function<void()> barrier = [&] {
-        ForwardInputs z = inputs(sets[0]);
-        z.hidden_states = TensorView::contiguous(sets[0].x, DType::kBF16, {0, s.H}, gpu);
-        z.topk_ids = TensorView::contiguous(sets[0].ids, DType::kI32, {0, s.K}, gpu);
-        z.topk_weights = TensorView::contiguous(sets[0].w, DType::kF32, {0, s.K}, gpu);
-        layer->forward(z, TensorView::contiguous(out, DType::kBF16, {0, s.H}, gpu));
-      };
-      const std::vector<float> us =
-          time_graph_replays(*layer, inputs, sets, ov, st, iters, use_barrier ? &barrier : nullptr);
-      step(T, "stage-event graph");
-      // Weight bytes this rank streams: its experts that any rank's tokens touch. Every rank
-      // regenerates the peers' ids (same seeds) to count them.
-      std::vector<char> touched(s.E, 0);
-      int64_t pairs = 0;
-      for (int r = 0; r < world; ++r)
-        for (int32_t id : make_ids(T, s.K, s.E, false, 1000 * T + 10 * r))
-          if (id >= 0 && id / El == rank) {
-            touched[id] = 1;
-            ++pairs;
-          }
-      const int64_t n_touched = std::count(touched.begin(), touched.end(), 1);
-      const ActFormat af = act_format(recipe, s.H);
-      const WorkspaceLayout wl =
-          WorkspaceLayout::make(world, T, s.H, s.K, af.data_bytes, af.scale_bytes);
-      double dispatch_bytes = 0, combine_bytes = 0;
-      for (int r = 0; r < world; ++r) {
-        const std::vector<int32_t> ids = make_ids(T, s.K, s.E, false, 1000 * T + 10 * r);
-        for (int t = 0; t < T; ++t) {
-          uint64_t owners = 0;
-          for (int k = 0; k < s.K; ++k) {
-            const int32_t id = ids[size_t(t) * s.K + k];
-            if (id < 0) continue;
-            owners |= 1ull << (id / El);
-            if (r != rank && id / El == rank) combine_bytes += 2.0 * s.H;
-          }
-          if (r == rank)
-            for (int o = 0; o < world; ++o)
-              if (o != rank && ((owners >> o) & 1))
-                dispatch_bytes += wl.act_row_bytes + wl.meta_row_bytes;
+      for (const int zipf : routings) {
+        step(T, "inputs and eager forwards");
+        InputSet sets[2];
+        for (int k = 0; k < 2; ++k) {
+          InputSet& in = sets[k];
+          in.host_ids = ep_ids(T, s.K, s.E, zipf != 0, rank, k);
+          std::vector<float> w(size_t(T) * s.K);
+          for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.01f * float(i % 13);
+          CK(cudaMalloc(&in.x, std::max<size_t>(16, size_t(T) * s.H * 2)));
+          CK(cudaMalloc(&in.ids, std::max<size_t>(16, w.size() * 4)));
+          CK(cudaMalloc(&in.w, std::max<size_t>(16, w.size() * 4)));
+          fill(in.x, size_t(T) * s.H * 2, 77 + k + rank, 4);
+          CK(cudaMemcpy(in.ids, in.host_ids.data(), w.size() * 4, cudaMemcpyHostToDevice));
+          CK(cudaMemcpy(in.w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
         }
-      }
-      if (me.ncases < kMaxCases) {
-        EpCase& c = me.cases[me.ncases++];
-        c.dispatch_bytes = dispatch_bytes;
-        c.combine_bytes = combine_bytes;
-        c.recipe_index = int(ri);
-        c.tokens = T;
-        c.median_us = median(us);
-        c.min_us = *std::min_element(us.begin(), us.end());
-        c.max_us = *std::max_element(us.begin(), us.end());
-        c.weight_bytes = double(n_touched) * expert_bytes;
-        c.pairs = pairs;
-      }
-      // Per-stage times inside a replayed CUDA graph: the stage events are captured as event
-      // nodes of a third graph (same kernels as the timed ones).
-      cudaEvent_t sev[debug::kEpStageEvents];
-      for (auto& e : sev) CK(cudaEventCreate(&e));
-      std::vector<float> stage[debug::kEpStageEvents - 1];
-      debug::set_ep_stage_events(sev);
-      cudaGraphExec_t staged;
-      {
-        cudaGraph_t g;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        layer->forward(inputs(sets[0]), ov);
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&staged, g, 0));
-        CK(cudaGraphDestroy(g));
-      }
-      for (int it = 0; it < std::max(5, iters / 2); ++it) {
-        if (use_barrier) {
-          // The stage events are nodes of the staged graph: the eager barrier must not record
-          // them (cudaErrorIllegalState).
-          debug::set_ep_stage_events(nullptr);
-          barrier();
-          debug::set_ep_stage_events(sev);
-        }
-        CK(cudaGraphLaunch(staged, st));
+        void* out = nullptr;
+        CK(cudaMalloc(&out, std::max<size_t>(16, size_t(T) * s.H * 2)));
+        auto inputs = [&](const InputSet& in) {
+          ForwardInputs f;
+          f.hidden_states = TensorView::contiguous(in.x, DType::kBF16, {T, s.H}, gpu);
+          f.topk_ids = TensorView::contiguous(in.ids, DType::kI32, {T, s.K}, gpu);
+          f.topk_weights = TensorView::contiguous(in.w, DType::kF32, {T, s.K}, gpu);
+          f.stream = st;
+          f.workspace = ws;
+          return f;
+        };
+        const TensorView ov = TensorView::contiguous(out, DType::kBF16, {T, s.H}, gpu);
+        for (int it = 0; it < 4; ++it) layer->forward(inputs(sets[it & 1]), ov);
         CK(cudaStreamSynchronize(st));
-        for (int j = 0; j + 1 < debug::kEpStageEvents; ++j) {
-          float ms = 0;
-          // Stage times are extra information: a driver without event nodes gives NaN.
-          if (cudaEventElapsedTime(&ms, sev[j], sev[j + 1]) != cudaSuccess) {
-            cudaGetLastError();
-            ms = std::nanf("");
+        step(T, "timed graph replays");
+        // The barrier: a forward of 0 tokens on every rank, enqueued eagerly on the stream. Every
+        // rank takes part in every call, and its dispatch and combine wait for every peer's
+        // signals, so each rank leaves it within a signal's latency of the others. (Session 13
+        // first used an LSA barrier kernel on a second NCCL communicator of the benchmark's own;
+        // one run then failed at construction, so the benchmark keeps to the layer's own.)
+        const std::function<void()> barrier = [&] {
+          ForwardInputs z = inputs(sets[0]);
+          z.hidden_states = TensorView::contiguous(sets[0].x, DType::kBF16, {0, s.H}, gpu);
+          z.topk_ids = TensorView::contiguous(sets[0].ids, DType::kI32, {0, s.K}, gpu);
+          z.topk_weights = TensorView::contiguous(sets[0].w, DType::kF32, {0, s.K}, gpu);
+          layer->forward(z, TensorView::contiguous(out, DType::kBF16, {0, s.H}, gpu));
+        };
+        const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters,
+                                                         use_barrier ? &barrier : nullptr);
+        step(T, "stage-event graph");
+        // Weight bytes this rank streams: its experts that any rank's tokens touch. Every rank
+        // regenerates the peers' ids (same seeds) to count them.
+        std::vector<char> touched(s.E, 0);
+        int64_t pairs = 0;
+        for (int r = 0; r < world; ++r)
+          for (int32_t id : ep_ids(T, s.K, s.E, zipf != 0, r, 0))
+            if (id >= 0 && id / El == rank) {
+              touched[id] = 1;
+              ++pairs;
+            }
+        const int64_t n_touched = std::count(touched.begin(), touched.end(), 1);
+        const ActFormat af = act_format(recipe, s.H);
+        const WorkspaceLayout wl =
+            WorkspaceLayout::make(world, T, s.H, s.K, af.data_bytes, af.scale_bytes);
+        double dispatch_bytes = 0, combine_bytes = 0;
+        for (int r = 0; r < world; ++r) {
+          const std::vector<int32_t> ids = ep_ids(T, s.K, s.E, zipf != 0, r, 0);
+          for (int t = 0; t < T; ++t) {
+            uint64_t owners = 0;
+            for (int k = 0; k < s.K; ++k) {
+              const int32_t id = ids[size_t(t) * s.K + k];
+              if (id < 0) continue;
+              owners |= 1ull << (id / El);
+              if (r != rank && id / El == rank) combine_bytes += 2.0 * s.H;
+            }
+            if (r == rank)
+              for (int o = 0; o < world; ++o)
+                if (o != rank && ((owners >> o) & 1))
+                  dispatch_bytes += wl.act_row_bytes + wl.meta_row_bytes;
           }
-          stage[j].push_back(ms * 1000);
         }
-      }
-      cudaGraphExecDestroy(staged);
-      debug::set_ep_stage_events(nullptr);
-      for (auto& e : sev) cudaEventDestroy(e);
-      if (me.ncases > 0 && me.cases[me.ncases - 1].tokens == T)
-        for (int j = 0; j + 1 < debug::kEpStageEvents; ++j)
-          me.cases[me.ncases - 1].stage_us[j] = median(stage[j]);
-      cudaFree(out);
-      for (auto& in : sets) {
-        cudaFree(in.x);
-        cudaFree(in.ids);
-        cudaFree(in.w);
+        if (me.ncases < kMaxCases) {
+          EpCase& c = me.cases[me.ncases++];
+          c.dispatch_bytes = dispatch_bytes;
+          c.combine_bytes = combine_bytes;
+          c.zipf = zipf;
+          c.recipe_index = int(ri);
+          c.tokens = T;
+          c.median_us = median(us);
+          c.min_us = *std::min_element(us.begin(), us.end());
+          c.max_us = *std::max_element(us.begin(), us.end());
+          c.weight_bytes = double(n_touched) * expert_bytes;
+          c.pairs = pairs;
+        }
+        // Per-stage times inside a replayed CUDA graph: the stage events are captured as event
+        // nodes of a third graph (same kernels as the timed ones).
+        cudaEvent_t sev[debug::kEpStageEvents];
+        for (auto& e : sev) CK(cudaEventCreate(&e));
+        std::vector<float> stage[debug::kEpStageEvents - 1];
+        debug::set_ep_stage_events(sev);
+        cudaGraphExec_t staged;
+        {
+          cudaGraph_t g;
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          layer->forward(inputs(sets[0]), ov);
+          CK(cudaStreamEndCapture(st, &g));
+          CK(cudaGraphInstantiate(&staged, g, 0));
+          CK(cudaGraphDestroy(g));
+        }
+        for (int it = 0; it < std::max(5, iters / 2); ++it) {
+          if (use_barrier) {
+            // The stage events are nodes of the staged graph: the eager barrier must not record
+            // them (cudaErrorIllegalState).
+            debug::set_ep_stage_events(nullptr);
+            barrier();
+            debug::set_ep_stage_events(sev);
+          }
+          CK(cudaGraphLaunch(staged, st));
+          CK(cudaStreamSynchronize(st));
+          for (int j = 0; j + 1 < debug::kEpStageEvents; ++j) {
+            float ms = 0;
+            // Stage times are extra information: a driver without event nodes gives NaN.
+            if (cudaEventElapsedTime(&ms, sev[j], sev[j + 1]) != cudaSuccess) {
+              cudaGetLastError();
+              ms = std::nanf("");
+            }
+            stage[j].push_back(ms * 1000);
+          }
+        }
+        cudaGraphExecDestroy(staged);
+        debug::set_ep_stage_events(nullptr);
+        for (auto& e : sev) cudaEventDestroy(e);
+        if (me.ncases > 0 && me.cases[me.ncases - 1].tokens == T)
+          for (int j = 0; j + 1 < debug::kEpStageEvents; ++j)
+            me.cases[me.ncases - 1].stage_us[j] = median(stage[j]);
+        cudaFree(out);
+        for (auto& in : sets) {
+          cudaFree(in.x);
+          cudaFree(in.ids);
+          cudaFree(in.w);
+        }
       }
     }
     step(tokens.empty() ? 0 : tokens.back(), "destroy after the last T");
@@ -546,10 +563,11 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
 }
 
 int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
-           const std::vector<int>& tokens, int iters, const std::string& json_path) {
-  if (world > kMaxEp || rn.size() != 1 || tokens.size() > size_t(kMaxCases)) {
-    std::fprintf(stderr, "--ep: at most %d ranks, one recipe, %d token counts\n", kMaxEp,
-                 kMaxCases);
+           const std::vector<int>& tokens, const std::vector<int>& routings, int iters,
+           const std::string& json_path) {
+  if (world > kMaxEp || rn.size() != 1 || tokens.size() * routings.size() > size_t(kMaxCases)) {
+    std::fprintf(stderr, "--ep: at most %d ranks, one recipe, %d cases (token counts x routings)\n",
+                 kMaxEp, kMaxCases);
     return 1;
   }
   void* mem =
@@ -565,7 +583,7 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
     if (pid == 0) {
       int rc = 0;
       try {
-        ep_rank(sh, r, world, s, rn, tokens, iters);
+        ep_rank(sh, r, world, s, rn, tokens, routings, iters);
       } catch (const std::exception& e) {
         std::snprintf(sh->rank[r].msg, sizeof sh->rank[r].msg, "%s", e.what());
         sh->rank[r].failed = 1;
@@ -600,8 +618,8 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   std::printf("timing: %s\n", timing);
   FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (js) std::fprintf(js, "[\n");
-  std::printf("%-8s %-12s %4s %6s %12s %12s %12s %14s %s\n", "shape", "recipe", "ep", "tokens",
-              "median_us", "min_us", "max_us", "GB/rank(max)", "per-rank medians");
+  std::printf("%-8s %-12s %4s %6s %-7s %12s %12s %12s %14s %s\n", "shape", "recipe", "ep", "tokens",
+              "routing", "median_us", "min_us", "max_us", "GB/rank(max)", "per-rank medians");
   for (int c = 0; c < sh->rank[0].ncases; ++c) {
     double med = 0, mn = 1e30, mx = 0, bytes = 0;
     int64_t pairs = 0;
@@ -618,10 +636,11 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
       per += b;
     }
     const int T = sh->rank[0].cases[c].tokens;
+    const char* routing = sh->rank[0].cases[c].zipf ? "zipf" : "uniform";
     const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
     const double tflops = 6.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
-    std::printf("%-8s %-12s %4d %6d %12.1f %12.1f %12.1f %14.3f %s\n", s.name.c_str(),
-                rn[0].c_str(), world, T, med, mn, mx, bytes / 1e9, per.c_str());
+    std::printf("%-8s %-12s %4d %6d %-7s %12.1f %12.1f %12.1f %14.3f %s\n", s.name.c_str(),
+                rn[0].c_str(), world, T, routing, med, mn, mx, bytes / 1e9, per.c_str());
     // Stages of every rank (events captured in a replayed graph): a rank that waits long in
     // combine waits for a slower peer.
     for (int r = 0; r < world; ++r) {
@@ -648,7 +667,7 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
                    "%s  {\"commit\": \"%s\", \"device\": \"%d x %s\", \"ep\": %d, "
                    "\"rank_count\": %d, \"shape\": \"%s\", \"H\": %d, \"I\": %d, "
                    "\"E\": %d, \"K\": %d, \"recipe\": \"%s\", \"tokens_per_rank\": %d, "
-                   "\"routing\": \"uniform\", \"median_us\": %.2f, \"min_us\": %.2f, "
+                   "\"routing\": \"%s\", \"median_us\": %.2f, \"min_us\": %.2f, "
                    "\"max_us\": %.2f, \"median_us_per_rank\": \"%s\", "
                    "\"weight_bytes_read\": %.0f, \"weight_bytes_per_rank_max\": %.0f, "
                    "\"hbm_fraction\": %.4f, \"tflops\": %.2f, \"mma_fraction\": %.4f, "
@@ -660,10 +679,10 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
                    "\"finalize\": %.2f}, \"combine\": \"%s\", "
                    "\"timing\": \"%s\"}",
                    c ? ",\n" : "", commit ? commit : "unknown", world, sh->device, world, world,
-                   s.name.c_str(), s.H, s.I, s.E, s.K, rn[0].c_str(), T, med, mn, mx, per.c_str(),
-                   bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters, c0.dispatch_bytes,
-                   c0.combine_bytes, nvlink, sg[0], sg[1], sg[2], sg[3], sg[4], sg[5], combine,
-                   timing);
+                   s.name.c_str(), s.H, s.I, s.E, s.K, rn[0].c_str(), T, routing, med, mn, mx,
+                   per.c_str(), bytes, bytes, hbm, tflops, tflops / kBf16Tflops, iters,
+                   c0.dispatch_bytes, c0.combine_bytes, nvlink, sg[0], sg[1], sg[2], sg[3], sg[4],
+                   sg[5], combine, timing);
   }
   if (js) {
     std::fprintf(js, "\n]\n");
@@ -717,13 +736,21 @@ int main(int argc, char** argv) {
   }
   Shape s = *it;
   if (experts > 0) s.E = experts;
+  if (routing != "uniform" && routing != "zipf" && routing != "both") {
+    std::fprintf(stderr, "bench_layer: unknown --routing '%s' (uniform, zipf, both)\n",
+                 routing.c_str());
+    return 2;
+  }
   if (ep > 1) {
     // The parent never touches CUDA: the ranks are forked from it.
     std::vector<std::string> rn;
     std::stringstream rs0(recipes_arg);
     std::string n;
     while (std::getline(rs0, n, ',')) rn.push_back(n);
-    return run_ep(ep, s, rn, tokens, iters, json_path);
+    std::vector<int> routings;  // 0 uniform, 1 Zipf
+    if (routing != "zipf") routings.push_back(0);
+    if (routing != "uniform") routings.push_back(1);
+    return run_ep(ep, s, rn, tokens, routings, iters, json_path);
   }
   int dev = 0;
   CK(cudaSetDevice(dev));
