@@ -2,11 +2,10 @@
 // 1..4096, uniform and Zipf routing. `--ep N` runs EP over N GPUs (one forked process per GPU,
 // NCCL unique id through a shared mapping, each rank holds E/N experts, a workspace sized to
 // each token count; Zipf with one expert order for every rank); the record is the slowest rank's
-// median, weight bytes per rank. Random
-// checkpoint-layout weights are made on the GPU (valid, non-zero scale bytes) and go through the
-// layer's own preprocessing. Each case: warm-up, then >= 20 CUDA-graph replays timed with events,
-// alternating 2 input sets; per-stage times from eager forwards with the stage-event hook. One JSON
-// record per case.
+// median, weight bytes per rank. Random checkpoint-layout weights are made on the GPU (valid,
+// non-zero scale bytes) and go through the layer's own preprocessing. Each case: warm-up, then
+// >= 20 CUDA-graph replays timed with events, alternating 2 input sets; per-stage times from eager
+// forwards with the stage-event hook. One JSON record per case.
 //   bench_layer [--json PATH] [--shape dsv3|qwen3|gpt-oss] [--recipes a,b] [--tokens 1,8,...]
 //               [--iters N] [--experts E] [--routing uniform|zipf|both] [--ep N]
 #include <cuda_runtime.h>
