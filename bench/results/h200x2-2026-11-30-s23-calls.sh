@@ -43,3 +43,6 @@ export MOE_EP_COMMIT=5a4b9dc; timeout 200 scripts/gpu_round.sh build; BENCH_SHAP
 # here with the recorded PyTorch baseline bench/results/h200-2026-11-29-torch-baseline.json).
 # graph_sequence_us is null in every record (not measured by default).
 export MOE_EP_COMMIT=1b57933; timeout 200 scripts/gpu_round.sh build; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" timeout 200 scripts/gpu_round.sh benchall
+# Call I (b6ec8a6, EP records with Zipf routing too): every BENCH.md case of DSV3 at EP = 2, both
+# routings (-i-layer-dsv3-ep2-*.{json,log}, -i-layer-dsv3-ep2.png, -i-layer-dsv3-ep1-e128.*).
+export MOE_EP_COMMIT=b6ec8a6; timeout 200 scripts/gpu_round.sh build; BENCH_SHAPES="" BENCH_EP="2" TORCH_SHAPES="" timeout 260 scripts/gpu_round.sh benchall
