@@ -6,7 +6,8 @@
 #                        (default: all but benchall, profile, epab, probe, fp8, stream, ab,
 #                        timeline)
 #   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
-#   EP = 1, EP = 2 / 4 / 8 where that many GPUs are present (BENCH_EP="8" narrows it), the
+#   EP = 1, EP = 2 / 4 / 8 where that many GPUs are present (BENCH_EP="8" narrows it; the
+#   shapes of BENCH_EP_SHAPES, default all three), the
 #   PyTorch baseline of each shape and the plots, packed into $OUT/bench.tar.gz (the device
 #   returns few files); give the tree's commit for the records as MOE_EP_COMMIT=<hash> in the
 #   call. profile = Nsight Compute of the
@@ -294,22 +295,28 @@ if has benchall; then
       "$B/layer-$shape.png" >>"$B/plot.log" 2>&1 || true
     grep -E "^(shape| *$shape)" "$B/layer-$shape.log" | grep -E "uniform|shape" | head -40
   done
-  # EP = 2, 4 and 8 where that many GPUs are present (BENCH_EP narrows it, e.g. BENCH_EP=8).
+  # EP = 2, 4 and 8 where that many GPUs are present (BENCH_EP narrows it, e.g. BENCH_EP=8), for
+  # the shapes of BENCH_EP_SHAPES (default all three; the PyTorch EP = 2 baseline exists for DSV3).
   for w in ${BENCH_EP-2 4 8}; do
     [ "$ngpu" -ge "$w" ] || continue
-    for r in nvfp4 mxfp4_mxfp8 mxfp4_bf16 bf16; do
-      "$BUILD/bench/bench_layer" --ep "$w" --shape dsv3 --recipes $r \
-        --json "$B/layer-dsv3-ep$w-$r.json" >"$B/layer-dsv3-ep$w-$r.log" 2>&1 || status=1
-      tail -9 "$B/layer-dsv3-ep$w-$r.log"
+    for shape in ${BENCH_EP_SHAPES-dsv3 qwen3 gpt-oss}; do
+      for r in nvfp4 mxfp4_mxfp8 mxfp4_bf16 bf16; do
+        "$BUILD/bench/bench_layer" --ep "$w" --shape $shape --recipes $r \
+          --json "$B/layer-$shape-ep$w-$r.json" >"$B/layer-$shape-ep$w-$r.log" 2>&1 || status=1
+        grep -E "^$shape .* uniform " "$B/layer-$shape-ep$w-$r.log" | head -8
+      done
+      j=$(ls "$B"/layer-$shape-ep"$w"-*.json | paste -sd, -)
+      torch=""
+      [ "$w" = 2 ] && [ "$shape" = dsv3 ] && torch=bench/results/h200x2-devicemd-torch-ep2.json
+      python3 bench/plot_results.py "$j" $torch "$B/layer-$shape-ep$w.png" >>"$B/plot.log" 2>&1 ||
+        true
+      # The single-GPU time of the same per-rank work (E / W experts, the same T): the EP target.
+      e=256
+      [ "$shape" = dsv3 ] || e=128
+      "$BUILD/bench/bench_layer" --shape $shape --experts $((e / w)) --recipes nvfp4 \
+        --routing uniform --tokens 1,128,4096 --json "$B/layer-$shape-ep1-e$((e / w)).json" \
+        >"$B/layer-$shape-ep1-e$((e / w)).log" 2>&1 || status=1
     done
-    j=$(ls "$B"/layer-dsv3-ep"$w"-*.json | paste -sd, -)
-    torch=""
-    [ "$w" = 2 ] && torch=bench/results/h200x2-devicemd-torch-ep2.json
-    python3 bench/plot_results.py "$j" $torch "$B/layer-dsv3-ep$w.png" >>"$B/plot.log" 2>&1 || true
-    # The single-GPU time of the same per-rank work (E = 256 / W, the same T): the EP target.
-    "$BUILD/bench/bench_layer" --shape dsv3 --experts $((256 / w)) --recipes nvfp4 \
-      --routing uniform --tokens 1,128,4096 --json "$B/layer-dsv3-ep1-e$((256 / w)).json" \
-      >"$B/layer-dsv3-ep1-e$((256 / w)).log" 2>&1 || status=1
   done
   tar -C "$OUT" -czf "$OUT/bench.tar.gz" bench && rm -rf "$B"
 fi
