@@ -46,3 +46,8 @@ export MOE_EP_COMMIT=1b57933; timeout 200 scripts/gpu_round.sh build; BENCH_SHAP
 # Call I (b6ec8a6, EP records with Zipf routing too): every BENCH.md case of DSV3 at EP = 2, both
 # routings (-i-layer-dsv3-ep2-*.{json,log}, -i-layer-dsv3-ep2.png, -i-layer-dsv3-ep1-e128.*).
 export MOE_EP_COMMIT=b6ec8a6; timeout 200 scripts/gpu_round.sh build; BENCH_SHAPES="" BENCH_EP="2" TORCH_SHAPES="" timeout 260 scripts/gpu_round.sh benchall
+# Call J (efc2a28, benchall's EP loop over the three shapes): every BENCH.md case of Qwen3 and
+# gpt-oss at EP = 2, both routings, each with its E = 64 single-GPU reference (the first EP = 2
+# records of those shapes; -j-layer-{qwen3,gpt-oss}-ep2-*, -j-layer-*-ep1-e64.*). No PyTorch EP = 2
+# baseline exists for them (DEVICE.md gives DSV3's).
+export MOE_EP_COMMIT=efc2a28; timeout 120 scripts/gpu_round.sh build; BENCH_SHAPES="" BENCH_EP="2" BENCH_EP_SHAPES="qwen3 gpt-oss" TORCH_SHAPES="" timeout 250 scripts/gpu_round.sh benchall
