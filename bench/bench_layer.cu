@@ -193,9 +193,36 @@ std::vector<int32_t> ep_ids(int T, int K, int E, bool zipf, int rank, int k) {
   return zipf ? make_ids(T, K, E, true, seed + 5, 1000ull * T + 7) : make_ids(T, K, E, false, seed);
 }
 
+// One input set on the device: host_ids (set first), weights 0.1 + 0.01 (i % 13) and random
+// bf16 activations from x_seed.
 struct InputSet {
   void *x = nullptr, *ids = nullptr, *w = nullptr;
   std::vector<int32_t> host_ids;
+
+  void upload(int T, const Shape& s, uint64_t x_seed) {
+    std::vector<float> wt(size_t(T) * s.K);
+    for (size_t i = 0; i < wt.size(); ++i) wt[i] = 0.1f + 0.01f * float(i % 13);
+    CK(cudaMalloc(&x, std::max<size_t>(16, size_t(T) * s.H * 2)));
+    CK(cudaMalloc(&ids, std::max<size_t>(16, wt.size() * 4)));
+    CK(cudaMalloc(&w, std::max<size_t>(16, wt.size() * 4)));
+    fill(x, size_t(T) * s.H * 2, x_seed, 4);
+    CK(cudaMemcpy(ids, host_ids.data(), wt.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(w, wt.data(), wt.size() * 4, cudaMemcpyHostToDevice));
+  }
+  void release() {
+    cudaFree(x);
+    cudaFree(ids);
+    cudaFree(w);
+  }
+  // The forward's inputs for T tokens on `st` (the default workspace unless one is set after).
+  ForwardInputs inputs(int T, const Shape& s, Device gpu, cudaStream_t st) const {
+    ForwardInputs f;
+    f.hidden_states = TensorView::contiguous(x, DType::kBF16, {T, s.H}, gpu);
+    f.topk_ids = TensorView::contiguous(ids, DType::kI32, {T, s.K}, gpu);
+    f.topk_weights = TensorView::contiguous(w, DType::kF32, {T, s.K}, gpu);
+    f.stream = st;
+    return f;
+  }
 };
 
 double median(std::vector<float> v) {
@@ -423,23 +450,12 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         for (int k = 0; k < 2; ++k) {
           InputSet& in = sets[k];
           in.host_ids = ep_ids(T, s.K, s.E, zipf != 0, rank, k);
-          std::vector<float> w(size_t(T) * s.K);
-          for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.01f * float(i % 13);
-          CK(cudaMalloc(&in.x, std::max<size_t>(16, size_t(T) * s.H * 2)));
-          CK(cudaMalloc(&in.ids, std::max<size_t>(16, w.size() * 4)));
-          CK(cudaMalloc(&in.w, std::max<size_t>(16, w.size() * 4)));
-          fill(in.x, size_t(T) * s.H * 2, 77 + k + rank, 4);
-          CK(cudaMemcpy(in.ids, in.host_ids.data(), w.size() * 4, cudaMemcpyHostToDevice));
-          CK(cudaMemcpy(in.w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+          in.upload(T, s, 77 + k + rank);
         }
         void* out = nullptr;
         CK(cudaMalloc(&out, std::max<size_t>(16, size_t(T) * s.H * 2)));
         auto inputs = [&](const InputSet& in) {
-          ForwardInputs f;
-          f.hidden_states = TensorView::contiguous(in.x, DType::kBF16, {T, s.H}, gpu);
-          f.topk_ids = TensorView::contiguous(in.ids, DType::kI32, {T, s.K}, gpu);
-          f.topk_weights = TensorView::contiguous(in.w, DType::kF32, {T, s.K}, gpu);
-          f.stream = st;
+          ForwardInputs f = in.inputs(T, s, gpu, st);
           f.workspace = ws;
           return f;
         };
@@ -548,11 +564,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
           for (int j = 0; j + 1 < debug::kEpStageEvents; ++j)
             me.cases[me.ncases - 1].stage_us[j] = median(stage[j]);
         cudaFree(out);
-        for (auto& in : sets) {
-          cudaFree(in.x);
-          cudaFree(in.ids);
-          cudaFree(in.w);
-        }
+        for (auto& in : sets) in.release();
       }
     }
     step(tokens.empty() ? 0 : tokens.back(), "destroy after the last T");
@@ -806,25 +818,11 @@ int main(int argc, char** argv) {
           if (const char* lv = std::getenv("MOE_EP_BENCH_LIVE"))
             for (size_t i = size_t(std::max(0, std::atoi(lv))) * s.K; i < in.host_ids.size(); ++i)
               in.host_ids[i] = -1;
-          std::vector<float> w(size_t(T) * s.K);
-          for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.01f * float(i % 13);
-          CK(cudaMalloc(&in.x, size_t(T) * s.H * 2));
-          CK(cudaMalloc(&in.ids, w.size() * 4));
-          CK(cudaMalloc(&in.w, w.size() * 4));
-          fill(in.x, size_t(T) * s.H * 2, 77 + k, 4);
-          CK(cudaMemcpy(in.ids, in.host_ids.data(), w.size() * 4, cudaMemcpyHostToDevice));
-          CK(cudaMemcpy(in.w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+          in.upload(T, s, 77 + k);
         }
         void* out = nullptr;
         CK(cudaMalloc(&out, size_t(T) * s.H * 2));
-        auto inputs = [&](const InputSet& in) {
-          ForwardInputs f;
-          f.hidden_states = TensorView::contiguous(in.x, DType::kBF16, {T, s.H}, gpu);
-          f.topk_ids = TensorView::contiguous(in.ids, DType::kI32, {T, s.K}, gpu);
-          f.topk_weights = TensorView::contiguous(in.w, DType::kF32, {T, s.K}, gpu);
-          f.stream = st;
-          return f;
-        };
+        auto inputs = [&](const InputSet& in) { return in.inputs(T, s, gpu, st); };
         const TensorView ov = TensorView::contiguous(out, DType::kBF16, {T, s.H}, gpu);
         // Per-stage times (eager forwards with the event hook).
         cudaEvent_t sev[5];
@@ -897,11 +895,7 @@ int main(int argc, char** argv) {
         }
         for (auto& e : sev) cudaEventDestroy(e);
         cudaFree(out);
-        for (auto& in : sets) {
-          cudaFree(in.x);
-          cudaFree(in.ids);
-          cudaFree(in.w);
-        }
+        for (auto& in : sets) in.release();
       }
     }
     cudaStreamDestroy(st);
