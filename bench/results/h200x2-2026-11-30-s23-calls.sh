@@ -51,3 +51,8 @@ export MOE_EP_COMMIT=b6ec8a6; timeout 200 scripts/gpu_round.sh build; BENCH_SHAP
 # records of those shapes; -j-layer-{qwen3,gpt-oss}-ep2-*, -j-layer-*-ep1-e64.*). No PyTorch EP = 2
 # baseline exists for them (DEVICE.md gives DSV3's).
 export MOE_EP_COMMIT=efc2a28; timeout 120 scripts/gpu_round.sh build; BENCH_SHAPES="" BENCH_EP="2" BENCH_EP_SHAPES="qwen3 gpt-oss" TORCH_SHAPES="" timeout 250 scripts/gpu_round.sh benchall
+# Call K (6185c6a, bench_layer's shared input-set helper): DSV3 nvfp4 at 1 and 128 tokens, both
+# routings, and Qwen3 at EP = 2 with 0, 1 and 64 tokens per rank, both routings, ran; an unknown
+# --routing is refused. (Output in the session's notes only: 1 token 73.2 / 74.0 us, 128 tokens
+# 1658.9 / 1694.6; Qwen3 EP = 2 0 / 1 / 64 tokens 19.3 / 43.6 / 108.2 us uniform.)
+B=build-gpu/bench/bench_layer; timeout 120 scripts/gpu_round.sh build; $B --shape dsv3 --recipes nvfp4 --tokens 1,128 --routing both --iters 20; $B --ep 2 --shape qwen3 --recipes nvfp4 --tokens 0,1,64 --iters 20; $B --routing zipff
