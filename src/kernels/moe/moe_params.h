@@ -170,12 +170,13 @@ inline int choose_layer_tile_n(int tokens, int top_k, int local_experts, Recipe 
 // ours) measured faster for 32, 64, 2048 and 4096 tokens per rank (docs/gpu_kernels.md §10,
 // session 4), so owners take twice their mean; for W > 2 too (not W times: at W = 8 that would
 // give the m64 kernel's tile of 160 at 8 rows per expert, where tile 16 is ~1.8x faster on one
-// GPU; W > 2 is not measured, issue #7). Where that says 32, tile 16: the owner's mean is then
-// at most 10.5 rows, and there tile 32 was slower (DSV3 nvfp4, 128 / 160 tokens per rank:
-// 1056-1058 / 1155-1157 us against 917-918 / 962-963, §9 "Session 22").
+// GPU; W > 2 is not measured, issue #7). And tile 16 up to tile 32's bound: the owner's mean is
+// then at most 10.5 rows, where tile 32 was slower (DSV3 nvfp4, 128 / 160 tokens per rank:
+// 1056-1058 / 1155-1157 us against 917-918 / 962-963, §9 "Session 22"), so an owner never takes
+// tile 32.
 inline int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts) {
-  const int n = choose_tile_n(tokens * std::min(world, 2), top_k, local_experts);
-  return world > 1 && n == 32 ? 16 : n;
+  return choose_tile_n(tokens * std::min(world, 2), top_k, local_experts,
+                       world > 1 ? kTile32MaxMeanRows : kTile16MaxMeanRows);
 }
 
 // The prefill GEMM variant (benchmark knob MOE_EP_WGMMA_V, read once per process): unset (0)
