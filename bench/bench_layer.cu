@@ -359,8 +359,7 @@ int graph_sequence_length() {
 }
 template <class MakeInputs>
 double time_graph_sequence(MegaLayer& layer, const MakeInputs& inputs, const InputSet (&sets)[2],
-                           const TensorView& out, cudaStream_t st, int iters) {
-  const int n = graph_sequence_length();
+                           const TensorView& out, cudaStream_t st, int iters, int n) {
   if (n < 2) return 0;
   cudaGraph_t g;
   cudaGraphExec_t exec;
@@ -469,26 +468,18 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         // first used an LSA barrier kernel on a second NCCL communicator of the benchmark's own;
         // one run then failed at construction, so the benchmark keeps to the layer's own.)
         const std::function<void()> barrier = [&] {
-          ForwardInputs z = inputs(sets[0]);
-          z.hidden_states = TensorView::contiguous(sets[0].x, DType::kBF16, {0, s.H}, gpu);
-          z.topk_ids = TensorView::contiguous(sets[0].ids, DType::kI32, {0, s.K}, gpu);
-          z.topk_weights = TensorView::contiguous(sets[0].w, DType::kF32, {0, s.K}, gpu);
+          ForwardInputs z = sets[0].inputs(0, s, gpu, st);
+          z.workspace = ws;
           layer->forward(z, TensorView::contiguous(out, DType::kBF16, {0, s.H}, gpu));
         };
         const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters,
                                                          use_barrier ? &barrier : nullptr);
         step(T, "stage-event graph");
-        // Weight bytes this rank streams: its experts that any rank's tokens touch. Every rank
-        // regenerates the peers' ids (same seeds) to count them.
+        // Input set 0 of every rank (its ids regenerated from the same seeds): the weight bytes
+        // this rank streams (its experts that any rank's tokens touch), its pairs, and the NVLink
+        // bytes it sends (dispatch rows to other owners, result rows to other sources).
         std::vector<char> touched(s.E, 0);
         int64_t pairs = 0;
-        for (int r = 0; r < world; ++r)
-          for (int32_t id : ep_ids(T, s.K, s.E, zipf != 0, r, 0))
-            if (id >= 0 && id / El == rank) {
-              touched[id] = 1;
-              ++pairs;
-            }
-        const int64_t n_touched = std::count(touched.begin(), touched.end(), 1);
         const ActFormat af = act_format(recipe, s.H);
         const WorkspaceLayout wl =
             WorkspaceLayout::make(world, T, s.H, s.K, af.data_bytes, af.scale_bytes);
@@ -501,7 +492,10 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
               const int32_t id = ids[size_t(t) * s.K + k];
               if (id < 0) continue;
               owners |= 1ull << (id / El);
-              if (r != rank && id / El == rank) combine_bytes += 2.0 * s.H;
+              if (id / El != rank) continue;
+              touched[id] = 1;
+              ++pairs;
+              if (r != rank) combine_bytes += 2.0 * s.H;
             }
             if (r == rank)
               for (int o = 0; o < world; ++o)
@@ -509,6 +503,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
                   dispatch_bytes += wl.act_row_bytes + wl.meta_row_bytes;
           }
         }
+        const int64_t n_touched = std::count(touched.begin(), touched.end(), 1);
         if (me.ncases < kMaxCases) {
           EpCase& c = me.cases[me.ncases++];
           c.dispatch_bytes = dispatch_bytes;
@@ -842,7 +837,8 @@ int main(int argc, char** argv) {
         debug::set_stage_events(nullptr);
         // Whole forward: graph replays.
         const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters);
-        const double seq = time_graph_sequence(*layer, inputs, sets, ov, st, iters);
+        const int seq_n = graph_sequence_length();
+        const double seq = time_graph_sequence(*layer, inputs, sets, ov, st, iters, seq_n);
         const double med = median(us);
         const double mn = *std::min_element(us.begin(), us.end());
         const double mx = *std::max_element(us.begin(), us.end());
@@ -866,8 +862,8 @@ int main(int argc, char** argv) {
             hbm, tflops / kBf16Tflops, median(stage[0]), median(stage[1]), median(stage[2]),
             median(stage[3]));
         if (seq > 0)
-          std::printf("  graph of %d forwards: %.1f us per forward (median of %d replays)\n",
-                      graph_sequence_length(), seq, iters);
+          std::printf("  graph of %d forwards: %.1f us per forward (median of %d replays)\n", seq_n,
+                      seq, iters);
         std::fflush(stdout);
         if (js) {
           char seq_json[32] = "null";
