@@ -26,8 +26,9 @@
 #   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=4x1") set for this tree's
 #   runs only; AB_VARIANTS="base;this;base:MOE_EP_M64=4x1;..." names every run of a repetition
 #   (tree and environment) instead; AB_ARGS with --ep takes one recipe (bench_layer's rule).
-#   The table goes to $OUT/ab.log, each run followed by a "# clocks:" line (GPU 0's SM clock and
-#   power cap during it: the 700 W cap lowers the clock partway through runs).
+#   The table goes to $OUT/ab.log, each run followed by a "# clocks GPU n:" line per GPU
+#   (scripts/smi_trace.sh: SM clock and power cap during it; the 700 W cap lowers the clock
+#   partway through runs).
 #   timeline = a second build (build-timeline, configured with MOE_EP_TIMELINE=ON: the kernels
 #   record their first start and last end, src/kernels/moe/timeline.cuh) and bench_layer with
 #   MOE_EP_BENCH_TIMELINE=1: where each kernel of a graph replay runs (TIMELINE_ARGS, default
@@ -57,31 +58,6 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv \
   >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
-
-# GPU 0's SM clock, board power and throttle reasons sampled every 100 ms around a benchmark
-# run: clocks_start before it, clocks_stop after it prints one line (SM clock min / median /
-# max, the highest power reading, the share of samples with the software power cap active,
-# throttle reason 0x4, and the samples per set of active throttle reasons). The board's 700 W
-# cap lowers the SM clock partway through decode runs (docs/gpu_kernels.md §6 "Session 18"), so
-# each A/B run says which clocks it ran at.
-clocks_start() {
-  SMI_LOG=""
-  command -v nvidia-smi >/dev/null || return 0
-  SMI_LOG=$(mktemp)
-  nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active \
-    --format=csv,noheader,nounits -lms 100 >"$SMI_LOG" 2>/dev/null &
-  SMI_PID=$!
-}
-clocks_stop() {
-  [ -n "$SMI_LOG" ] || return 0
-  kill "$SMI_PID" 2>/dev/null
-  wait "$SMI_PID" 2>/dev/null
-  sort -t, -k1,1n "$SMI_LOG" | awk -F', *' 'NF >= 3 && $1 > 400 {
-      c[n++] = $1; if ($2 > p) p = $2; if ($3 ~ /[4567cdefCDEF]$/) cap++; r[$3]++ }
-    END { if (n) { printf "# clocks: SM %d / %d / %d MHz (min / median / max), power <= %.0f W, power cap in %d of %d samples, reasons", c[0], c[int(n / 2)], c[n - 1], p, cap, n
-      for (k in r) printf " %s:%d", k, r[k]; printf "\n" } }'
-  rm -f "$SMI_LOG"
-}
 
 # Configures source tree $1 into build folder $2 (log $3) with this machine's NCCL and the
 # carried CUTLASS / GoogleTest headers; further arguments go to cmake.
@@ -311,8 +287,8 @@ if has benchall; then
       python3 bench/plot_results.py "$j" $torch "$B/layer-$shape-ep$w.png" >>"$B/plot.log" 2>&1 ||
         true
       # The single-GPU time of the same per-rank work (E / W experts, the same T): the EP target.
-      e=256
-      [ "$shape" = dsv3 ] || e=128
+      e=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[0]['E'])" \
+        "$B/layer-$shape-ep$w-nvfp4.json" 2>/dev/null) || continue
       "$BUILD/bench/bench_layer" --shape $shape --experts $((e / w)) --recipes nvfp4 \
         --routing uniform --tokens 1,128,4096 --json "$B/layer-$shape-ep1-e$((e / w)).json" \
         >"$B/layer-$shape-ep1-e$((e / w)).log" 2>&1 || status=1
@@ -351,11 +327,13 @@ if has ab; then
           bin=build-ab-base/bench/bench_layer
           [ -n "$NCCL_DIR" ] && libs="LD_LIBRARY_PATH=$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}"
         fi
-        clocks_start
+        # Each run under scripts/smi_trace.sh: its "# clocks GPU n:" lines say which SM clocks and
+        # power state it ran at (the board's 700 W cap lowers the clock partway through runs).
+        trace=$(mktemp)
         # shellcheck disable=SC2086
-        env $libs $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
-          grep -E "uniform|zipf|rror|failed|--ep|stages|NVLink|replays|graph of|^(dsv3|qwen3|gpt-oss) "
-        clocks_stop
+        scripts/smi_trace.sh "$trace" env $libs $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
+          grep -E "uniform|zipf|rror|failed|--ep|stages|NVLink|replays|graph of|# clocks|^(dsv3|qwen3|gpt-oss) "
+        rm -f "$trace"
       done
     done >"$OUT/ab.log"
     cat "$OUT/ab.log"

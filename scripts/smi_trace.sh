@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs a command while nvidia-smi samples every GPU every 50 ms (time, GPU index, SM clock,
-# power, temperature, active throttle reasons) into TRACE; prints the command's output, then per
-# GPU a summary of the trace: the samples per set of active throttle reasons and the lowest SM
-# clock of each set.
+# power, temperature, active throttle reasons) into TRACE; prints the command's output, then one
+# line per GPU: SM clock min / median / max, the highest power reading, the samples with the
+# software power cap active (throttle reason 0x4; the board's 700 W cap lowers the SM clock
+# partway through decode runs, docs/gpu_kernels.md §6 "Session 18"), the samples per set of
+# active throttle reasons, and the highest temperature. Exits with the command's status.
 #   scripts/smi_trace.sh TRACE command [args...]
 set -uo pipefail
 trace=$1
@@ -18,7 +20,13 @@ pid=$!
 rc=$?
 kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
-awk -F', *' 'NF >= 6 && $3 > 400 { k = $2 " " $6; n[k]++; if (!(k in lo) || $3 < lo[k]) lo[k] = $3
-    if ($5 > t[$2]) t[$2] = $5 }
-  END { for (k in n) { split(k, a, " "); printf "# trace GPU %s: reasons %s: %d samples, SM >= %d MHz (max temperature %d C)\n", a[1], a[2], n[k], lo[k], t[a[1]] } }' "$trace" | sort
+# Sorted by GPU, then SM clock: each GPU's samples arrive in clock order (median by index).
+sort -t, -k2,2n -k3,3n "$trace" | awk -F', *' 'NF >= 6 && $3 > 400 {
+    g = $2; if (!(g in n)) order[ng++] = g
+    c[g, n[g]++] = $3; if ($4 > p[g]) p[g] = $4; if ($5 > t[g]) t[g] = $5
+    if ($6 ~ /[4567cdefCDEF]$/) cap[g]++; r[g, $6]++ }
+  END { for (i = 0; i < ng; ++i) { g = order[i]
+      printf "# clocks GPU %s: SM %d / %d / %d MHz (min / median / max), power <= %.0f W, power cap in %d of %d samples, reasons", g, c[g, 0], c[g, int(n[g] / 2)], c[g, n[g] - 1], p[g], cap[g], n[g]
+      for (k in r) { split(k, kk, SUBSEP); if (kk[1] == g) printf " %s:%d", kk[2], r[k] }
+      printf ", max temperature %d C\n", t[g] } }'
 exit $rc
