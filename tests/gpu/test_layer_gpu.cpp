@@ -945,6 +945,27 @@ void expect_replays_equal_eager_tile8(MegaLayer& gpu, const Shape& s, const Devi
   }
 }
 
+// The decode tests' skeleton: for each 4-bit recipe a warmed-up CUDA layer of `s` (weights from
+// `m`, capacity `cap`), then for each T its inputs (make_inputs seed input_seed + T) and
+// body(layer, d, h, T), under SCOPED_TRACEs of the recipe and T.
+template <class Body>
+void for_each_4bit_layer_and_tokens(const Shape& s, const Master& m, int cap,
+                                    std::initializer_list<int> tokens, uint64_t input_seed,
+                                    Body body) {
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, cap, true, Options{}), p);
+    gpu->warmup();
+    for (int T : tokens) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, input_seed + T);
+      DeviceInputs d(h);
+      body(*gpu, d, h, T);
+    }
+  }
+}
+
 // The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer
 // (half the MMAs and B loads) and the others on the 16-column one; either way a column gets the
 // same MMAs in the same k order as in a tile of 8, so forcing tile 16 or 8 gives the same bits.
@@ -956,36 +977,29 @@ void expect_replays_equal_eager_tile8(MegaLayer& gpu, const Shape& s, const Devi
 TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
-  Master m(s, 37);
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
-    SCOPED_TRACE(recipe_name(r));
-    const PackedExperts p = pack(s, r, m, Options{});
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 64, true, Options{}), p);
-    gpu->warmup();
-    for (int T : {3, 12, 24, 40}) {
-      SCOPED_TRACE("T = " + std::to_string(T));
-      HostInputs h = make_inputs(T, s.H, s.K, s.E, 70 + T);
-      DeviceInputs d(h);
-      auto run = [&](int tile, bool split) {
-        TileOverride o(tile);
-        Split16Override so(split);
-        return forward_bits(*gpu, d, h);
-      };
-      const std::vector<uint16_t> t8 = run(8, false), t16 = run(16, false);
-      EXPECT_TRUE(t16 == t8) << "tile 16 differs from tile 8";
-      EXPECT_TRUE(run(16, true) == t8) << "tile 16 split by rows differs from tile 8";
-      if (T != 40) continue;
-      // The split captured in a CUDA graph at T and replayed with device counts (route orders
-      // each replay's tiles on the device) against eager tile-8 forwards of the first n tokens.
-      expect_replays_equal_eager_tile8(*gpu, s, d, h, T, {40, 12, 3},
-                                       [&](const ForwardInputs& f, const TensorView& out) {
-                                         TileOverride o(16);
-                                         Split16Override so(true);
-                                         gpu->forward(f, out);
-                                       });
-      EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
-    }
-  }
+  const Master m(s, 37);
+  for_each_4bit_layer_and_tokens(
+      s, m, 64, {3, 12, 24, 40}, 70,
+      [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
+        auto run = [&](int tile, bool split) {
+          TileOverride o(tile);
+          Split16Override so(split);
+          return forward_bits(gpu, d, h);
+        };
+        const std::vector<uint16_t> t8 = run(8, false), t16 = run(16, false);
+        EXPECT_TRUE(t16 == t8) << "tile 16 differs from tile 8";
+        EXPECT_TRUE(run(16, true) == t8) << "tile 16 split by rows differs from tile 8";
+        if (T != 40) return;
+        // The split captured in a CUDA graph at T and replayed with device counts (route orders
+        // each replay's tiles on the device) against eager tile-8 forwards of the first n tokens.
+        expect_replays_equal_eager_tile8(gpu, s, d, h, T, {40, 12, 3},
+                                         [&](const ForwardInputs& f, const TensorView& out) {
+                                           TileOverride o(16);
+                                           Split16Override so(true);
+                                           gpu.forward(f, out);
+                                         });
+        EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
+      });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
@@ -1003,36 +1017,29 @@ TEST(GpuLayer, Decode32SameBitsAsTile8) {
   // 2048) fc1 on the 136-register one; each also runs both consumers forced (2- / 4-chunk slots).
   for (const Shape& s : {kQwen3, kDsv3}) {
     SCOPED_TRACE(s.name);
-    Master m(s, 41);
-    for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
-      SCOPED_TRACE(recipe_name(r));
-      const PackedExperts p = pack(s, r, m, Options{});
-      auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 128, true, Options{}), p);
-      gpu->warmup();
-      for (int T : {3, 24, 48, 100}) {
-        SCOPED_TRACE("T = " + std::to_string(T));
-        HostInputs h = make_inputs(T, s.H, s.K, s.E, 90 + T);
-        DeviceInputs d(h);
-        auto run = [&](int tile, int cps) {
-          TileOverride o(tile);
-          CpsOverride c(cps);
-          return forward_bits(*gpu, d, h);
-        };
-        const std::vector<uint16_t> t8 = run(8, 0);
-        EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
-        EXPECT_TRUE(run(32, 0) == t8) << "tile 32 (the default consumers) differs from tile 8";
-        for (int cps : {2, 4}) {
-          EXPECT_TRUE(run(32, cps) == t8) << "tile 32 on " << cps << "-chunk slots differs";
-          EXPECT_EQ(kern::last_decode_cps(), cps);
-        }
-        if (T != 100) continue;
-        expect_replays_equal_eager_tile8(*gpu, s, d, h, T, {100, 40, 5},
-                                         [&](const ForwardInputs& f, const TensorView& out) {
-                                           TileOverride o(32);
-                                           gpu->forward(f, out);
-                                         });
-      }
-    }
+    const Master m(s, 41);
+    for_each_4bit_layer_and_tokens(
+        s, m, 128, {3, 24, 48, 100}, 90,
+        [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
+          auto run = [&](int tile, int cps) {
+            TileOverride o(tile);
+            CpsOverride c(cps);
+            return forward_bits(gpu, d, h);
+          };
+          const std::vector<uint16_t> t8 = run(8, 0);
+          EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
+          EXPECT_TRUE(run(32, 0) == t8) << "tile 32 (the default consumers) differs from tile 8";
+          for (int cps : {2, 4}) {
+            EXPECT_TRUE(run(32, cps) == t8) << "tile 32 on " << cps << "-chunk slots differs";
+            EXPECT_EQ(kern::last_decode_cps(), cps);
+          }
+          if (T != 100) return;
+          expect_replays_equal_eager_tile8(gpu, s, d, h, T, {100, 40, 5},
+                                           [&](const ForwardInputs& f, const TensorView& out) {
+                                             TileOverride o(32);
+                                             gpu.forward(f, out);
+                                           });
+        });
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
@@ -1291,28 +1298,21 @@ struct WaveOverride {
 TEST(GpuLayer, DecodeLateSetupSameBits) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
-  Master m(s, 43);
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
-    SCOPED_TRACE(recipe_name(r));
-    const PackedExperts p = pack(s, r, m, Options{});
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 64, true, Options{}), p);
-    gpu->warmup();
-    for (int T : {1, 7, 12, 40}) {
-      SCOPED_TRACE("T = " + std::to_string(T));
-      HostInputs h = make_inputs(T, s.H, s.K, s.E, 60 + T);
-      DeviceInputs d(h);
-      auto run = [&](int wave) {
-        WaveOverride w(wave);
-        TileOverride to(T <= 7 ? 8 : 16);
-        Split16Override so(T == 12);
-        SplitKOverride sk(T == 7 ? 3 : kern::kSplitKDefault, T == 7 ? 3 : kern::kSplitKDefault);
-        return forward_bits(*gpu, d, h);
-      };
-      const std::vector<uint16_t> ref = run(0);
-      EXPECT_TRUE(run(1) == ref) << "a first wave of one CTA changes the outputs";
-      EXPECT_TRUE(any_nonzero(ref)) << "every output is zero";
-    }
-  }
+  const Master m(s, 43);
+  for_each_4bit_layer_and_tokens(
+      s, m, 64, {1, 7, 12, 40}, 60,
+      [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
+        auto run = [&](int wave) {
+          WaveOverride w(wave);
+          TileOverride to(T <= 7 ? 8 : 16);
+          Split16Override so(T == 12);
+          SplitKOverride sk(T == 7 ? 3 : kern::kSplitKDefault, T == 7 ? 3 : kern::kSplitKDefault);
+          return forward_bits(gpu, d, h);
+        };
+        const std::vector<uint16_t> ref = run(0);
+        EXPECT_TRUE(run(1) == ref) << "a first wave of one CTA changes the outputs";
+        EXPECT_TRUE(any_nonzero(ref)) << "every output is zero";
+      });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
