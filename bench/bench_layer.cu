@@ -270,13 +270,15 @@ template <class MakeInputs>
 std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs,
                                       const InputSet (&sets)[2], const TensorView& out,
                                       cudaStream_t st, int iters,
-                                      const std::function<void()>* barrier = nullptr) {
+                                      const std::function<void()>* barrier = nullptr,
+                                      int rank = -1) {
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-  // MOE_EP_BENCH_TIMELINE=1 in a build configured with MOE_EP_TIMELINE (one GPU): the kernels
-  // record their first start and last end into `tl` (kern::set_timeline_buffer, before the
-  // capture, so the graphs carry it); 10 replays after the timed ones are read back one by one.
+  // MOE_EP_BENCH_TIMELINE=1 in a build configured with MOE_EP_TIMELINE: the kernels record
+  // their first start and last end into `tl` (kern::set_timeline_buffer, before the capture, so
+  // the graphs carry it); 10 replays after the timed ones are read back one by one. With EP
+  // (`rank` >= 0) every rank prints its own line, the EP stages included (each GPU's clock).
   const char* tl_env = std::getenv("MOE_EP_BENCH_TIMELINE");
-  const bool timeline = barrier == nullptr && tl_env != nullptr && tl_env[0] == '1';
+  const bool timeline = tl_env != nullptr && tl_env[0] == '1';
   uint64_t* tl = nullptr;
   if (timeline) {
     CK(cudaMalloc(&tl, 2 * kern::kTlSlots * sizeof(uint64_t)));
@@ -304,11 +306,18 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
     // Per stage: µs from the replay's first recorded start to the stage's first CTA resident
     // and to its last CTA gone (a stage that did not run prints -).
     constexpr int kS = kern::kTlSlots;
-    const char* names[kS] = {"prepare", "fc1", "fc2", "finalize"};
+    const char* names[kS] = {"prepare",  "fc1",    "fc2",    "finalize", "quantize",
+                             "dispatch", "signal", "unpack", "combine",  "comb.signal"};
+    // Printed in the forward's order.
+    const int order[kS] = {kern::kTlEpSource, kern::kTlEpDispatch, kern::kTlEpDispatchSignal,
+                           kern::kTlEpUnpack, kern::kTlPrepare,    kern::kTlFc1,
+                           kern::kTlFc2,      kern::kTlEpCombine,  kern::kTlEpCombineSignal,
+                           kern::kTlFinalize};
     std::vector<double> from[kS], to[kS];
     for (int rep = 0; rep < 10; ++rep) {
       uint64_t h[2 * kS];
       for (int s = 0; s < kS; ++s) h[2 * s] = ~uint64_t(0), h[2 * s + 1] = 0;
+      if (barrier) (*barrier)();  // before the reset: its own forward records too
       CK(cudaMemcpyAsync(tl, h, sizeof h, cudaMemcpyHostToDevice, st));
       CK(cudaGraphLaunch(exec[rep & 1], st));
       CK(cudaMemcpyAsync(h, tl, sizeof h, cudaMemcpyDeviceToHost, st));
@@ -321,8 +330,10 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
           to[s].push_back((h[2 * s + 1] - t0) * 1e-3);
         }
     }
-    std::printf("timeline us (median of 10 replays; first CTA resident .. last CTA gone):");
-    for (int s = 0; s < kS; ++s) {
+    char who[24] = "";
+    if (rank >= 0) std::snprintf(who, sizeof who, " (rank %d)", rank);
+    std::printf("timeline us%s (median of 10 replays; first CTA resident .. last CTA gone):", who);
+    for (int s : order) {
       if (from[s].empty()) {
         std::printf(" %s -", names[s]);
         continue;
@@ -473,7 +484,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
           layer->forward(z, TensorView::contiguous(out, DType::kBF16, {0, s.H}, gpu));
         };
         const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters,
-                                                         use_barrier ? &barrier : nullptr);
+                                                         use_barrier ? &barrier : nullptr, rank);
         step(T, "stage-event graph");
         // Input set 0 of every rank (its ids regenerated from the same seeds): the weight bytes
         // this rank streams (its experts that any rank's tokens touch), its pairs, and the NVLink

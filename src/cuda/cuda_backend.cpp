@@ -524,6 +524,9 @@ class CudaBackend final : public LayerBackend {
     sa.act_row_bytes = L.act_row_bytes;
     sa.act_data_bytes = act.data_bytes;
     sa.error = err_dev_;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+    sa.timeline = kern::timeline_buffer();  // debug builds: the EP stages on the timeline
+#endif
     check(kern::launch_ep_source(sa, s), "launching the EP quantize");
     mark(1);
 
@@ -545,6 +548,9 @@ class CudaBackend final : public LayerBackend {
     // a count pass with MOE_EP_ORDERED_ROWS=1 (benchmark knob; same outputs either way).
     static const bool ordered_rows = env_switch("MOE_EP_ORDERED_ROWS", false);
     dp.ordered_rows = ordered_rows;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+    dp.timeline = kern::timeline_buffer();  // debug builds: the EP stages on the timeline
+#endif
     check(launch_ep_dispatch(dp, s), "launching EP dispatch");
     mark(2);
 
@@ -570,6 +576,9 @@ class CudaBackend final : public LayerBackend {
     ua.ids = reinterpret_cast<int32_t*>(scratch + ws.vids_off);
     ua.weights = reinterpret_cast<float*>(scratch + ws.vweights_off);
     ua.ep_error = &tp.state->error;  // a failed wait of this call: route nothing
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+    ua.timeline = kern::timeline_buffer();  // debug builds: the EP stages on the timeline
+#endif
     if (ws.fused_combine) {
       ua.y_dst = reinterpret_cast<uint16_t**>(scratch + ws.y_dst_off);
       for (int r = 0; r < W_; ++r)
@@ -620,6 +629,9 @@ class CudaBackend final : public LayerBackend {
       cp.num_blocks = ep_blocks_for(2 * num_sms_, int64_t(W_) * in.tokens * K * 4, 16);
     }
     cp.fused_wait = true;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+    cp.timeline = kern::timeline_buffer();
+#endif
     check(launch_ep_combine(cp, s), "launching EP combine");
     mark(5);
 

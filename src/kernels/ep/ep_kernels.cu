@@ -5,6 +5,7 @@
 
 #include "kernels/ep/ep_device.cuh"
 #include "kernels/ep/ep_launch.h"
+#include "kernels/moe/timeline.cuh"
 #include "kernels/pdl.cuh"
 #include "moe_ep/formats.h"
 
@@ -139,6 +140,7 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // of each warp's token row is prefetched into shared memory (cp.async) first, so it lands
 // meanwhile; the row is read once and stored to every owner rank of the token (itself included).
 __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParams p) {
+  MOE_EP_TIMELINE_SCOPE(p, kern::kTlEpDispatch);
   extern __shared__ int4 s_rows[];  // [nwarps][head16]: the head of each warp's current row
   __shared__ int s_base[kEpMaxRanks];
   __shared__ uint64_t s_mask[kMaxWarps];
@@ -286,6 +288,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
     }
     announce_call(tp);
     publish_signals(tp, ep_dispatch_signal(n));
+    MOE_EP_TIMELINE_POINT(p, kern::kTlEpDispatchSignal);
   }
   if (p.fused_wait) {
     __syncthreads();
@@ -323,6 +326,7 @@ __global__ void ep_abandon_kernel(const EpTransport tp) {
 // token*K + slot. Many rows: one warp per received row (its slots in turn). Few rows (decode):
 // one warp per (row, slot, 4 KB piece), so a handful of rows still spreads over many warps.
 __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams p) {
+  MOE_EP_TIMELINE_SCOPE(p, kern::kTlEpCombine);
   __shared__ int s_off[kEpMaxRanks + 1];
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
@@ -391,6 +395,7 @@ __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams 
   // with fused_wait waits for every owner's epoch 2n.
   if (grid_arrive_last(&tp.state->combine_arrived, &s_last, tp.release_each)) {
     publish_signals(tp, ep_combine_signal(tp.state->call));
+    MOE_EP_TIMELINE_POINT(p, kern::kTlEpCombineSignal);
   }
   if (p.fused_wait) {
     __syncthreads();

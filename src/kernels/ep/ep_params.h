@@ -141,6 +141,9 @@ struct EpDispatchParams {
   bool fused_wait = false;
   // Rows in increasing token order (a count pass before the copies) instead of per-tile atomics.
   bool ordered_rows = false;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
+#endif
 };
 
 // combine: every (source, received row, local slot) result row goes back to the source's
@@ -161,6 +164,9 @@ struct EpCombineParams {
   // moves nothing (y is unused, may be null): it fences, publishes epoch 2n to every source and,
   // with fused_wait, waits for every owner, exactly as after its own copies. One block suffices.
   bool signal_only = false;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
+#endif
 };
 
 // wait: this rank waits for every peer's signal of the current call and stage.

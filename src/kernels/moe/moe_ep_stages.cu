@@ -7,6 +7,7 @@
 
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/quant4_device.cuh"
+#include "kernels/moe/timeline.cuh"
 #include "kernels/pdl.cuh"
 #include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
@@ -32,6 +33,7 @@ __host__ __device__ inline int ep_blocks_per_row(int H) { return (H + kEpElems -
 // never reads them).
 template <Recipe R>
 __global__ void __launch_bounds__(kEpThreads) ep_source_kernel(const EpSourceArgs a) {
+  MOE_EP_TIMELINE_SCOPE(a, kTlEpSource);
   pdl_launch_dependents();  // dispatch may launch; it waits for this grid in pdl_wait
   const int t = blockIdx.x, part = blockIdx.y, tid = threadIdx.x;
   if (t >= valid_count(a.tokens, a.num_tokens)) return;
@@ -143,6 +145,7 @@ __device__ __forceinline__ uint4 unpack8(const UnpackIn& in) {
 
 template <Recipe R>
 __global__ void __launch_bounds__(kEpThreads) ep_unpack_kernel(const EpUnpackArgs a) {
+  MOE_EP_TIMELINE_SCOPE(a, kTlEpUnpack);
   pdl_wait();  // the received rows and counts: dispatch (and its wait) completed first
   pdl_launch_dependents();
   const int part = blockIdx.y, src = blockIdx.z, tid = threadIdx.x;

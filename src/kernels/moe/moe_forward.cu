@@ -884,6 +884,7 @@ namespace {
 std::atomic<uint64_t*> g_timeline{nullptr};
 }
 void set_timeline_buffer(uint64_t* buf) { g_timeline.store(buf, std::memory_order_relaxed); }
+uint64_t* timeline_buffer() { return g_timeline.load(std::memory_order_relaxed); }
 
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;
@@ -952,8 +953,12 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   return err;
 }
 
-cudaError_t launch_finalize(const ForwardArgs& a, uint16_t* unfinalized_rows, cudaStream_t s) {
-  if (a.tokens == 0) return cudaSuccess;
+cudaError_t launch_finalize(const ForwardArgs& args, uint16_t* unfinalized_rows, cudaStream_t s) {
+  if (args.tokens == 0) return cudaSuccess;
+  ForwardArgs a = args;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  a.timeline = g_timeline.load(std::memory_order_relaxed);
+#endif
   // After the EP combine (its wait orders the peers' rows): PDL, as the other EP kernels.
   const bool pdl = transport_pdl();
   if (a.out) {

@@ -25,6 +25,7 @@ cudaError_t encode_fp8_h_tensor_map(void* dst, const uint8_t* h8, size_t rows, i
 // ([kTlSlots][2] uint64: first start, last end, in ns) that the kernels of every later
 // launch_forward record into; null stops it. Without the option the kernels record nothing.
 void set_timeline_buffer(uint64_t* buf);
+uint64_t* timeline_buffer();  // what set_timeline_buffer set (the EP stages read it too)
 
 // The whole forward: prepare (quantize x + route, one launch), fc1, fc2, finalize (when
 // args.out is set). With `stage_events` (5 events) it records one before each stage and one at

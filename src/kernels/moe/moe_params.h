@@ -430,6 +430,9 @@ struct EpSourceArgs {
   uint8_t* act = nullptr;
   int act_row_bytes = 0, act_data_bytes = 0;
   DeviceError* error = nullptr;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
+#endif
 };
 
 // Ranks EpUnpackArgs can address (equals kEpMaxRanks of kernels/ep/ep_params.h; the backend
@@ -458,6 +461,9 @@ struct EpUnpackArgs {
   // Optional: the workspace's transport error flag (EpState::error). Once set (a wait of this
   // call failed), every virtual token gets ids -1, so nothing is routed, computed or stored.
   const uint32_t* ep_error = nullptr;
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
+#endif
 };
 
 }  // namespace moe_ep::kern

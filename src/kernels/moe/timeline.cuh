@@ -10,8 +10,23 @@
 
 namespace moe_ep::kern {
 
-// A slot per stage: [first CTA resident, last CTA gone] in ns of %globaltimer.
-enum TimelineSlot : int { kTlPrepare, kTlFc1, kTlFc2, kTlFinalize, kTlSlots };
+// A slot per stage: [first CTA resident, last CTA gone] in ns of %globaltimer. The EP stages
+// (W > 1) too: the source quantize, the dispatch (its last block's wait for the peers included),
+// the unpack and the combine (signal and wait); kTlEpDispatchSignal / kTlEpCombineSignal hold the
+// moment the last block published its signal to the peers (start = end).
+enum TimelineSlot : int {
+  kTlPrepare,
+  kTlFc1,
+  kTlFc2,
+  kTlFinalize,
+  kTlEpSource,
+  kTlEpDispatch,
+  kTlEpDispatchSignal,
+  kTlEpUnpack,
+  kTlEpCombine,
+  kTlEpCombineSignal,
+  kTlSlots
+};
 
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
 
@@ -38,8 +53,18 @@ struct TimelineScope {
 #define MOE_EP_TIMELINE_SCOPE(args, s) \
   const ::moe_ep::kern::TimelineScope moe_ep_timeline_scope_((args).timeline, (s))
 
+// One moment (a signal's publication) into slot s, by the calling thread.
+__device__ __forceinline__ void timeline_point(uint64_t* buf, int s) {
+  if (buf == nullptr) return;
+  const auto t = static_cast<unsigned long long>(timeline_now());
+  atomicMin(reinterpret_cast<unsigned long long*>(buf) + 2 * s, t);
+  atomicMax(reinterpret_cast<unsigned long long*>(buf) + 2 * s + 1, t);
+}
+#define MOE_EP_TIMELINE_POINT(args, s) ::moe_ep::kern::timeline_point((args).timeline, (s))
+
 #else
 #define MOE_EP_TIMELINE_SCOPE(args, s) static_cast<void>(0)
+#define MOE_EP_TIMELINE_POINT(args, s) static_cast<void>(0)
 #endif
 
 }  // namespace moe_ep::kern
