@@ -548,6 +548,11 @@ class CudaBackend final : public LayerBackend {
     // a count pass with MOE_EP_ORDERED_ROWS=1 (benchmark knob; same outputs either way).
     static const bool ordered_rows = env_switch("MOE_EP_ORDERED_ROWS", false);
     dp.ordered_rows = ordered_rows;
+    // A one-block dispatch / signal-only combine (decode sizes) publishes with one system fence and
+    // no global atomics (EpDispatchParams::solo); MOE_EP_SOLO_BLOCK=0 (benchmark knob) takes the
+    // general path. Same rows, counts and outputs either way.
+    static const bool solo = env_switch("MOE_EP_SOLO_BLOCK", true);
+    dp.solo = solo;
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
     dp.timeline = kern::timeline_buffer();  // debug builds: the EP stages on the timeline
 #endif
@@ -629,6 +634,7 @@ class CudaBackend final : public LayerBackend {
       cp.num_blocks = ep_blocks_for(2 * num_sms_, int64_t(W_) * in.tokens * K * 4, 16);
     }
     cp.fused_wait = true;
+    cp.solo = solo;
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
     cp.timeline = kern::timeline_buffer();
 #endif

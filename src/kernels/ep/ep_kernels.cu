@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   MOE_EP_TIMELINE_SCOPE(p, kern::kTlEpDispatch);
   extern __shared__ int4 s_rows[];  // [nwarps][head16]: the head of each warp's current row
   __shared__ int s_base[kEpMaxRanks];
+  __shared__ int s_total[kEpMaxRanks];  // solo: rows per owner so far (no global counter)
   __shared__ uint64_t s_mask[kMaxWarps];
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
@@ -173,7 +174,10 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   // 1. ordered_rows: rows each owner already gets from tokens before this chunk (block 0: over
   //    all tokens, which are the counts it publishes).
   const bool ordered = p.ordered_rows;
-  for (int o = tid; o < W; o += nthreads) s_base[o] = 0;
+  // One block: the rows of each owner come from a running total in shared memory instead of
+  // the per-owner global counter (its atomics and the last block's exchange).
+  const bool solo = p.solo && gridDim.x == 1 && !tp.release_each;
+  for (int o = tid; o < W; o += nthreads) s_base[o] = 0, s_total[o] = 0;
   __syncthreads();
   if (ordered) {
     count_tokens_before(p.topk_ids, K, own, blockIdx.x == 0 ? T : start, s_base);
@@ -224,7 +228,12 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
       for (int o = tid; o < W; o += nthreads) {
         int c = 0;
         for (int w = 0; w < nwarps; ++w) c += int((s_mask[w] >> o) & 1);
-        s_base[o] = c != 0 ? int(atomicAdd(&tp.state->rows[o], uint32_t(c))) : 0;
+        if (solo) {
+          s_base[o] = s_total[o];
+          s_total[o] += c;
+        } else {
+          s_base[o] = c != 0 ? int(atomicAdd(&tp.state->rows[o], uint32_t(c))) : 0;
+        }
       }
       __syncthreads();
     }
@@ -276,7 +285,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
 
   // 3. The last block to finish publishes epoch 2n-1 to every owner (release after all rows),
   //    and with fused_wait waits for every source's epoch 2n-1 before the kernel ends.
-  if (grid_arrive_last(&tp.state->dispatch_arrived, &s_last, tp.release_each)) {
+  if (grid_arrive_last(&tp.state->dispatch_arrived, &s_last, tp.release_each, solo)) {
     const uint64_t n = tp.state->call + 1;
     tp.state->call = n;
     if (!ordered) {
@@ -284,7 +293,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
       // at every owner (T = 0 included; the signal below orders it), and 0 for the next call.
       for (int o = 0; o < W; ++o)
         *reinterpret_cast<int32_t*>(tp.peer_base[o] + L.recv_count(tp.rank)) =
-            int32_t(atomicExch(&tp.state->rows[o], 0u));
+            solo ? s_total[o] : int32_t(atomicExch(&tp.state->rows[o], 0u));
     }
     announce_call(tp);
     publish_signals(tp, ep_dispatch_signal(n));
@@ -393,7 +402,7 @@ __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams 
   }
   // The last block publishes epoch 2n to every source (release after all result rows), and
   // with fused_wait waits for every owner's epoch 2n.
-  if (grid_arrive_last(&tp.state->combine_arrived, &s_last, tp.release_each)) {
+  if (grid_arrive_last(&tp.state->combine_arrived, &s_last, tp.release_each, p.solo)) {
     publish_signals(tp, ep_combine_signal(tp.state->call));
     MOE_EP_TIMELINE_POINT(p, kern::kTlEpCombineSignal);
   }

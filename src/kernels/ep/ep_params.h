@@ -141,6 +141,9 @@ struct EpDispatchParams {
   bool fused_wait = false;
   // Rows in increasing token order (a count pass before the copies) instead of per-tile atomics.
   bool ordered_rows = false;
+  // A grid of one block (decode sizes) keeps the rows per owner in shared memory and publishes
+  // with one system fence, no global atomics (grid_arrive_last's `solo`); false: the general path.
+  bool solo = true;
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
   uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
 #endif
@@ -164,6 +167,7 @@ struct EpCombineParams {
   // moves nothing (y is unused, may be null): it fences, publishes epoch 2n to every source and,
   // with fused_wait, waits for every owner, exactly as after its own copies. One block suffices.
   bool signal_only = false;
+  bool solo = true;  // one block: publish with one system fence (as EpDispatchParams::solo)
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
   uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
 #endif
