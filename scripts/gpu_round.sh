@@ -32,7 +32,8 @@
 #   timeline = a second build (build-timeline, configured with MOE_EP_TIMELINE=ON: the kernels
 #   record their first start and last end, src/kernels/moe/timeline.cuh) and bench_layer with
 #   MOE_EP_BENCH_TIMELINE=1: where each kernel of a graph replay runs (TIMELINE_ARGS, default
-#   DSV3 nvfp4 and mxfp4_mxfp8 at 1, 8, 128 and 4096 tokens).
+#   DSV3 nvfp4 and mxfp4_mxfp8 at 1, 8, 128 and 4096 tokens; with "--ep 2 ..." every rank prints
+#   its line, the transport's stages included).
 #   pack = last: everything under $OUT into $OUT/all.tgz (the device tool returns at most 8
 #   files, two folders down; run `scripts/gpu_round.sh pack` once at the end of a call that ran
 #   several steps or several OUT=$OUT/sub invocations).
