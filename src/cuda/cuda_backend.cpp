@@ -553,6 +553,11 @@ class CudaBackend final : public LayerBackend {
     // general path. Same rows, counts and outputs either way.
     static const bool solo = env_switch("MOE_EP_SOLO_BLOCK", true);
     dp.solo = solo;
+    // The source quantize above is a plain launch, so the caller's ids, weights and count are
+    // complete when the dispatch starts: it reads them before its wait for the quantize grid.
+    // MOE_EP_EARLY_INPUTS=0 (benchmark knob) reads them after it.
+    static const bool early = env_switch("MOE_EP_EARLY_INPUTS", true);
+    dp.early_inputs = early;
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
     dp.timeline = kern::timeline_buffer();  // debug builds: the EP stages on the timeline
 #endif

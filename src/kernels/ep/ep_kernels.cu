@@ -148,21 +148,59 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
   const WorkspaceLayout& L = tp.layout;
+  const int W = tp.world_size, K = L.top_k;
+  const OwnerOf own(p.num_local_experts, W);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthreads = blockDim.x;
+  const int nwarps = nthreads >> 5;
+  const int meta16 = L.meta_row_bytes / 16;
+  // Metadata row of token t (word 0 token, 1..K ids, K+1..2K weights, then zeros) in lanes <
+  // meta16, and the owners of its slots in `part` (OR over the warp gives the token's mask).
+  auto load_meta = [&](int t, bool valid, int4& meta_v, uint64_t& part) {
+    meta_v = make_int4(0, 0, 0, 0);
+    part = 0;
+    if (valid && lane < meta16) {
+      uint32_t v[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int word = 4 * lane + q;
+        uint32_t x = 0;
+        if (word == 0) {
+          x = uint32_t(t);
+        } else if (word <= K) {
+          const int id = __ldg(p.topk_ids + size_t(t) * K + (word - 1));
+          part |= own.bit(id);
+          x = uint32_t(id);
+        } else if (word <= 2 * K) {
+          x = __float_as_uint(__ldg(p.topk_weights + size_t(t) * K + (word - 1 - K)));
+        }
+        v[q] = x;
+      }
+      meta_v = make_int4(int(v[0]), int(v[1]), int(v[2]), int(v[3]));
+    }
+  };
+  // early_inputs (the layer: its quantize kernel is a plain launch, so the caller's ids, weights
+  // and count were complete before it, hence before this grid, started): the count and the first
+  // tile's metadata are read before the wait for the quantize grid, overlapping its tail.
+  int T = 0, chunk = 0, start = 0, end = 0;
+  auto bounds = [&] {
+    T = clamp_tokens(p.num_tokens, p.num_tokens_dev, L.capacity);
+    chunk = (T + gridDim.x - 1) / gridDim.x;
+    start = min(T, int(blockIdx.x) * chunk);
+    end = min(T, start + chunk);
+  };
+  int4 meta_first = make_int4(0, 0, 0, 0);
+  uint64_t part_first = 0;
+  if (p.early_inputs) {
+    bounds();
+    load_meta(start + warp, start + warp < end, meta_first, part_first);
+  }
   // The activation rows are the quantize kernel's output (launched with PDL: kernels/pdl.cuh).
   pdl_wait();
   pdl_launch_dependents();
   // A rank with a sticky error stops moving data (its peers time out and report it, too).
   if (has_error(tp)) return;
-
-  const int W = tp.world_size, K = L.top_k;
-  const OwnerOf own(p.num_local_experts, W);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthreads = blockDim.x;
-  const int nwarps = nthreads >> 5;
-  const int T = clamp_tokens(p.num_tokens, p.num_tokens_dev, L.capacity);
-  const int chunk = (T + gridDim.x - 1) / gridDim.x;
-  const int start = min(T, int(blockIdx.x) * chunk), end = min(T, start + chunk);
+  if (!p.early_inputs) bounds();
   const int n16 = L.act_row_bytes / 16, head16 = min(n16, kPiece16);
-  const int meta16 = L.meta_row_bytes / 16;
   int4* head = s_rows + size_t(warp) * head16;
   auto prefetch = [&](int tok) {
     const int4* src = reinterpret_cast<const int4*>(p.act + size_t(tok) * p.act_stride);
@@ -196,28 +234,13 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   for (int tile = start; tile < end; tile += nwarps) {
     const int t = tile + warp;
     const bool valid = t < end;
-    // Metadata row (word 0 token, 1..K ids, K+1..2K weights, then zeros) in lanes < meta16; the
-    // owner mask is the OR of every lane's ids.
-    int4 meta_v = make_int4(0, 0, 0, 0);
-    uint64_t part = 0;
-    if (valid && lane < meta16) {
-      uint32_t v[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int word = 4 * lane + q;
-        uint32_t x = 0;
-        if (word == 0) {
-          x = uint32_t(t);
-        } else if (word <= K) {
-          const int id = __ldg(p.topk_ids + size_t(t) * K + (word - 1));
-          part |= own.bit(id);
-          x = uint32_t(id);
-        } else if (word <= 2 * K) {
-          x = __float_as_uint(__ldg(p.topk_weights + size_t(t) * K + (word - 1 - K)));
-        }
-        v[q] = x;
-      }
-      meta_v = make_int4(int(v[0]), int(v[1]), int(v[2]), int(v[3]));
+    int4 meta_v;
+    uint64_t part;
+    if (p.early_inputs && tile == start) {
+      meta_v = meta_first;
+      part = part_first;
+    } else {
+      load_meta(t, valid, meta_v, part);
     }
     const uint64_t mask = uint64_t(__reduce_or_sync(~0u, uint32_t(part))) |
                           uint64_t(__reduce_or_sync(~0u, uint32_t(part >> 32))) << 32;

@@ -144,6 +144,10 @@ struct EpDispatchParams {
   // A grid of one block (decode sizes) keeps the rows per owner in shared memory and publishes
   // with one system fence, no global atomics (grid_arrive_last's `solo`); false: the general path.
   bool solo = true;
+  // The caller's ids, weights and count are complete when this grid starts (its predecessor in
+  // the stream is a plain launch that started after them, as the layer's quantize kernel): they
+  // are read before the wait for the predecessor's grid. False: after it (any predecessor).
+  bool early_inputs = false;
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
   uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
 #endif

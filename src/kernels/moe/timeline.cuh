@@ -1,8 +1,8 @@
 // The kernel timeline of a debug build (configure with -DMOE_EP_TIMELINE=ON): every kernel of
 // the forward (one GPU, and the EP stages at W > 1) records, from %globaltimer, when its first
 // CTA became resident and when its last CTA's thread 0 left, into a device buffer the benchmark
-// reads (`MOE_EP_BENCH_TIMELINE=1 bench_layer ...`). It places the time of a CUDA-graph replay on the
-// kernels where host events cannot (programmatic dependent launch overlaps them). Without the
+// reads (`MOE_EP_BENCH_TIMELINE=1 bench_layer ...`). It places the time of a CUDA-graph replay on
+// the kernels where host events cannot (programmatic dependent launch overlaps them). Without the
 // option (the default, and every shipped build) it compiles to nothing.
 #pragma once
 
