@@ -24,3 +24,8 @@ export MOE_EP_COMMIT=2287d4c; timeout 220 scripts/gpu_round.sh build multigpu; O
 # (-e-layer-dsv3-ep2-*.{json,log}, -e-layer-dsv3-ep2.png drawn on the device with the PyTorch
 # EP = 2 points, -e-layer-dsv3-ep1-e128.*).
 export MOE_EP_COMMIT=2287d4c; timeout 200 scripts/gpu_round.sh build test > $OUT/bt.log 2>&1; tail -5 $OUT/bt.log; timeout 150 scripts/gpu_round.sh cli python > $OUT/cp.log 2>&1; grep -E "PASS|FAIL|passed|failed|rror" $OUT/cp.log | tail -8; BENCH_SHAPES="" BENCH_EP="2" BENCH_EP_SHAPES="dsv3" TORCH_SHAPES="" timeout 230 scripts/gpu_round.sh benchall > $OUT/ba.log 2>&1; grep -E "^dsv3" $OUT/ba.log | head -60; scripts/gpu_round.sh pack
+# Call F (a178d9e, the dispatch reading the caller's count, ids and weights before its wait for the
+# quantize grid): multi-GPU 27/27 (-f-multigpu_tests.log), the same-call A/B against
+# MOE_EP_EARLY_INPUTS=0 at 1 / 2 / 8 tokens per rank, three runs (-f-early-inputs-ab.log), and the
+# EP = 2 timeline at 1 token per rank (-f-timeline-ep2.log: the dispatch's signal at 7.0 us).
+export MOE_EP_COMMIT=a178d9e; timeout 220 scripts/gpu_round.sh build multigpu > $OUT/bm.log 2>&1; grep -E "PASSED|FAILED|tests ran|decode round" $OUT/bm.log; OUT=$OUT/ab AB_REPS=3 AB_VARIANTS="this;this:MOE_EP_EARLY_INPUTS=0" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1,2,8" timeout 150 scripts/gpu_round.sh ab > /dev/null; grep -E "^# this|^dsv3" $OUT/ab/ab.log; OUT=$OUT/tl TIMELINE_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1" timeout 150 scripts/gpu_round.sh timeline; scripts/gpu_round.sh pack
