@@ -152,6 +152,8 @@ struct RankCtx {
   bool fused = false;        // waits fused into the last block of dispatch / combine
   bool signal_only = false;  // experts store into the sources' combine areas; combine signals
   bool ordered = false;      // dispatch rows in increasing token order (ordered_rows)
+  bool solo = true;          // one-block grids publish on one fence (EpDispatchParams::solo)
+  bool early = false;        // dispatch reads ids / weights / count before its wait (early_inputs)
   int check_stride = 1;      // result rows checked: every check_stride-th token (large cases)
 
   // This rank's buffers and one workspace of geometry g on `c` (activation rows of act_data
@@ -213,6 +215,8 @@ struct RankCtx {
       dp.num_threads = threads;
       dp.fused_wait = fused;
       dp.ordered_rows = ordered;
+      dp.solo = solo;
+      dp.early_inputs = early;  // the inputs come from memcpys before a memset: complete
       CK(launch_ep_dispatch(dp, stream));
       EpWaitParams wp{tp, EpStage::kDispatch};
       if (!fused) CK(launch_ep_wait(wp, stream));
@@ -229,6 +233,7 @@ struct RankCtx {
       cp.num_threads = threads;
       cp.signal_only = signal_only;
       cp.fused_wait = fused;
+      cp.solo = solo;
       CK(launch_ep_combine(cp, stream));
       EpWaitParams wp{tp, EpStage::kCombine};
       if (!fused) CK(launch_ep_wait(wp, stream));
@@ -525,6 +530,16 @@ TEST(MultiGpu, DataMovementBitwise) {
     c.threads = 512;
     forward_and_verify(c, {1, 3}, Routing::kUniform, 80, false, "fused waits, 1 block, T 1/3");
     forward_and_verify(c, {256, 255}, Routing::kSkewed, 81, true, "fused waits, 1 block, full");
+    // One block: the general arrival path (solo off: row counters and arrival atomics), and the
+    // dispatch's early reads of the caller's inputs (the layer's setting) over the block's 16
+    // tiles and over one.
+    c.solo = false;
+    forward_and_verify(c, {256, 255}, Routing::kSkewed, 92, true, "1 block, general arrival");
+    c.solo = true;
+    c.early = true;
+    forward_and_verify(c, {256, 255}, Routing::kSkewed, 93, true, "1 block, early inputs, full");
+    forward_and_verify(c, {1, 3}, Routing::kUniform, 94, false, "1 block, early inputs, T 1/3");
+    c.early = false;
     // Fused combine: the experts kernel stores into the sources' combine areas, a signal-only
     // combine (1 block, as the CUDA backend launches it) publishes them; with the fused wait and
     // with the wait kernel; empty ranks and every routing.
@@ -532,6 +547,9 @@ TEST(MultiGpu, DataMovementBitwise) {
     c.blocks = 1;
     c.threads = 64;
     forward_and_verify(c, {256, 180}, Routing::kUniform, 84, false, "signal-only, fused wait");
+    c.solo = false;
+    forward_and_verify(c, {200, 256}, Routing::kUniform, 95, false, "signal-only, general arrival");
+    c.solo = true;
     forward_and_verify(c, {0, 0}, Routing::kUniform, 85, false, "signal-only, T=0 on both");
     forward_and_verify(c, {0, 77}, Routing::kSkewed, 86, false, "signal-only, T=0 on rank 0");
     forward_and_verify(c, {128, 128}, Routing::kOther, 87, false, "signal-only, all to the other");
