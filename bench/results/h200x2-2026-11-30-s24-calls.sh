@@ -34,3 +34,7 @@ export MOE_EP_COMMIT=a178d9e; timeout 220 scripts/gpu_round.sh build multigpu > 
 # same-call A/B against MOE_EP_FINALIZE_WAITS=0 at 1 / 8 / 128 tokens per rank, three runs
 # (-g-finalize-waits-ab.log: level), the EP = 2 timeline at 1 token per rank (-g-timeline-ep2.log).
 export MOE_EP_COMMIT=942dfc3; timeout 220 scripts/gpu_round.sh build multigpu > $OUT/bm.log 2>&1; grep -E "PASSED|FAILED|tests ran|Failure" $OUT/bm.log | head; OUT=$OUT/ab AB_REPS=3 AB_VARIANTS="this;this:MOE_EP_FINALIZE_WAITS=0" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1,8,128" timeout 170 scripts/gpu_round.sh ab > /dev/null; grep -E "^# this|^dsv3" $OUT/ab/ab.log; OUT=$OUT/tl TIMELINE_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1" timeout 120 scripts/gpu_round.sh timeline; scripts/gpu_round.sh pack
+# Call H (d31fd64, the session's final code): multi-GPU 27/27 with the transport test's new
+# one-block cases (general arrival, early reads over 16 tiles and one; -h-multigpu_tests.log),
+# GPU tests 32/32 (-h-gpu_tests.log).
+export MOE_EP_COMMIT=d31fd64; timeout 120 scripts/gpu_round.sh build > $OUT/b.log 2>&1; tail -1 $OUT/b.log; timeout 90 scripts/gpu_round.sh multigpu > $OUT/m.log 2>&1; grep -E "PASSED|FAILED|tests ran|Failure|DataMovement" $OUT/m.log | head; timeout 70 scripts/gpu_round.sh test > $OUT/t.log 2>&1; grep -E "PASSED|FAILED|tests ran" $OUT/t.log | head -3; scripts/gpu_round.sh pack
