@@ -163,15 +163,22 @@ __device__ __forceinline__ void wait_all_peers(const EpTransport& tp, EpStage st
 // data stores). `counter` is reset by the last block, so the next launch starts at 0.
 // `s_last` (shared) tells the whole block whether it is the last one (for fused waits).
 // `release_each` (EpTransport): the acquire side as a system fence, as before session 13.
-// `solo` (a grid of one block, and the caller allows it): no other block to wait for, so no
-// fence and no arrival; thread 0 is "last", and publish_signals' system release fence, cumulative
-// over the block's stores through the barrier, orders them before the signals (docs/protocol.md
-// §5: one system fence and no global atomic on the path of a decode-size call).
+// The one-block path of a dispatch or combine grid: the caller allows it (`allowed`, the params'
+// `solo`), the grid is one block, and the transport does not ask for the old fence sequence
+// (`release_each`). grid_arrive_last's `solo` and the dispatch's shared-memory row counts take it.
+__device__ __forceinline__ bool one_block_path(bool allowed, const EpTransport& tp) {
+  return allowed && !tp.release_each && gridDim.x * gridDim.y * gridDim.z == 1;
+}
+
+// `solo` (one_block_path): no other block to wait for, so no fence and no arrival; thread 0 is
+// "last", and publish_signals' system release fence, cumulative over the block's stores through
+// the barrier, orders them before the signals (docs/protocol.md §5: one system fence and no
+// global atomic on the path of a decode-size call).
 __device__ __forceinline__ bool grid_arrive_last(uint32_t* counter, int* s_last = nullptr,
                                                  bool release_each = false, bool solo = false) {
   __syncthreads();  // every thread of this block finished its stores (CTA-scope order)
   bool last = false;
-  if (solo && !release_each && gridDim.x * gridDim.y * gridDim.z == 1) {
+  if (solo) {
     last = threadIdx.x == 0;
     if (last && s_last != nullptr) *s_last = 1;
     return last;

@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
   const bool ordered = p.ordered_rows;
   // One block: the rows of each owner come from a running total in shared memory instead of
   // the per-owner global counter (its atomics and the last block's exchange).
-  const bool solo = p.solo && gridDim.x == 1 && !tp.release_each;
+  const bool solo = one_block_path(p.solo, tp);
   for (int o = tid; o < W; o += nthreads) s_base[o] = 0, s_total[o] = 0;
   __syncthreads();
   if (ordered) {
@@ -425,7 +425,8 @@ __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams 
   }
   // The last block publishes epoch 2n to every source (release after all result rows), and
   // with fused_wait waits for every owner's epoch 2n.
-  if (grid_arrive_last(&tp.state->combine_arrived, &s_last, tp.release_each, p.solo)) {
+  if (grid_arrive_last(&tp.state->combine_arrived, &s_last, tp.release_each,
+                       one_block_path(p.solo, tp))) {
     publish_signals(tp, ep_combine_signal(tp.state->call));
     MOE_EP_TIMELINE_POINT(p, kern::kTlEpCombineSignal);
   }
