@@ -277,8 +277,10 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
   // their first start and last end into `tl` (kern::set_timeline_buffer, before the capture, so
   // the graphs carry it); 10 replays after the timed ones are read back one by one. With EP
   // (`rank` >= 0) every rank prints its own line, the EP stages included (each GPU's clock).
+  // MOE_EP_BENCH_TIMELINE=2: one line per replay (its input set) instead of the medians.
   const char* tl_env = std::getenv("MOE_EP_BENCH_TIMELINE");
-  const bool timeline = tl_env != nullptr && tl_env[0] == '1';
+  const bool timeline = tl_env != nullptr && (tl_env[0] == '1' || tl_env[0] == '2');
+  const bool tl_each = timeline && tl_env[0] == '2';
   uint64_t* tl = nullptr;
   if (timeline) {
     CK(cudaMalloc(&tl, 2 * kern::kTlSlots * sizeof(uint64_t)));
@@ -329,6 +331,15 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
           from[s].push_back((h[2 * s] - t0) * 1e-3);
           to[s].push_back((h[2 * s + 1] - t0) * 1e-3);
         }
+      if (tl_each) {
+        std::printf("timeline us, replay %d (set %d)%s:", rep, rep & 1,
+                    rank >= 0 ? (" rank " + std::to_string(rank)).c_str() : "");
+        for (int s : order)
+          if (h[2 * s + 1] != 0)
+            std::printf(" %s %.1f..%.1f", names[s], (h[2 * s] - t0) * 1e-3,
+                        (h[2 * s + 1] - t0) * 1e-3);
+        std::printf("\n");
+      }
     }
     char who[24] = "";
     if (rank >= 0) std::snprintf(who, sizeof who, " (rank %d)", rank);
