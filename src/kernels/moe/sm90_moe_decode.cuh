@@ -1114,6 +1114,15 @@ inline int decode_chunks_per_slot(bool fc1) {
   return f ? f : 4;
 }
 
+// MOE_EP_FC1_PDL=0 / MOE_EP_FC2_PDL=0 (benchmark knobs, read once per process): the decode fc1 /
+// fc2 launched plainly instead of programmatically, so none of its CTAs is resident before the
+// kernel ahead of it has completed. Same results (every kernel waits for its inputs either way).
+inline bool decode_pdl(bool fc1) {
+  static const bool on1 = env_switch("MOE_EP_FC1_PDL", true);
+  static const bool on2 = env_switch("MOE_EP_FC2_PDL", true);
+  return fc1 ? on1 : on2;
+}
+
 template <Recipe R, int kN, bool kFc1, int kCps>
 cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, int mtiles,
                               int splits, int per_sm) {
@@ -1129,8 +1138,8 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
   // test's count.
   const int forced_wave = decode_wave_override();
   const int wave = forced_wave ? forced_wave : a.num_sms * per_sm;
-  return launch_pdl(kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads), C::smem_bytes(stages),
-                    s, a, stages, splits, wave);
+  return launch_kernel(decode_pdl(kFc1), kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads),
+                       C::smem_bytes(stages), s, a, stages, splits, wave);
 }
 
 template <Recipe R, int kN, bool kFc1>
