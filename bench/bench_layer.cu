@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -262,6 +263,42 @@ std::vector<float> time_between_events(cudaStream_t st, int iters, const Before&
   return us;
 }
 
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+// Where fc1's and fc2's CTAs ran in one replay (the timeline build's per-CTA log, t0 its first
+// kernel's start): per SM the CTAs that ran at least 5 us ("live": those with a tile; a CTA without
+// one leaves at once) and when its last one ended; SMs grouped by their live count.
+void print_cta_placement(const std::vector<uint64_t>& log, uint64_t t0, int rep, int rank) {
+  for (int g = 0; g < 2; ++g) {
+    const uint64_t* l = log.data() + size_t(g) * kern::kTlCtaMax * kern::kTlCtaWords;
+    std::map<int, std::pair<int, double>> sm;  // SM -> (live CTAs, last live end in us)
+    int live = 0, short_ctas = 0;
+    for (int b = 0; b < kern::kTlCtaMax; ++b) {
+      const uint64_t* e = l + size_t(b) * kern::kTlCtaWords;
+      if (e[0] == 0 || e[2] == 0) continue;
+      if (e[2] - e[1] < 5000) {
+        ++short_ctas;
+        continue;
+      }
+      ++live;
+      auto& v = sm[int(e[0] - 1)];
+      ++v.first;
+      v.second = std::max(v.second, (e[2] - t0) * 1e-3);
+    }
+    std::map<int, std::vector<double>> by_count;
+    for (const auto& [id, v] : sm) by_count[v.first].push_back(v.second);
+    std::printf("ctas %s, replay %d (set %d)%s: %d live on %zu SMs, %d short;", g == 0 ? "fc1" : "fc2",
+                rep, rep & 1, rank >= 0 ? (" rank " + std::to_string(rank)).c_str() : "", live,
+                sm.size(), short_ctas);
+    for (auto& [c, ends] : by_count) {
+      std::sort(ends.begin(), ends.end());
+      std::printf(" %d/SM: %zu SMs, last end %.1f..%.1f (median %.1f);", c, ends.size(),
+                  ends.front(), ends.back(), ends[ends.size() / 2]);
+    }
+    std::printf("\n");
+  }
+}
+#endif
+
 // BENCH.md's timing: one forward per input set captured into a CUDA graph, 6 warm-up replays,
 // then `iters` replays alternating the sets, each between two events. Returns their µs.
 // `barrier` (EP > 1): enqueues a barrier of every rank before each timed replay, outside its
@@ -277,13 +314,16 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
   // their first start and last end into `tl` (kern::set_timeline_buffer, before the capture, so
   // the graphs carry it); 10 replays after the timed ones are read back one by one. With EP
   // (`rank` >= 0) every rank prints its own line, the EP stages included (each GPU's clock).
-  // MOE_EP_BENCH_TIMELINE=2: one line per replay (its input set) instead of the medians.
+  // MOE_EP_BENCH_TIMELINE=2: one line per replay (its input set) instead of the medians; =3: that,
+  // and for the first replay of each set where fc1's and fc2's CTAs ran (per-CTA log).
   const char* tl_env = std::getenv("MOE_EP_BENCH_TIMELINE");
-  const bool timeline = tl_env != nullptr && (tl_env[0] == '1' || tl_env[0] == '2');
-  const bool tl_each = timeline && tl_env[0] == '2';
+  const bool timeline = tl_env != nullptr && tl_env[0] >= '1' && tl_env[0] <= '3';
+  const bool tl_each = timeline && tl_env[0] >= '2';
+  const bool tl_ctas = timeline && tl_env[0] == '3';
   uint64_t* tl = nullptr;
   if (timeline) {
-    CK(cudaMalloc(&tl, 2 * kern::kTlSlots * sizeof(uint64_t)));
+    CK(cudaMalloc(&tl, kern::kTlWords * sizeof(uint64_t)));
+    CK(cudaMemset(tl, 0, kern::kTlWords * sizeof(uint64_t)));
     kern::set_timeline_buffer(tl);
   }
 #endif
@@ -321,8 +361,14 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
       for (int s = 0; s < kS; ++s) h[2 * s] = ~uint64_t(0), h[2 * s + 1] = 0;
       if (barrier) (*barrier)();  // before the reset: its own forward records too
       CK(cudaMemcpyAsync(tl, h, sizeof h, cudaMemcpyHostToDevice, st));
+      const size_t log_words = kern::kTlWords - 2 * kS;
+      if (tl_ctas) CK(cudaMemsetAsync(tl + 2 * kS, 0, log_words * sizeof(uint64_t), st));
       CK(cudaGraphLaunch(exec[rep & 1], st));
       CK(cudaMemcpyAsync(h, tl, sizeof h, cudaMemcpyDeviceToHost, st));
+      std::vector<uint64_t> log(tl_ctas && rep < 2 ? log_words : 0);
+      if (!log.empty())
+        CK(cudaMemcpyAsync(log.data(), tl + 2 * kS, log_words * sizeof(uint64_t),
+                           cudaMemcpyDeviceToHost, st));
       CK(cudaStreamSynchronize(st));
       uint64_t t0 = ~uint64_t(0);
       for (int s = 0; s < kS; ++s) t0 = std::min(t0, h[2 * s]);
@@ -340,6 +386,7 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
                         (h[2 * s + 1] - t0) * 1e-3);
         std::printf("\n");
       }
+      if (!log.empty()) print_cta_placement(log, t0, rep, rank);
     }
     char who[24] = "";
     if (rank >= 0) std::snprintf(who, sizeof who, " (rank %d)", rank);

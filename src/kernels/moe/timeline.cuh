@@ -28,6 +28,18 @@ enum TimelineSlot : int {
   kTlSlots
 };
 
+// After the slots, the buffer holds a per-CTA log of the fc1 and fc2 launches (each CTA's SM, its
+// thread 0's start and end; CTAs of a linear block index past kTlCtaMax are not logged), which
+// the benchmark zeroes before a replay (MOE_EP_BENCH_TIMELINE=3): where a grid's CTAs land.
+constexpr int kTlCtaMax = 8192;
+constexpr int kTlCtaWords = 3;  // SM id + 1 (0: not run), start, end
+constexpr size_t kTlWords = 2 * kTlSlots + size_t(2) * kTlCtaMax * kTlCtaWords;
+__host__ __device__ inline constexpr size_t timeline_cta_log(int slot) {  // word offset of fc1's / fc2's log, or 0
+  return slot == kTlFc1 ? 2 * kTlSlots
+         : slot == kTlFc2 ? 2 * kTlSlots + size_t(kTlCtaMax) * kTlCtaWords
+                          : 0;
+}
+
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
 
 __device__ __forceinline__ uint64_t timeline_now() {
@@ -40,14 +52,30 @@ __device__ __forceinline__ uint64_t timeline_now() {
 // on destruction (every way out).
 struct TimelineScope {
   unsigned long long* slot;
+  uint64_t* cta;  // this CTA's entry in the per-CTA log (fc1, fc2), or null
   __device__ TimelineScope(uint64_t* buf, int s)
       : slot(buf != nullptr && threadIdx.x == 0 && threadIdx.y == 0
                  ? reinterpret_cast<unsigned long long*>(buf) + 2 * s
-                 : nullptr) {
-    if (slot) atomicMin(slot, static_cast<unsigned long long>(timeline_now()));
+                 : nullptr),
+        cta(nullptr) {
+    if (!slot) return;
+    const uint64_t now = timeline_now();
+    atomicMin(slot, static_cast<unsigned long long>(now));
+    const size_t log = timeline_cta_log(s);
+    const unsigned b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (log != 0 && b < unsigned(kTlCtaMax)) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      cta = buf + log + size_t(b) * kTlCtaWords;
+      cta[0] = sm + 1;
+      cta[1] = now;
+    }
   }
   __device__ ~TimelineScope() {
-    if (slot) atomicMax(slot + 1, static_cast<unsigned long long>(timeline_now()));
+    if (!slot) return;
+    const uint64_t now = timeline_now();
+    atomicMax(slot + 1, static_cast<unsigned long long>(now));
+    if (cta) cta[2] = now;
   }
 };
 #define MOE_EP_TIMELINE_SCOPE(args, s) \
