@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -24,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -286,9 +286,10 @@ void print_cta_placement(const std::vector<uint64_t>& log, uint64_t t0, int rep,
     }
     std::map<int, std::vector<double>> by_count;
     for (const auto& [id, v] : sm) by_count[v.first].push_back(v.second);
-    std::printf("ctas %s, replay %d (set %d)%s: %d live on %zu SMs, %d short;", g == 0 ? "fc1" : "fc2",
-                rep, rep & 1, rank >= 0 ? (" rank " + std::to_string(rank)).c_str() : "", live,
-                sm.size(), short_ctas);
+    std::printf("ctas %s, replay %d (set %d)%s: %d live on %zu SMs, %d short;",
+                g == 0 ? "fc1" : "fc2", rep, rep & 1,
+                rank >= 0 ? (" rank " + std::to_string(rank)).c_str() : "", live, sm.size(),
+                short_ctas);
     for (auto& [c, ends] : by_count) {
       std::sort(ends.begin(), ends.end());
       std::printf(" %d/SM: %zu SMs, last end %.1f..%.1f (median %.1f);", c, ends.size(),

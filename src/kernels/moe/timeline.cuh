@@ -34,8 +34,9 @@ enum TimelineSlot : int {
 constexpr int kTlCtaMax = 8192;
 constexpr int kTlCtaWords = 3;  // SM id + 1 (0: not run), start, end
 constexpr size_t kTlWords = 2 * kTlSlots + size_t(2) * kTlCtaMax * kTlCtaWords;
-__host__ __device__ inline constexpr size_t timeline_cta_log(int slot) {  // word offset of fc1's / fc2's log, or 0
-  return slot == kTlFc1 ? 2 * kTlSlots
+// The word offset of fc1's / fc2's log, or 0 for the other slots.
+__host__ __device__ inline constexpr size_t timeline_cta_log(int slot) {
+  return slot == kTlFc1   ? 2 * kTlSlots
          : slot == kTlFc2 ? 2 * kTlSlots + size_t(kTlCtaMax) * kTlCtaWords
                           : 0;
 }
