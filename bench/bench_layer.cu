@@ -267,9 +267,11 @@ std::vector<float> time_between_events(cudaStream_t st, int iters, const Before&
 // Where fc1's and fc2's CTAs ran in one replay (the timeline build's per-CTA log, t0 its first
 // kernel's start): per SM the CTAs that ran at least 5 us ("live": those with a tile; a CTA without
 // one leaves at once) and when its last one ended; SMs grouped by their live count.
-void print_cta_placement(const std::vector<uint64_t>& log, uint64_t t0, int rep, int rank) {
+// `log` holds the buffer's words past the slots; `who` names the rank ("" with one GPU).
+void print_cta_placement(const std::vector<uint64_t>& log, uint64_t t0, int rep, const char* who) {
   for (int g = 0; g < 2; ++g) {
-    const uint64_t* l = log.data() + size_t(g) * kern::kTlCtaMax * kern::kTlCtaWords;
+    const uint64_t* l = log.data() + kern::timeline_cta_log(g == 0 ? kern::kTlFc1 : kern::kTlFc2) -
+                        2 * kern::kTlSlots;
     std::map<int, std::pair<int, double>> sm;  // SM -> (live CTAs, last live end in us)
     int live = 0, short_ctas = 0;
     for (int b = 0; b < kern::kTlCtaMax; ++b) {
@@ -287,9 +289,7 @@ void print_cta_placement(const std::vector<uint64_t>& log, uint64_t t0, int rep,
     std::map<int, std::vector<double>> by_count;
     for (const auto& [id, v] : sm) by_count[v.first].push_back(v.second);
     std::printf("ctas %s, replay %d (set %d)%s: %d live on %zu SMs, %d short;",
-                g == 0 ? "fc1" : "fc2", rep, rep & 1,
-                rank >= 0 ? (" rank " + std::to_string(rank)).c_str() : "", live, sm.size(),
-                short_ctas);
+                g == 0 ? "fc1" : "fc2", rep, rep & 1, who, live, sm.size(), short_ctas);
     for (auto& [c, ends] : by_count) {
       std::sort(ends.begin(), ends.end());
       std::printf(" %d/SM: %zu SMs, last end %.1f..%.1f (median %.1f);", c, ends.size(),
@@ -356,13 +356,15 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
                            kern::kTlEpUnpack, kern::kTlPrepare,    kern::kTlFc1,
                            kern::kTlFc2,      kern::kTlEpCombine,  kern::kTlEpCombineSignal,
                            kern::kTlFinalize};
+    char who[24] = "";
+    if (rank >= 0) std::snprintf(who, sizeof who, " (rank %d)", rank);
+    const size_t log_words = kern::kTlWords - 2 * kS;  // the per-CTA logs after the slots
     std::vector<double> from[kS], to[kS];
     for (int rep = 0; rep < 10; ++rep) {
       uint64_t h[2 * kS];
       for (int s = 0; s < kS; ++s) h[2 * s] = ~uint64_t(0), h[2 * s + 1] = 0;
       if (barrier) (*barrier)();  // before the reset: its own forward records too
       CK(cudaMemcpyAsync(tl, h, sizeof h, cudaMemcpyHostToDevice, st));
-      const size_t log_words = kern::kTlWords - 2 * kS;
       if (tl_ctas) CK(cudaMemsetAsync(tl + 2 * kS, 0, log_words * sizeof(uint64_t), st));
       CK(cudaGraphLaunch(exec[rep & 1], st));
       CK(cudaMemcpyAsync(h, tl, sizeof h, cudaMemcpyDeviceToHost, st));
@@ -379,18 +381,15 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
           to[s].push_back((h[2 * s + 1] - t0) * 1e-3);
         }
       if (tl_each) {
-        std::printf("timeline us, replay %d (set %d)%s:", rep, rep & 1,
-                    rank >= 0 ? (" rank " + std::to_string(rank)).c_str() : "");
+        std::printf("timeline us, replay %d (set %d)%s:", rep, rep & 1, who);
         for (int s : order)
           if (h[2 * s + 1] != 0)
             std::printf(" %s %.1f..%.1f", names[s], (h[2 * s] - t0) * 1e-3,
                         (h[2 * s + 1] - t0) * 1e-3);
         std::printf("\n");
       }
-      if (!log.empty()) print_cta_placement(log, t0, rep, rank);
+      if (!log.empty()) print_cta_placement(log, t0, rep, who);
     }
-    char who[24] = "";
-    if (rank >= 0) std::snprintf(who, sizeof who, " (rank %d)", rank);
     std::printf("timeline us%s (median of 10 replays; first CTA resident .. last CTA gone):", who);
     for (int s : order) {
       if (from[s].empty()) {

@@ -22,8 +22,9 @@ cudaError_t set_kernel_attributes(Recipe recipe);
 cudaError_t encode_fp8_h_tensor_map(void* dst, const uint8_t* h8, size_t rows, int I);
 
 // Debug builds configured with MOE_EP_TIMELINE (kernels/moe/timeline.cuh): the device buffer
-// ([kTlSlots][2] uint64: first start, last end, in ns) that the kernels of every later
-// launch_forward record into; null stops it. Without the option the kernels record nothing.
+// of kTlWords uint64 (the [kTlSlots][2] first start / last end in ns, then fc1's and fc2's
+// per-CTA logs) that the kernels of every later launch_forward record into; null stops it.
+// Without the option the kernels record nothing.
 void set_timeline_buffer(uint64_t* buf);
 uint64_t* timeline_buffer();  // what set_timeline_buffer set (the EP stages read it too)
 

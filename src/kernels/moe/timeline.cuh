@@ -30,7 +30,9 @@ enum TimelineSlot : int {
 
 // After the slots, the buffer holds a per-CTA log of the fc1 and fc2 launches (each CTA's SM, its
 // thread 0's start and end; CTAs of a linear block index past kTlCtaMax are not logged), which
-// the benchmark zeroes before a replay (MOE_EP_BENCH_TIMELINE=3): where a grid's CTAs land.
+// the benchmark zeroes before a replay (MOE_EP_BENCH_TIMELINE=3): where a grid's CTAs land. A
+// GEMM of two launches (tile 16's row split) logs both into the same entries, the later over
+// the earlier where their block indices meet.
 constexpr int kTlCtaMax = 8192;
 constexpr int kTlCtaWords = 3;  // SM id + 1 (0: not run), start, end
 constexpr size_t kTlWords = 2 * kTlSlots + size_t(2) * kTlCtaMax * kTlCtaWords;
