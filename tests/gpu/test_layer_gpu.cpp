@@ -702,17 +702,35 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
           EXPECT_TRUE(out.host() == a) << "graph replay " << rep << " differs from eager";
         }
       }
-      // The default policy: nvfp4 fc1 only, where the grid already has 4 CTAs per SM (on an
-      // H200's 132 SMs T = 7's 16 tiles x 32 M-tiles get 4 splits, T = 1's 8 x 32 none);
-      // mxfp4_mxfp8 never.
+      // The default: no split, so every recipe gives the unsplit bits.
       {
         SplitKOverride def(kern::kSplitKDefault, kern::kSplitKDefault);
+        EXPECT_TRUE(eager() == ref) << "the default differs from the unsplit forward";
+        EXPECT_EQ(kern::last_decode_splits(true), 1);
+        EXPECT_EQ(kern::last_decode_splits(false), 1);
+      }
+      // MOE_EP_DECODE_SPLITK=auto: fc1 split where the unsplit grid already has 4 CTAs per SM (on
+      // an H200's 132 SMs T = 7's 16 tiles x 32 M-tiles get 4 splits, T = 1's 8 x 32 none), for
+      // every 4-bit recipe; fc2 never.
+      {
+        SplitKOverride aut(kern::kSplitKAuto, kern::kSplitKAuto);
         const std::vector<uint16_t> a = eager();
-        EXPECT_TRUE(a == ref || r != Recipe::kNvfp4);
-        std::printf("[ split-k ] %-12s T=%d default: fc1 %d, fc2 %d splits\n", recipe_name(r), T,
+        std::printf("[ split-k ] %-12s T=%d auto: fc1 %d, fc2 %d splits\n", recipe_name(r), T,
                     kern::last_decode_splits(true), kern::last_decode_splits(false));
         EXPECT_EQ(kern::last_decode_splits(false), 1);
-        if (r != Recipe::kNvfp4) EXPECT_EQ(kern::last_decode_splits(true), 1);
+        int sms = 0;
+        CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const int ctas = std::max(std::min(T * s.K, s.E), (T * s.K + 7) / 8) * rs.fc1_mtiles;
+        int want = 1;
+        if (ctas > 3 * sms)
+          while (want < 4 && ctas * want * 2 <= 16 * sms) want *= 2;
+        EXPECT_EQ(kern::last_decode_splits(true), expect(want, rs.fc1_mtiles, rs.fc1_chunks));
+        if (r == Recipe::kNvfp4) {
+          EXPECT_TRUE(a == ref) << "auto split-K changed the nvfp4 output";
+        } else {
+          std::string why;
+          EXPECT_LE(rel_l2(a, ref, &why), 5e-3) << why;
+        }
       }
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);

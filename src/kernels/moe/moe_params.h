@@ -273,9 +273,9 @@ constexpr size_t kSplitKSlotBytes = size_t(kTileRows) * kMinTileN * 4;
 inline size_t splitk_partial_bytes() { return kSplitKSlotBytes * kSplitKSlots; }
 inline size_t splitk_counter_bytes() { return size_t(kSplitKSlots / 2) * 4; }
 
-// Split-K mode of the decode fc1 or fc2 GEMM (moe_forward.cu). kSplitKDefault: split where the
-// default policy says (decode_splits, sm90_moe_decode.cuh); kSplitKAuto: the same policy for
-// every 4-bit recipe; 1: never; 2..8: that many splits wherever the grid allows. From
+// Split-K mode of the decode fc1 or fc2 GEMM (moe_forward.cu). kSplitKDefault: no split (since
+// session 26; decode_splits, sm90_moe_decode.cuh); kSplitKAuto: the earlier policy, for every
+// 4-bit recipe's fc1; 1: never; 2..8: that many splits wherever the grid allows. From
 // MOE_EP_DECODE_SPLITK (read once per process): unset = default, "auto", "N" (both GEMMs) or
 // "N,M" (fc1 N, fc2 M); unless a test set an override (kSplitKFromEnv clears it).
 constexpr int kSplitKDefault = 0, kSplitKAuto = -1, kSplitKFromEnv = -2;

@@ -1017,25 +1017,19 @@ int decode_ctas_per_sm(const ForwardArgs& a, bool fc1, int mtiles, int splits) {
   return std::min(4, std::max(1, (ctas + a.num_sms - 1) / a.num_sms));
 }
 
-// Recipes that split K by default where the policy below says so. nvfp4 only: its products are
-// exact and its fp32 sums are exact on the tests' data, so a split changes no bit there, while
-// for the others a split changes the fp32 summation order: their results would then depend on
-// the split count, which follows T, so a graph captured at T and replayed with n tokens, or an
-// EP owner (which sizes for W * capacity rows) against one GPU, would no longer agree bitwise
-// (every other kernel sums each column in the same k order).
-constexpr bool splitk_by_default(Recipe r) { return r == Recipe::kNvfp4; }
-
 // K-splits of one decode GEMM launch (grid_tiles x mtiles M-tile CTAs, chunks K-chunks each).
-// The policy (fc1 only): split only where the unsplit grid already runs 4 CTAs per SM (more
-// than 3 per SM expected), so the split leaves each CTA's ring as deep as before and only makes
-// more, shorter CTAs: 2 or 4 splits, up to about 16 CTAs per SM in all (DSV3 fc1: 2 tokens, 512
-// CTAs -> 4 splits; 4 tokens, 1024 -> 2; 8 tokens, 2048 -> none). Measured on the H200
-// (docs/gpu_kernels.md §6): at 1 token (256 CTAs, 2 per SM with 18-slot rings) 2 splits make
-// 4 CTAs per SM with 8-slot rings and fc1 slower (61 -> 70 us), and fc2 was slower with every
-// split at 1-4 tokens. Forced counts (MOE_EP_DECODE_SPLITK=N or N,M) apply wherever the slots
-// allow. Each split gets at least one K-chunk; the grid's slots must fit kSplitKSlots. EP owners
-// (xq_ready) do not split by default: their tile estimate comes from W * capacity rows, not
-// from what arrived, and EP was not measured with it.
+// By default none: DSV3 nvfp4 at 2 / 3 / 4 tokens read 132.3-133.4 / 170.5-170.6 / 226.4-227.0
+// us with the policy below (fc1 4 / 2 / 2 splits) and 117.4-119.2 / 161.9-164.1 / 214.0-214.2
+// without (one H200, session 26, docs/gpu_kernels.md §6 "Session 26"; the policy was measured
+// faster in session 4, before 4-chunk slots, the pipelined consumer and fc2's early slots), and
+// fc2 was slower with every split at 1-4 tokens. The policy, kept for MOE_EP_DECODE_SPLITK=auto
+// (fc1 only, any 4-bit recipe): split only where the unsplit grid already runs 4 CTAs per SM
+// (more than 3 per SM expected), 2 or 4 splits, up to about 16 CTAs per SM in all (DSV3 fc1: 2
+// tokens, 512 CTAs -> 4 splits; 4 tokens, 1024 -> 2; 8 tokens, 2048 -> none). A split changes no
+// bit for nvfp4 (its products are exact and its fp32 sums exact on the tests' data) but changes
+// the fp32 summation order of the other recipes. Forced counts (MOE_EP_DECODE_SPLITK=N or N,M)
+// apply wherever the slots allow. Each split gets at least one K-chunk; the grid's slots must fit
+// kSplitKSlots.
 template <Recipe R, int kN>
 int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, int chunks) {
   if (a.splitk_partials == nullptr || a.splitk_counters == nullptr) return 1;
@@ -1043,7 +1037,7 @@ int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, in
   int s = 1;
   if (mode >= 1) {
     s = mode;
-  } else if (fc1 && (mode == kSplitKAuto || (splitk_by_default(R) && !a.xq_ready))) {
+  } else if (fc1 && mode == kSplitKAuto) {
     const int ctas = decode_expected_tiles<kN>(a) * mtiles;
     if (ctas > 3 * a.num_sms)
       while (s < 4 && ctas * s * 2 <= 16 * a.num_sms) s *= 2;
