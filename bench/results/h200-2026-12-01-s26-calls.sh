@@ -40,3 +40,13 @@ export MOE_EP_COMMIT=98de309; timeout 170 scripts/gpu_round.sh build > $OUT/b.lo
 # Call I (99d4c5f): split-K off (default) against auto on Qwen3 nvfp4 4-16 tokens, both routings,
 # three runs (-i-splitk-off-qwen3-ab.log): 6 tokens -5 to -6 us, 8 tokens -2 to -5, others level.
 export MOE_EP_COMMIT=99d4c5f; timeout 170 scripts/gpu_round.sh build > $OUT/b.log 2>&1; tail -1 $OUT/b.log; OUT=$OUT/ab AB_REPS=3 AB_VARIANTS="this;this:MOE_EP_DECODE_SPLITK=auto" AB_ARGS="--shape qwen3 --recipes nvfp4 --routing both --tokens 4,6,8,12,16" timeout 200 scripts/gpu_round.sh ab > /dev/null; grep -E "^# this|^qwen3" $OUT/ab/ab.log; scripts/gpu_round.sh pack
+# Call J (ea32b57): is fc1 at 1 token bound by the bytes its rings hold in flight? DSV3 1 token,
+# nvfp4 and mxfp4_mxfp8 (-j-ring-depth-ab.log). MOE_EP_DECODE_MAX_STAGES=4 turned out to be the
+# default's own depth (4 slots of 22656 bytes at 2 CTAs per SM), so level; 2-chunk slots level or
+# 1.5 us slower.
+export MOE_EP_COMMIT=ea32b57; timeout 170 scripts/gpu_round.sh build > $OUT/b.log 2>&1; tail -1 $OUT/b.log; OUT=$OUT/ab AB_REPS=2 AB_VARIANTS="this;this:MOE_EP_DECODE_MAX_STAGES=4;this:MOE_EP_DECODE_CPS=2,4;this:MOE_EP_DECODE_CPS=2,4 MOE_EP_DECODE_MAX_STAGES=8" AB_ARGS="--shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1" timeout 150 scripts/gpu_round.sh ab > /dev/null; grep -E "^# this|^dsv3" $OUT/ab/ab.log; scripts/gpu_round.sh pack
+# Call K (same tree): fc1 on 2-chunk slots with rings of 9 / 6 / 4 slots (102 / 68 / 46 KB per CTA)
+# at 1 and 8 tokens (-k-ring-depth-cps2-ab.log): the eager fc1 stage does not move (46-47.5 us at
+# 1 token, 261-264 at 8); the 1-token replay goes 73 -> 85-86 us with the shallow rings (room for
+# a third CTA per SM: the placement loss of session 25).
+export MOE_EP_COMMIT=ea32b57; timeout 170 scripts/gpu_round.sh build > $OUT/b.log 2>&1; tail -1 $OUT/b.log; OUT=$OUT/ab AB_REPS=2 AB_VARIANTS="this:MOE_EP_DECODE_CPS=2,4;this:MOE_EP_DECODE_CPS=2,4 MOE_EP_DECODE_MAX_STAGES=6;this:MOE_EP_DECODE_CPS=2,4 MOE_EP_DECODE_MAX_STAGES=4" AB_ARGS="--shape dsv3 --recipes nvfp4 --routing uniform --tokens 1,8" timeout 150 scripts/gpu_round.sh ab > /dev/null; grep -E "^# this|^dsv3" $OUT/ab/ab.log; scripts/gpu_round.sh pack
