@@ -50,3 +50,11 @@ export MOE_EP_COMMIT=ea32b57; timeout 170 scripts/gpu_round.sh build > $OUT/b.lo
 # 1 token, 261-264 at 8); the 1-token replay goes 73 -> 85-86 us with the shallow rings (room for
 # a third CTA per SM: the placement loss of session 25).
 export MOE_EP_COMMIT=ea32b57; timeout 170 scripts/gpu_round.sh build > $OUT/b.log 2>&1; tail -1 $OUT/b.log; OUT=$OUT/ab AB_REPS=2 AB_VARIANTS="this:MOE_EP_DECODE_CPS=2,4;this:MOE_EP_DECODE_CPS=2,4 MOE_EP_DECODE_MAX_STAGES=6;this:MOE_EP_DECODE_CPS=2,4 MOE_EP_DECODE_MAX_STAGES=4" AB_ARGS="--shape dsv3 --recipes nvfp4 --routing uniform --tokens 1,8" timeout 150 scripts/gpu_round.sh ab > /dev/null; grep -E "^# this|^dsv3" $OUT/ab/ab.log; scripts/gpu_round.sh pack
+# Call L (cf9250a): every replay of DSV3 nvfp4 4096 tokens in order, two processes of 40 replays
+# under scripts/smi_trace.sh (-l-trace4096.log): flat from the first replay (5.84-5.99 ms), while
+# the eager stages sum to 5.42-5.57 ms; the SM clock dipped to 1770-1785 MHz, power cap flagged.
+export MOE_EP_COMMIT=cf9250a; timeout 170 scripts/gpu_round.sh build > $OUT/b.log 2>&1; tail -1 $OUT/b.log; for i in 1 2; do MOE_EP_BENCH_TRACE=1 scripts/smi_trace.sh $OUT/smi$i.csv timeout 100 build-gpu/bench/bench_layer --shape dsv3 --recipes nvfp4 --routing uniform --tokens 4096 --iters 40 2>&1 | grep -E "replays us|^dsv3|clocks"; done | tee $OUT/trace4096.log; scripts/gpu_round.sh pack
+# Call M (nvidia-h200-x2, lent late in the session; cf9250a): the multi-GPU suite on main with the
+# decode split-K off by default, 27/27 (h200x2-2026-12-01-s26-m-multigpu_tests.log), and EP = 2
+# DSV3 nvfp4 1 / 2 / 4 tokens per rank (h200x2-2026-12-01-s26-m-ep2.log: 104.7 / 161.8 / 239.7 us).
+export MOE_EP_COMMIT=cf9250a; timeout 170 scripts/gpu_round.sh build > $OUT/b.log 2>&1; tail -1 $OUT/b.log; timeout 150 scripts/gpu_round.sh multigpu > $OUT/m.log 2>&1; grep -E "PASSED|FAILED|tests ran" $OUT/multigpu_tests.log | head; timeout 80 build-gpu/bench/bench_layer --ep 2 --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1,2,4 --iters 20 2>&1 | grep -E "^dsv3|rror" | tee $OUT/ep2.log; scripts/gpu_round.sh pack
