@@ -816,15 +816,15 @@ int main(int argc, char** argv) {
                  routing.c_str());
     return 2;
   }
+  std::vector<int> routings;  // 0 uniform, 1 Zipf
+  if (routing != "zipf") routings.push_back(0);
+  if (routing != "uniform") routings.push_back(1);
   if (ep > 1) {
     // The parent never touches CUDA: the ranks are forked from it.
     std::vector<std::string> rn;
     std::stringstream rs0(recipes_arg);
     std::string n;
     while (std::getline(rs0, n, ',')) rn.push_back(n);
-    std::vector<int> routings;  // 0 uniform, 1 Zipf
-    if (routing != "zipf") routings.push_back(0);
-    if (routing != "uniform") routings.push_back(1);
     return run_ep(ep, s, rn, tokens, routings, iters, json_path);
   }
   int dev = 0;
@@ -871,12 +871,11 @@ int main(int argc, char** argv) {
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
     for (int T : tokens) {
-      for (int zipf = 0; zipf < 2; ++zipf) {
-        if ((routing == "uniform" && zipf) || (routing == "zipf" && !zipf)) continue;
+      for (const int zipf : routings) {
         InputSet sets[2];
         for (int k = 0; k < 2; ++k) {
           InputSet& in = sets[k];
-          in.host_ids = make_ids(T, s.K, s.E, zipf, 1000 * T + 10 * zipf + k);
+          in.host_ids = make_ids(T, s.K, s.E, zipf != 0, 1000 * T + 10 * zipf + k);
           // MOE_EP_BENCH_LIVE=N: tokens N.. route nowhere (ids -1), so the grids sized from T
           // carry CTAs without a tile, as an EP owner's grids sized from W x capacity do.
           if (const char* lv = std::getenv("MOE_EP_BENCH_LIVE"))

@@ -490,15 +490,6 @@ class CudaBackend final : public LayerBackend {
     return a;
   }
 
-  // Debug builds configured with MOE_EP_TIMELINE: an EP stage's kernel records itself on the
-  // forward's timeline (kernels/moe/timeline.cuh); nothing otherwise.
-  template <class StageParams>
-  static void on_timeline([[maybe_unused]] StageParams& p) {
-#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-    p.timeline = kern::timeline_buffer();
-#endif
-  }
-
   // W > 1, every rank (T = 0 too), one stream, no host sync (docs/protocol.md §8).
   void forward_ep(const ValidatedForward& in, const ForwardTargets& out, const Workspace& ws) {
     const cudaStream_t s = static_cast<cudaStream_t>(in.stream);
@@ -533,7 +524,7 @@ class CudaBackend final : public LayerBackend {
     sa.act_row_bytes = L.act_row_bytes;
     sa.act_data_bytes = act.data_bytes;
     sa.error = err_dev_;
-    on_timeline(sa);
+    kern::attach_timeline(sa);
     check(kern::launch_ep_source(sa, s), "launching the EP quantize");
     mark(1);
 
@@ -565,7 +556,7 @@ class CudaBackend final : public LayerBackend {
     // MOE_EP_EARLY_INPUTS=0 (benchmark knob) reads them after it.
     static const bool early = env_switch("MOE_EP_EARLY_INPUTS", true);
     dp.early_inputs = early;
-    on_timeline(dp);
+    kern::attach_timeline(dp);
     check(launch_ep_dispatch(dp, s), "launching EP dispatch");
     mark(2);
 
@@ -591,7 +582,7 @@ class CudaBackend final : public LayerBackend {
     ua.ids = reinterpret_cast<int32_t*>(scratch + ws.vids_off);
     ua.weights = reinterpret_cast<float*>(scratch + ws.vweights_off);
     ua.ep_error = &tp.state->error;  // a failed wait of this call: route nothing
-    on_timeline(ua);
+    kern::attach_timeline(ua);
     if (ws.fused_combine) {
       ua.y_dst = reinterpret_cast<uint16_t**>(scratch + ws.y_dst_off);
       for (int r = 0; r < W_; ++r)
@@ -643,7 +634,7 @@ class CudaBackend final : public LayerBackend {
     }
     cp.fused_wait = true;
     cp.solo = solo;
-    on_timeline(cp);
+    kern::attach_timeline(cp);
     check(launch_ep_combine(cp, s), "launching EP combine");
     mark(5);
 

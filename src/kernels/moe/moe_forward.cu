@@ -889,9 +889,7 @@ uint64_t* timeline_buffer() { return g_timeline.load(std::memory_order_relaxed);
 cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t* ev) {
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
-#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-  a.timeline = g_timeline.load(std::memory_order_relaxed);
-#endif
+  attach_timeline(a);
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   a.fc2_early = fc2_early_start();
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
@@ -956,9 +954,7 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
 cudaError_t launch_finalize(const ForwardArgs& args, uint16_t* unfinalized_rows, cudaStream_t s) {
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
-#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-  a.timeline = g_timeline.load(std::memory_order_relaxed);
-#endif
+  attach_timeline(a);
   // After the EP combine (its wait orders the peers' rows): PDL, as the other EP kernels.
   const bool pdl = transport_pdl();
   if (a.out) {

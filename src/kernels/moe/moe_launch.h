@@ -26,7 +26,15 @@ cudaError_t encode_fp8_h_tensor_map(void* dst, const uint8_t* h8, size_t rows, i
 // per-CTA logs) that the kernels of every later launch_forward record into; null stops it.
 // Without the option the kernels record nothing.
 void set_timeline_buffer(uint64_t* buf);
-uint64_t* timeline_buffer();  // what set_timeline_buffer set (the EP stages read it too)
+uint64_t* timeline_buffer();  // what set_timeline_buffer set
+// A kernel's parameters record into that buffer (ForwardArgs, the EP stages' params); nothing
+// without the option.
+template <class Params>
+void attach_timeline([[maybe_unused]] Params& p) {
+#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
+  p.timeline = timeline_buffer();
+#endif
+}
 
 // The whole forward: prepare (quantize x + route, one launch), fc1, fc2, finalize (when
 // args.out is set). With `stage_events` (5 events) it records one before each stage and one at

@@ -1030,7 +1030,7 @@ int decode_ctas_per_sm(const ForwardArgs& a, bool fc1, int mtiles, int splits) {
 // the fp32 summation order of the other recipes. Forced counts (MOE_EP_DECODE_SPLITK=N or N,M)
 // apply wherever the slots allow. Each split gets at least one K-chunk; the grid's slots must fit
 // kSplitKSlots.
-template <Recipe R, int kN>
+template <int kN>
 int decode_splits(const ForwardArgs& a, bool fc1, int grid_tiles, int mtiles, int chunks) {
   if (a.splitk_partials == nullptr || a.splitk_counters == nullptr) return 1;
   const int mode = decode_splitk_mode(fc1);
@@ -1142,7 +1142,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   if (tiles == 0) return cudaSuccess;
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   const int chunks = kFc1 ? a.rs.fc1_chunks : a.rs.fc2_chunks;
-  const int splits = kN == 8 ? decode_splits<R, kN>(a, kFc1, tiles, mtiles, chunks) : 1;
+  const int splits = kN == 8 ? decode_splits<kN>(a, kFc1, tiles, mtiles, chunks) : 1;
   note_decode_splits(kFc1, splits);
   const int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
   if constexpr (kN == 32) {
