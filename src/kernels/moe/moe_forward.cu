@@ -34,6 +34,15 @@ int fp8_tile_n() {
   return n;
 }
 
+// The fp8 path's loop variants (ForwardArgs::fp8_mode): MOE_EP_FP8_SPLIT, MOE_EP_FP8_ORDER,
+// MOE_EP_FP8_FINE_N (benchmark knobs, env_switch).
+int fp8_mode() {
+  static const int m = (env_switch("MOE_EP_FP8_SPLIT", false) ? kFp8Split : 0) |
+                       (env_switch("MOE_EP_FP8_ORDER", false) ? kFp8Order : 0) |
+                       (env_switch("MOE_EP_FP8_FINE_N", false) ? kFp8FineN : 0);
+  return m;
+}
+
 constexpr int kPrepThreads = 512;
 // Ids per thread in flight in route's batched passes (launch_prepare).
 constexpr int kRouteIds = 8;
@@ -891,6 +900,7 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   ForwardArgs a = args;
   attach_timeline(a);
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
+  a.fp8_mode = fp8_mode();
   a.fc2_early = fc2_early_start();
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
   a.warp_route = warp_route;

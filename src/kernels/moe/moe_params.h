@@ -320,6 +320,11 @@ struct DeviceError {
   int limit;  // E
 };
 
+// ForwardArgs::fp8_mode bits (the fp8 path's loop variants, sm90_moe_fp8.cuh): kFp8Split the
+// promotion overlapped with the MMAs (each stage's columns in two wgmma groups), kFp8Order the
+// two consumer warpgroups' wgmmas issued in turn, kFp8FineN MMA widths in steps of 8.
+constexpr int kFp8Split = 1, kFp8Order = 2, kFp8FineN = 4;
+
 struct ForwardArgs {
   Recipe recipe = Recipe::kBf16;
   int H = 0, I = 0, K = 0, local_experts = 0, num_experts = 0, expert_base = 0;
@@ -390,6 +395,7 @@ struct ForwardArgs {
   // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
   // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_ws_kernel.
   bool fp8 = false;
+  int fp8_mode = 0;  // kFp8* bits (benchmark knobs, launch_forward)
   uint8_t* xq8 = nullptr;   // e4m3 [T, H]
   uint8_t* xref = nullptr;  // [T]
   uint8_t* h8 = nullptr;    // e4m3 [T*K, I], sorted order
