@@ -395,7 +395,7 @@ struct ForwardArgs {
   // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
   // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_ws_kernel.
   bool fp8 = false;
-  int fp8_mode = 0;  // kFp8* bits (benchmark knobs, launch_forward)
+  int fp8_mode = 0;         // kFp8* bits (benchmark knobs, launch_forward)
   uint8_t* xq8 = nullptr;   // e4m3 [T, H]
   uint8_t* xref = nullptr;  // [T]
   uint8_t* h8 = nullptr;    // e4m3 [T*K, I], sorted order

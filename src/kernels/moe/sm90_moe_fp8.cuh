@@ -17,12 +17,12 @@
 
 namespace moe_ep::kern {
 
-constexpr int kFp8N = 160;       // most tokens per routing tile (tile_n 128 or 160)
+constexpr int kFp8N = 160;  // most tokens per routing tile (tile_n 128 or 160)
 // A tile runs the K loop of the narrowest MMA width that holds its rows: one of these classes,
 // or with kFp8FineN (ForwardArgs::fp8_mode) one of the finer list.
 using Fp8NClasses = std::integer_sequence<int, 8, 16, 32, 64, 96, 128, 160>;
-using Fp8FineNClasses = std::integer_sequence<int, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112,
-                                              120, 128, 136, 144, 152, 160>;
+using Fp8FineNClasses = std::integer_sequence<int, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112, 120,
+                                              128, 136, 144, 152, 160>;
 constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
 // kN B rows of 128 bytes per stage (128-byte swizzle, 1024-byte aligned).
 constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; }
@@ -226,18 +226,19 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
   decode_stage(0, af0, f_lo, f_hi);
   if constexpr (kSplit) {
     // The promotion overlapped with the MMAs (kFp8Split): the stage's columns in two halves,
-    // A = [0, kNA) and B = [kNA, kN), each its own wgmma group into its own part of `part`. While
-    // A(st) runs, B(st - 1) is promoted; while B(st) runs, st + 1 is decoded and then A(st)
-    // promoted. Every accumulator still takes its stages' partials in stage order, so the sums
-    // are the plain loop's.
+    // A = [0, kNA) and B = [kNA, kN), each its own wgmma group into its own part of `part`.
+    // While A(st) runs, B(st - 1) is promoted; while B(st) runs, A(st) is promoted and st + 1
+    // decoded. Each promotion reads a group that a wait for every group retired (ptxas
+    // serialized the wgmmas, or waited for both, where a group stayed in flight past the wait
+    // for the other). Every accumulator still takes its stages' partials in stage order, so
+    // the sums are the plain loop's.
     constexpr int kNA = (kN / 2 + 7) / 8 * 8, kNB = kN - kNA;
     float* const pa = part;
     float* const pb = part + kNA / 2;
     float p_lo = 0.0f, p_hi = 0.0f;  // the factors of B's pending stage
     auto promote = [&](int from, int count, float lo, float hi) {
 #pragma unroll
-      for (int i = from; i < from + count; ++i)
-        acc[i] = fmaf(part[i], (i & 2) ? hi : lo, acc[i]);
+      for (int i = from; i < from + count; ++i) acc[i] = fmaf(part[i], (i & 2) ? hi : lo, acc[i]);
     };
     auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
       const int slot = st % kStages;
@@ -249,11 +250,8 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
                        std::make_index_sequence<kNA / 2>{});
       }
       wgmma_commit();
-      if (st > 0) {
-        wgmma_wait<1>();  // B(st - 1)
-        mbar_arrive(&empty[(st - 1) % kStages]);
-        promote(kNA / 2, kNB / 2, p_lo, p_hi);
-      }
+      if (st > 0) promote(kNA / 2, kNB / 2, p_lo, p_hi);        // B(st - 1)
+      wgmma_wait<0>();                                          // A(st)
       const uint64_t desc_b = desc + uint64_t(kNA * 128 / 16);  // rows kNA.. (1024-aligned)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -262,21 +260,18 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
                        std::make_index_sequence<kNB / 2>{});
       }
       wgmma_commit();
-      float n_lo = 0.0f, n_hi = 0.0f;
-      if (st + 1 < stages_k) decode_stage(st + 1, nxt, n_lo, n_hi);
-      wgmma_wait<1>();  // A(st)
-      promote(0, kNA / 2, f_lo, f_hi);
+      promote(0, kNA / 2, f_lo, f_hi);  // A(st)
       p_lo = f_lo;
       p_hi = f_hi;
-      f_lo = n_lo;
-      f_hi = n_hi;
+      f_lo = f_hi = 0.0f;
+      if (st + 1 < stages_k) decode_stage(st + 1, nxt, f_lo, f_hi);
+      wgmma_wait<0>();  // B(st)
+      mbar_arrive(&empty[slot]);
     };
     for (int st = 0; st < stages_k; st += 2) {
       stage(st, af0, af1);
       if (st + 1 < stages_k) stage(st + 1, af1, af0);
     }
-    wgmma_wait<0>();
-    mbar_arrive(&empty[(stages_k - 1) % kStages]);
     promote(kNA / 2, kNB / 2, p_lo, p_hi);
   } else {
     // kFp8Order: the two halves issue their stages' wgmmas in turn (half 0 of stage st, half 1
