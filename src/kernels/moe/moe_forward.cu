@@ -34,11 +34,10 @@ int fp8_tile_n() {
   return n;
 }
 
-// The fp8 path's loop variants (ForwardArgs::fp8_mode): MOE_EP_FP8_SPLIT, MOE_EP_FP8_ORDER,
-// MOE_EP_FP8_FINE_N (benchmark knobs, env_switch).
+// The fp8 path's loop variants (ForwardArgs::fp8_mode): MOE_EP_FP8_SPLIT, MOE_EP_FP8_FINE_N
+// (benchmark knobs, env_switch).
 int fp8_mode() {
   static const int m = (env_switch("MOE_EP_FP8_SPLIT", false) ? kFp8Split : 0) |
-                       (env_switch("MOE_EP_FP8_ORDER", false) ? kFp8Order : 0) |
                        (env_switch("MOE_EP_FP8_FINE_N", false) ? kFp8FineN : 0);
   return m;
 }

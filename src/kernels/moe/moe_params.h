@@ -321,9 +321,9 @@ struct DeviceError {
 };
 
 // ForwardArgs::fp8_mode bits (the fp8 path's loop variants, sm90_moe_fp8.cuh): kFp8Split the
-// promotion overlapped with the MMAs (each stage's columns in two wgmma groups), kFp8Order the
-// two consumer warpgroups' wgmmas issued in turn, kFp8FineN MMA widths in steps of 8.
-constexpr int kFp8Split = 1, kFp8Order = 2, kFp8FineN = 4;
+// promotion overlapped with the MMAs (each stage's columns in two wgmma groups), kFp8FineN MMA
+// widths in steps of 8.
+constexpr int kFp8Split = 1, kFp8FineN = 4;
 
 struct ForwardArgs {
   Recipe recipe = Recipe::kBf16;

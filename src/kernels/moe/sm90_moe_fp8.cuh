@@ -185,12 +185,20 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
 #pragma unroll
   for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f, part[i] = 0.0f;
 
-  // Stage st's A fragments and the promotion factors of rows g and g + 8 (after its full
+  // A stage's place in the ring: its slot and the parity of that slot's fill, advanced stage by
+  // stage (kStages is not a power of two: a division per stage cost uniform instructions).
+  struct Pos {
+    int slot;
+    uint32_t phase;
+  };
+  auto next = [](Pos q) {
+    return q.slot + 1 == kStages ? Pos{0, q.phase ^ 1u} : Pos{q.slot + 1, q.phase};
+  };
+  // A stage's A fragments and the promotion factors of rows g and g + 8 (after its full
   // barrier).
-  auto decode_stage = [&](int st, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
-    const int slot = st % kStages;
-    mbar_wait(&full[slot], uint32_t(st / kStages) & 1u);
-    const unsigned char* sp = smem + slot * kStageBytes;
+  auto decode_stage = [&](Pos q, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
+    mbar_wait(&full[q.slot], q.phase);
+    const unsigned char* sp = smem + q.slot * kStageBytes;
     // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each, the
     // stage's 4 blocks.
     const unsigned char* ss = sp + kBBytes + kFp8WsWBytes + wfrag * 32;
@@ -223,7 +231,21 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
   };
   float f_lo = 0.0f, f_hi = 0.0f;
   uint32_t af0[4][4], af1[4][4];
-  decode_stage(0, af0, f_lo, f_hi);
+  decode_stage(Pos{0, 0u}, af0, f_lo, f_hi);
+  // The stages in pairs (af0 / af1 alternate as the decoded and the next fragments), `q` the
+  // ring position of the stage the pair starts with. One fence before each group of wgmmas: the
+  // group's accumulators chain in order without one (PTX ISA, wgmma.fence).
+  auto run_stages = [&](auto&& stage) {
+    Pos q{0, 0u};
+    for (int st = 0; st < stages_k; st += 2) {
+      stage(st, q, af0, af1);
+      q = next(q);
+      if (st + 1 < stages_k) {
+        stage(st + 1, q, af1, af0);
+        q = next(q);
+      }
+    }
+  };
   if constexpr (kSplit) {
     // The promotion overlapped with the MMAs (kFp8Split): the stage's columns in two halves,
     // A = [0, kNA) and B = [kNA, kN), each its own wgmma group into its own part of `part`.
@@ -240,69 +262,50 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
 #pragma unroll
       for (int i = from; i < from + count; ++i) acc[i] = fmaf(part[i], (i & 2) ? hi : lo, acc[i]);
     };
-    auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
-      const int slot = st % kStages;
-      const uint64_t desc = sw128_desc(c.smem_base + slot * kStageBytes);
+    run_stages([&](int st, Pos q, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+      const uint64_t desc = sw128_desc(c.smem_base + q.slot * kStageBytes);
+      wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        wgmma_fence();
+      for (int s = 0; s < 4; ++s)
         wgmma_fp8<kNA>(pa, cur[s], desc + uint64_t(2 * s), s > 0,
                        std::make_index_sequence<kNA / 2>{});
-      }
       wgmma_commit();
       if (st > 0) promote(kNA / 2, kNB / 2, p_lo, p_hi);        // B(st - 1)
       wgmma_wait<0>();                                          // A(st)
       const uint64_t desc_b = desc + uint64_t(kNA * 128 / 16);  // rows kNA.. (1024-aligned)
+      wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        wgmma_fence();
+      for (int s = 0; s < 4; ++s)
         wgmma_fp8<kNB>(pb, cur[s], desc_b + uint64_t(2 * s), s > 0,
                        std::make_index_sequence<kNB / 2>{});
-      }
       wgmma_commit();
       promote(0, kNA / 2, f_lo, f_hi);  // A(st)
       p_lo = f_lo;
       p_hi = f_hi;
       f_lo = f_hi = 0.0f;
-      if (st + 1 < stages_k) decode_stage(st + 1, nxt, f_lo, f_hi);
+      if (st + 1 < stages_k) decode_stage(next(q), nxt, f_lo, f_hi);
       wgmma_wait<0>();  // B(st)
-      mbar_arrive(&empty[slot]);
-    };
-    for (int st = 0; st < stages_k; st += 2) {
-      stage(st, af0, af1);
-      if (st + 1 < stages_k) stage(st + 1, af1, af0);
-    }
+      mbar_arrive(&empty[q.slot]);
+    });
     promote(kNA / 2, kNB / 2, p_lo, p_hi);
   } else {
-    // kFp8Order: the two halves issue their stages' wgmmas in turn (half 0 of stage st, half 1
-    // of st, half 0 of st + 1, ...; named barriers 4 and 5), so that one half's MMAs run while
-    // the other waits for its own and promotes.
-    const bool order = (a.fp8_mode & kFp8Order) != 0;
-    auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
-      const int slot = st % kStages;
-      const uint64_t desc = sw128_desc(c.smem_base + slot * kStageBytes);
-      if (order && (half == 1 || st > 0)) named_barrier(4 + half, 256);
+    run_stages([&](int st, Pos q, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+      const uint64_t desc = sw128_desc(c.smem_base + q.slot * kStageBytes);
+      wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        wgmma_fence();
+      for (int s = 0; s < 4; ++s)
         wgmma_fp8<kN>(part, cur[s], desc + uint64_t(2 * s), s > 0,
                       std::make_index_sequence<kNF * 4>{});
-        wgmma_commit();
-      }
-      if (order && (half == 0 || st + 1 < stages_k)) named_arrive(5 - half, 256);
+      wgmma_commit();
       float n_lo = 0.0f, n_hi = 0.0f;
-      if (st + 1 < stages_k) decode_stage(st + 1, nxt, n_lo, n_hi);
+      if (st + 1 < stages_k) decode_stage(next(q), nxt, n_lo, n_hi);
       wgmma_wait<0>();
-      mbar_arrive(&empty[slot]);
+      mbar_arrive(&empty[q.slot]);
 #pragma unroll
       for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
       f_lo = n_lo;
       f_hi = n_hi;
-    };
-    for (int st = 0; st < stages_k; st += 2) {
-      stage(st, af0, af1);
-      if (st + 1 < stages_k) stage(st + 1, af1, af0);
-    }
+    });
   }
   named_barrier(1, 256);  // both halves are done with the ring: it becomes their staging
   // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,

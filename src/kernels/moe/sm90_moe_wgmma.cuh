@@ -341,10 +341,6 @@ __device__ __forceinline__ void keep_alive4(const uint32_t (&r)[4]) {
 __device__ __forceinline__ void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// Arrival at a named barrier without waiting (the producer side of an ordering).
-__device__ __forceinline__ void named_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 
 // kG warpgroups per CTA, each the m64 consumer of one 64-row half M-tile (consecutive halves of
 // one routing tile), all reading the same B stage: B crosses L2 once per kG halves. kMinB CTAs
