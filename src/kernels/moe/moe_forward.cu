@@ -34,14 +34,6 @@ int fp8_tile_n() {
   return n;
 }
 
-// The fp8 path's loop variants (ForwardArgs::fp8_mode): MOE_EP_FP8_SPLIT, MOE_EP_FP8_FINE_N
-// (benchmark knobs, env_switch).
-int fp8_mode() {
-  static const int m = (env_switch("MOE_EP_FP8_SPLIT", false) ? kFp8Split : 0) |
-                       (env_switch("MOE_EP_FP8_FINE_N", false) ? kFp8FineN : 0);
-  return m;
-}
-
 constexpr int kPrepThreads = 512;
 // Ids per thread in flight in route's batched passes (launch_prepare).
 constexpr int kRouteIds = 8;
@@ -661,6 +653,20 @@ std::atomic<int> g_tile_override{0};
 bool valid_tile_knob(int n) { return n == 8 || n == 16 || n == 32 || n == 128 || n == kM64TileN; }
 }  // namespace
 
+namespace {
+std::atomic<int> g_fp8_coarse_override{-1};
+}  // namespace
+
+bool fp8_coarse_n() {
+  static const bool fine = env_switch("MOE_EP_FP8_FINE_N", true);
+  const int o = g_fp8_coarse_override.load(std::memory_order_relaxed);
+  return o >= 0 ? o == 1 : !fine;
+}
+
+void set_fp8_coarse_n_override(int coarse) {
+  g_fp8_coarse_override.store(coarse < 0 ? -1 : coarse != 0 ? 1 : 0, std::memory_order_relaxed);
+}
+
 void set_tile_n_override(int tile_n) {
   g_tile_override.store(valid_tile_knob(tile_n) ? tile_n : 0, std::memory_order_relaxed);
 }
@@ -899,7 +905,7 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   ForwardArgs a = args;
   attach_timeline(a);
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
-  a.fp8_mode = fp8_mode();
+  a.fp8_coarse_n = fp8_coarse_n();
   a.fc2_early = fc2_early_start();
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
   a.warp_route = warp_route;

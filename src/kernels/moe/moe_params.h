@@ -216,6 +216,10 @@ inline M64Shapes parse_m64_shapes(const char* e) {
 // A test's tile width for the next forwards (8, 16, 32, 128 or kM64TileN, as MOE_EP_TILE_N; 0
 // clears it): forward_tile_n (moe_launch.h) takes it before the knob and the choice.
 void set_tile_n_override(int tile_n);
+// The fp8 path's MMA widths (sm90_moe_fp8.cuh): the earlier coarse list where MOE_EP_FP8_FINE_N=0
+// or a test's override (1 coarse, 0 fine, -1 none) says so.
+bool fp8_coarse_n();
+void set_fp8_coarse_n_override(int coarse);
 // Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): 1 always, 0 never, -1
 // (default) where the expected rows per expert are at most kSplit16MaxMeanRows. From
 // MOE_EP_DECODE16_SPLIT=0|1 (benchmark knob, read once per process) or a test's override (1, 0;
@@ -320,11 +324,6 @@ struct DeviceError {
   int limit;  // E
 };
 
-// ForwardArgs::fp8_mode bits (the fp8 path's loop variants, sm90_moe_fp8.cuh): kFp8Split the
-// promotion overlapped with the MMAs (each stage's columns in two wgmma groups), kFp8FineN MMA
-// widths in steps of 8.
-constexpr int kFp8Split = 1, kFp8FineN = 4;
-
 struct ForwardArgs {
   Recipe recipe = Recipe::kBf16;
   int H = 0, I = 0, K = 0, local_experts = 0, num_experts = 0, expert_base = 0;
@@ -395,10 +394,10 @@ struct ForwardArgs {
   // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
   // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_ws_kernel.
   bool fp8 = false;
-  int fp8_mode = 0;         // kFp8* bits (benchmark knobs, launch_forward)
-  uint8_t* xq8 = nullptr;   // e4m3 [T, H]
-  uint8_t* xref = nullptr;  // [T]
-  uint8_t* h8 = nullptr;    // e4m3 [T*K, I], sorted order
+  bool fp8_coarse_n = false;  // the fp8 kernel's widths before session 27 (fp8_coarse_n())
+  uint8_t* xq8 = nullptr;     // e4m3 [T, H]
+  uint8_t* xref = nullptr;    // [T]
+  uint8_t* h8 = nullptr;      // e4m3 [T*K, I], sorted order
   // The CUtensorMap of h8 in device memory (encode_fp8_h_tensor_map: boxes of 128 bytes x 8
   // rows, 128-byte swizzle, zeros past the rows): fc2's B rows, contiguous per tile, arrive by
   // the tensor memory accelerator.

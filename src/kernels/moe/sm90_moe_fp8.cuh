@@ -18,11 +18,12 @@
 namespace moe_ep::kern {
 
 constexpr int kFp8N = 160;  // most tokens per routing tile (tile_n 128 or 160)
-// A tile runs the K loop of the narrowest MMA width that holds its rows: one of these classes,
-// or with kFp8FineN (ForwardArgs::fp8_mode) one of the finer list.
-using Fp8NClasses = std::integer_sequence<int, 8, 16, 32, 64, 96, 128, 160>;
-using Fp8FineNClasses = std::integer_sequence<int, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112, 120,
-                                              128, 136, 144, 152, 160>;
+// A tile runs the K loop of the narrowest MMA width that holds its rows: one of these classes
+// (steps of 8 from 48 since session 27: each column of padding costs MMA and promotion work), or
+// with ForwardArgs::fp8_coarse_n (MOE_EP_FP8_FINE_N=0) the earlier list.
+using Fp8NClasses = std::integer_sequence<int, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112, 120,
+                                          128, 136, 144, 152, 160>;
+using Fp8CoarseNClasses = std::integer_sequence<int, 8, 16, 32, 64, 96, 128, 160>;
 constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
 // kN B rows of 128 bytes per stage (128-byte swizzle, 1024-byte aligned).
 constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; }
@@ -88,7 +89,7 @@ __device__ __forceinline__ uint64_t lds_u64(uint32_t base, int i) {
   return v;
 }
 
-template <bool kFc1, int kN, bool kSplit>
+template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo& tile,
                                             const Fp8Cta& c, uint64_t* full, uint64_t* empty) {
   constexpr Recipe R = Recipe::kMxfp4Mxfp8;
@@ -246,67 +247,23 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
       }
     }
   };
-  if constexpr (kSplit) {
-    // The promotion overlapped with the MMAs (kFp8Split): the stage's columns in two halves,
-    // A = [0, kNA) and B = [kNA, kN), each its own wgmma group into its own part of `part`.
-    // While A(st) runs, B(st - 1) is promoted; while B(st) runs, A(st) is promoted and st + 1
-    // decoded. Each promotion reads a group that a wait for every group retired (ptxas
-    // serialized the wgmmas, or waited for both, where a group stayed in flight past the wait
-    // for the other). Every accumulator still takes its stages' partials in stage order, so
-    // the sums are the plain loop's.
-    constexpr int kNA = (kN / 2 + 7) / 8 * 8, kNB = kN - kNA;
-    float* const pa = part;
-    float* const pb = part + kNA / 2;
-    float p_lo = 0.0f, p_hi = 0.0f;  // the factors of B's pending stage
-    auto promote = [&](int from, int count, float lo, float hi) {
+  run_stages([&](int st, Pos q, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+    const uint64_t desc = sw128_desc(c.smem_base + q.slot * kStageBytes);
+    wgmma_fence();
 #pragma unroll
-      for (int i = from; i < from + count; ++i) acc[i] = fmaf(part[i], (i & 2) ? hi : lo, acc[i]);
-    };
-    run_stages([&](int st, Pos q, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
-      const uint64_t desc = sw128_desc(c.smem_base + q.slot * kStageBytes);
-      wgmma_fence();
+    for (int s = 0; s < 4; ++s)
+      wgmma_fp8<kN>(part, cur[s], desc + uint64_t(2 * s), s > 0,
+                    std::make_index_sequence<kNF * 4>{});
+    wgmma_commit();
+    float n_lo = 0.0f, n_hi = 0.0f;
+    if (st + 1 < stages_k) decode_stage(next(q), nxt, n_lo, n_hi);
+    wgmma_wait<0>();
+    mbar_arrive(&empty[q.slot]);
 #pragma unroll
-      for (int s = 0; s < 4; ++s)
-        wgmma_fp8<kNA>(pa, cur[s], desc + uint64_t(2 * s), s > 0,
-                       std::make_index_sequence<kNA / 2>{});
-      wgmma_commit();
-      if (st > 0) promote(kNA / 2, kNB / 2, p_lo, p_hi);        // B(st - 1)
-      wgmma_wait<0>();                                          // A(st)
-      const uint64_t desc_b = desc + uint64_t(kNA * 128 / 16);  // rows kNA.. (1024-aligned)
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-        wgmma_fp8<kNB>(pb, cur[s], desc_b + uint64_t(2 * s), s > 0,
-                       std::make_index_sequence<kNB / 2>{});
-      wgmma_commit();
-      promote(0, kNA / 2, f_lo, f_hi);  // A(st)
-      p_lo = f_lo;
-      p_hi = f_hi;
-      f_lo = f_hi = 0.0f;
-      if (st + 1 < stages_k) decode_stage(next(q), nxt, f_lo, f_hi);
-      wgmma_wait<0>();  // B(st)
-      mbar_arrive(&empty[q.slot]);
-    });
-    promote(kNA / 2, kNB / 2, p_lo, p_hi);
-  } else {
-    run_stages([&](int st, Pos q, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
-      const uint64_t desc = sw128_desc(c.smem_base + q.slot * kStageBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-        wgmma_fp8<kN>(part, cur[s], desc + uint64_t(2 * s), s > 0,
-                      std::make_index_sequence<kNF * 4>{});
-      wgmma_commit();
-      float n_lo = 0.0f, n_hi = 0.0f;
-      if (st + 1 < stages_k) decode_stage(next(q), nxt, n_lo, n_hi);
-      wgmma_wait<0>();
-      mbar_arrive(&empty[q.slot]);
-#pragma unroll
-      for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
-      f_lo = n_lo;
-      f_hi = n_hi;
-    });
-  }
+    for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
+    f_lo = n_lo;
+    f_hi = n_hi;
+  });
   named_barrier(1, 256);  // both halves are done with the ring: it becomes their staging
   // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,
   // as epilogue_value does for this recipe's default path).
@@ -361,17 +318,9 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
   __syncthreads();
 
   const Fp8Cta c{table, brow_ptr, pair_of, tw_of, colf, smem, smem_addr(smem), mtile};
-  const bool split = (a.fp8_mode & kFp8Split) != 0;
-  auto run = [&](auto n) {
-    constexpr int kN = decltype(n)::value;
-    // The split loop needs two halves of at least 8 columns.
-    if constexpr (kN >= 16) {
-      if (split) return fp8_ws_tile<kFc1, kN, true>(a, tile, c, full, empty);
-    }
-    fp8_ws_tile<kFc1, kN, false>(a, tile, c, full, empty);
-  };
-  if (a.fp8_mode & kFp8FineN)
-    with_n_class(tile.rows, run, Fp8FineNClasses{});
+  auto run = [&](auto n) { fp8_ws_tile<kFc1, decltype(n)::value>(a, tile, c, full, empty); };
+  if (a.fp8_coarse_n)
+    with_n_class(tile.rows, run, Fp8CoarseNClasses{});
   else
     with_n_class(tile.rows, run, Fp8NClasses{});
 }
