@@ -106,7 +106,6 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8ProducerRegs));
     const int bc = tid & 7, br0 = tid >> 3;
     const uint32_t bdst = uint32_t(br0 * 128 + ((bc ^ (br0 & 7)) << 4));
-    const int live = tile.rows;
     // fc1: this thread's B sources as 32-bit byte offsets in registers (the shared-memory table
     // would cost a load and ptxas's hazard slots per copy).
     const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
@@ -148,16 +147,17 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
         // One run of copies (ptxas pads a copy that does not follow another with hazard
         // slots); each thread publishes them kFp8WsLag stages later, after its own wait and a
         // proxy fence (the wgmmas read B through the async proxy).
+        // Rows past the tile's (tile_column: brow 0) copy x row 0: their columns are computed
+        // and dropped, and the copies need no per-row size (session 27).
 #pragma unroll
         for (int i = 0; i < kBPasses; ++i) {
           const int row = br0 + 16 * i;
           const uint8_t* src = bsrc + boff[i];
           boff[i] += uint32_t(kFp8StageK);  // the next stage's
-          const uint32_t size = row < live ? 16u : 0u;
           if (kN % 16 == 0 || i + 1 < kBPasses)
-            cp_async16_sz(sp + bdst + uint32_t(i * 2048), src, size);
+            cp_async16_all(sp + bdst + uint32_t(i * 2048), src);
           else
-            cp_async16_if(sp + bdst + uint32_t(i * 2048), src, size, row < kN);
+            cp_async16_if(sp + bdst + uint32_t(i * 2048), src, 16u, row < kN);
         }
         cp_async_commit();
         if (st >= kFp8WsLag) {
