@@ -1110,15 +1110,16 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
   }
 }
 
-// A test's choice of the fp8 kernel's MMA widths (kern::set_fp8_coarse_n_override), cleared at
+// A test's choice of the fp8 kernel's MMA widths (kern::set_fp8_widths_override), cleared at
 // scope end.
-struct Fp8CoarseOverride {
-  explicit Fp8CoarseOverride(bool coarse) { kern::set_fp8_coarse_n_override(coarse ? 1 : 0); }
-  ~Fp8CoarseOverride() { kern::set_fp8_coarse_n_override(-1); }
+struct Fp8WidthsOverride {
+  explicit Fp8WidthsOverride(int widths) { kern::set_fp8_widths_override(widths); }
+  ~Fp8WidthsOverride() { kern::set_fp8_widths_override(-1); }
 };
 
-// The fp8 path's MMA widths (sm90_moe_fp8.cuh: steps of 8 from 48 by default, or the coarse list
-// of sessions 5-26): one expert with T rows, T at and one past each class bound. Both lists give
+// The fp8 path's MMA widths (sm90_moe_fp8.cuh: the fine list, steps of 8 from 48, which GEMMs of
+// at least kFp8FineMinMTiles M-tiles take by default, or the coarse list of sessions 5-26, each
+// forced here): one expert with T rows, T at and one past each class bound. Both lists give
 // the same bits (a column's sums do not depend on the width it ran at). Against the CPU the bound
 // is 1e-2, not SPEC §7's 5e-3: with one slot per token nothing averages the fp8 MMA's error over
 // slots, and the opt-in path measured 5.6e-3 and 6.2e-3 at T = 81 and 128 (session 27, either
@@ -1144,11 +1145,11 @@ TEST(GpuLayer, Fp8EveryNClassSameBits) {
     const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
     std::vector<uint16_t> fine, coarse;
     {
-      Fp8CoarseOverride o(false);
+      Fp8WidthsOverride o(kern::kFp8WidthsFine);
       fine = forward_bits(*gpu, d, h);
     }
     {
-      Fp8CoarseOverride o(true);
+      Fp8WidthsOverride o(kern::kFp8WidthsCoarse);
       coarse = forward_bits(*gpu, d, h);
     }
     std::string why;
@@ -1162,18 +1163,15 @@ TEST(GpuLayer, Fp8EveryNClassSameBits) {
 }
 
 // The override the test above uses (host state only: runs without a GPU).
-TEST(GpuLayerHost, Fp8CoarseOverrideRoundTrip) {
-  const bool before = kern::fp8_coarse_n();
-  {
-    Fp8CoarseOverride o(true);
-    EXPECT_TRUE(kern::fp8_coarse_n());
+TEST(GpuLayerHost, Fp8WidthsOverrideRoundTrip) {
+  const int before = kern::fp8_widths();
+  for (int w : {kern::kFp8WidthsCoarse, kern::kFp8WidthsFine, kern::kFp8WidthsPolicy}) {
+    Fp8WidthsOverride o(w);
+    EXPECT_EQ(kern::fp8_widths(), w);
   }
-  EXPECT_EQ(kern::fp8_coarse_n(), before);  // cleared
-  {
-    Fp8CoarseOverride o(false);
-    EXPECT_FALSE(kern::fp8_coarse_n());
-  }
-  EXPECT_EQ(kern::fp8_coarse_n(), before);
+  EXPECT_EQ(kern::fp8_widths(), before);  // cleared
+  Fp8WidthsOverride bad(7);               // not a width list: ignored
+  EXPECT_EQ(kern::fp8_widths(), before);
 }
 
 // hidden_states with a row stride past H (SPEC §4 allows any stride >= H): prepare loads a

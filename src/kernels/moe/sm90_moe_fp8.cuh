@@ -19,8 +19,8 @@ namespace moe_ep::kern {
 
 constexpr int kFp8N = 160;  // most tokens per routing tile (tile_n 128 or 160)
 // A tile runs the K loop of the narrowest MMA width that holds its rows: one of these classes
-// (steps of 8 from 48 since session 27: each column of padding costs MMA and promotion work), or
-// with ForwardArgs::fp8_coarse_n (MOE_EP_FP8_FINE_N=0) the earlier list.
+// (steps of 8 from 48 since session 27: each column of padding costs MMA and promotion work) in a
+// GEMM of many M-tiles, else the earlier coarse list (ForwardArgs::fp8_widths, moe_params.h).
 using Fp8NClasses = std::integer_sequence<int, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112, 120,
                                           128, 136, 144, 152, 160>;
 using Fp8CoarseNClasses = std::integer_sequence<int, 8, 16, 32, 64, 96, 128, 160>;
@@ -319,10 +319,12 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
 
   const Fp8Cta c{table, brow_ptr, pair_of, tw_of, colf, smem, smem_addr(smem), mtile};
   auto run = [&](auto n) { fp8_ws_tile<kFc1, decltype(n)::value>(a, tile, c, full, empty); };
-  if (a.fp8_coarse_n)
-    with_n_class(tile.rows, run, Fp8CoarseNClasses{});
-  else
+  const bool fine = a.fp8_widths == kFp8WidthsFine ||
+                    (a.fp8_widths == kFp8WidthsPolicy && mtiles >= kFp8FineMinMTiles);
+  if (fine)
     with_n_class(tile.rows, run, Fp8NClasses{});
+  else
+    with_n_class(tile.rows, run, Fp8CoarseNClasses{});
 }
 
 template <bool kFc1>
