@@ -653,6 +653,26 @@ std::atomic<int> g_tile_override{0};
 bool valid_tile_knob(int n) { return n == 8 || n == 16 || n == 32 || n == 128 || n == kM64TileN; }
 }  // namespace
 
+namespace {
+std::atomic<int> g_fp8_widths_override{-1};
+bool valid_fp8_widths(int w) {
+  return w == kFp8WidthsPolicy || w == kFp8WidthsCoarse || w == kFp8WidthsFine;
+}
+}  // namespace
+
+int fp8_widths() {
+  static const int env = [] {
+    const int m = env_mode("MOE_EP_FP8_FINE_N");
+    return m < 0 ? kFp8WidthsPolicy : m == 1 ? kFp8WidthsFine : kFp8WidthsCoarse;
+  }();
+  const int o = g_fp8_widths_override.load(std::memory_order_relaxed);
+  return o >= 0 ? o : env;
+}
+
+void set_fp8_widths_override(int widths) {
+  g_fp8_widths_override.store(valid_fp8_widths(widths) ? widths : -1, std::memory_order_relaxed);
+}
+
 void set_tile_n_override(int tile_n) {
   g_tile_override.store(valid_tile_knob(tile_n) ? tile_n : 0, std::memory_order_relaxed);
 }
@@ -891,6 +911,7 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   ForwardArgs a = args;
   attach_timeline(a);
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
+  a.fp8_widths = fp8_widths();
   a.fc2_early = fc2_early_start();
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
   a.warp_route = warp_route;

@@ -216,6 +216,17 @@ inline M64Shapes parse_m64_shapes(const char* e) {
 // A test's tile width for the next forwards (8, 16, 32, 128 or kM64TileN, as MOE_EP_TILE_N; 0
 // clears it): forward_tile_n (moe_launch.h) takes it before the knob and the choice.
 void set_tile_n_override(int tile_n);
+// The fp8 path's MMA widths (sm90_moe_fp8.cuh; ForwardArgs::fp8_widths): kFp8WidthsPolicy (the
+// fine list for a GEMM of at least kFp8FineMinMTiles M-tiles, else the coarse one), or one list
+// for every GEMM where MOE_EP_FP8_FINE_N=1 / 0 or a test's override says so.
+constexpr int kFp8WidthsPolicy = 0, kFp8WidthsCoarse = 1, kFp8WidthsFine = 2;
+// Session 27 (H200, medians of 20 graph replays): the fine list took DeepSeek-V3 (fc1 32 M-tiles,
+// fc2 56) from 4671-4702 to 4543-4565 us at 4096 tokens and from 3293-3313 to 3128-3156 at 2048,
+// and Qwen3 (12 and 6) from 825 / 434 to 874 / 459 us at 4096 / 2048: with few M-tiles per
+// routing tile the SMs run many classes' code at once.
+constexpr int kFp8FineMinMTiles = 32;
+int fp8_widths();
+void set_fp8_widths_override(int widths);  // a kFp8Widths* value, or -1 for none
 // Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): 1 always, 0 never, -1
 // (default) where the expected rows per expert are at most kSplit16MaxMeanRows. From
 // MOE_EP_DECODE16_SPLIT=0|1 (benchmark knob, read once per process) or a test's override (1, 0;
@@ -390,9 +401,10 @@ struct ForwardArgs {
   // docs/gpu_kernels.md §8): weights in the fp8 resident layout, x and h folded to one power of
   // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_ws_kernel.
   bool fp8 = false;
-  uint8_t* xq8 = nullptr;   // e4m3 [T, H]
-  uint8_t* xref = nullptr;  // [T]
-  uint8_t* h8 = nullptr;    // e4m3 [T*K, I], sorted order
+  int fp8_widths = kFp8WidthsPolicy;  // the fp8 kernel's MMA width list (fp8_widths())
+  uint8_t* xq8 = nullptr;             // e4m3 [T, H]
+  uint8_t* xref = nullptr;            // [T]
+  uint8_t* h8 = nullptr;              // e4m3 [T*K, I], sorted order
   // The CUtensorMap of h8 in device memory (encode_fp8_h_tensor_map: boxes of 128 bytes x 8
   // rows, 128-byte swizzle, zeros past the rows): fc2's B rows, contiguous per tile, arrive by
   // the tensor memory accelerator.

@@ -17,7 +17,13 @@
 
 namespace moe_ep::kern {
 
-constexpr int kFp8N = 160;       // most tokens per routing tile (tile_n 128 or 160)
+constexpr int kFp8N = 160;  // most tokens per routing tile (tile_n 128 or 160)
+// A tile runs the K loop of the narrowest MMA width that holds its rows: one of these classes
+// (steps of 8 from 48 since session 27: each column of padding costs MMA and promotion work) in a
+// GEMM of many M-tiles, else the earlier coarse list (ForwardArgs::fp8_widths, moe_params.h).
+using Fp8NClasses = std::integer_sequence<int, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112, 120,
+                                          128, 136, 144, 152, 160>;
+using Fp8CoarseNClasses = std::integer_sequence<int, 8, 16, 32, 64, 96, 128, 160>;
 constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
 // kN B rows of 128 bytes per stage (128-byte swizzle, 1024-byte aligned).
 constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; }
@@ -100,7 +106,6 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8ProducerRegs));
     const int bc = tid & 7, br0 = tid >> 3;
     const uint32_t bdst = uint32_t(br0 * 128 + ((bc ^ (br0 & 7)) << 4));
-    const int live = tile.rows;
     // fc1: this thread's B sources as 32-bit byte offsets in registers (the shared-memory table
     // would cost a load and ptxas's hazard slots per copy).
     const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
@@ -142,16 +147,17 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
         // One run of copies (ptxas pads a copy that does not follow another with hazard
         // slots); each thread publishes them kFp8WsLag stages later, after its own wait and a
         // proxy fence (the wgmmas read B through the async proxy).
+        // Rows past the tile's (tile_column: brow 0) copy x row 0: their columns are computed
+        // and dropped, and the copies need no per-row size (session 27).
 #pragma unroll
         for (int i = 0; i < kBPasses; ++i) {
           const int row = br0 + 16 * i;
           const uint8_t* src = bsrc + boff[i];
           boff[i] += uint32_t(kFp8StageK);  // the next stage's
-          const uint32_t size = row < live ? 16u : 0u;
           if (kN % 16 == 0 || i + 1 < kBPasses)
-            cp_async16_sz(sp + bdst + uint32_t(i * 2048), src, size);
+            cp_async16_all(sp + bdst + uint32_t(i * 2048), src);
           else
-            cp_async16_if(sp + bdst + uint32_t(i * 2048), src, size, row < kN);
+            cp_async16_if(sp + bdst + uint32_t(i * 2048), src, 16u, row < kN);
         }
         cp_async_commit();
         if (st >= kFp8WsLag) {
@@ -180,12 +186,20 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
 #pragma unroll
   for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f, part[i] = 0.0f;
 
-  // Stage st's A fragments and the promotion factors of rows g and g + 8 (after its full
+  // A stage's place in the ring: its slot and the parity of that slot's fill, advanced stage by
+  // stage (kStages is not a power of two: a division per stage cost uniform instructions).
+  struct Pos {
+    int slot;
+    uint32_t phase;
+  };
+  auto next = [](Pos q) {
+    return q.slot + 1 == kStages ? Pos{0, q.phase ^ 1u} : Pos{q.slot + 1, q.phase};
+  };
+  // A stage's A fragments and the promotion factors of rows g and g + 8 (after its full
   // barrier).
-  auto decode_stage = [&](int st, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
-    const int slot = st % kStages;
-    mbar_wait(&full[slot], uint32_t(st / kStages) & 1u);
-    const unsigned char* sp = smem + slot * kStageBytes;
+  auto decode_stage = [&](Pos q, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
+    mbar_wait(&full[q.slot], q.phase);
+    const unsigned char* sp = smem + q.slot * kStageBytes;
     // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each, the
     // stage's 4 blocks.
     const unsigned char* ss = sp + kBBytes + kFp8WsWBytes + wfrag * 32;
@@ -217,31 +231,39 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     f_hi = fmt::exp2i(m_hi - kFp8ShiftMax - 127);
   };
   float f_lo = 0.0f, f_hi = 0.0f;
-  auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
-    const int slot = st % kStages;
-    const uint64_t desc = sw128_desc(c.smem_base + slot * kStageBytes);
+  uint32_t af0[4][4], af1[4][4];
+  decode_stage(Pos{0, 0u}, af0, f_lo, f_hi);
+  // The stages in pairs (af0 / af1 alternate as the decoded and the next fragments), `q` the
+  // ring position of the stage the pair starts with. One fence before each group of wgmmas: the
+  // group's accumulators chain in order without one (PTX ISA, wgmma.fence).
+  auto run_stages = [&](auto&& stage) {
+    Pos q{0, 0u};
+    for (int st = 0; st < stages_k; st += 2) {
+      stage(st, q, af0, af1);
+      q = next(q);
+      if (st + 1 < stages_k) {
+        stage(st + 1, q, af1, af0);
+        q = next(q);
+      }
+    }
+  };
+  run_stages([&](int st, Pos q, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+    const uint64_t desc = sw128_desc(c.smem_base + q.slot * kStageBytes);
+    wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      wgmma_fence();
+    for (int s = 0; s < 4; ++s)
       wgmma_fp8<kN>(part, cur[s], desc + uint64_t(2 * s), s > 0,
                     std::make_index_sequence<kNF * 4>{});
-      wgmma_commit();
-    }
+    wgmma_commit();
     float n_lo = 0.0f, n_hi = 0.0f;
-    if (st + 1 < stages_k) decode_stage(st + 1, nxt, n_lo, n_hi);
+    if (st + 1 < stages_k) decode_stage(next(q), nxt, n_lo, n_hi);
     wgmma_wait<0>();
-    mbar_arrive(&empty[slot]);
+    mbar_arrive(&empty[q.slot]);
 #pragma unroll
     for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
     f_lo = n_lo;
     f_hi = n_hi;
-  };
-  uint32_t af0[4][4], af1[4][4];
-  decode_stage(0, af0, f_lo, f_hi);
-  for (int st = 0; st < stages_k; st += 2) {
-    stage(st, af0, af1);
-    if (st + 1 < stages_k) stage(st + 1, af1, af0);
-  }
+  });
   named_barrier(1, 256);  // both halves are done with the ring: it becomes their staging
   // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,
   // as epilogue_value does for this recipe's default path).
@@ -296,21 +318,13 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
   __syncthreads();
 
   const Fp8Cta c{table, brow_ptr, pair_of, tw_of, colf, smem, smem_addr(smem), mtile};
-  if (tile.rows <= 8) {
-    fp8_ws_tile<kFc1, 8>(a, tile, c, full, empty);
-  } else if (tile.rows <= 16) {
-    fp8_ws_tile<kFc1, 16>(a, tile, c, full, empty);
-  } else if (tile.rows <= 32) {
-    fp8_ws_tile<kFc1, 32>(a, tile, c, full, empty);
-  } else if (tile.rows <= 64) {
-    fp8_ws_tile<kFc1, 64>(a, tile, c, full, empty);
-  } else if (tile.rows <= 96) {
-    fp8_ws_tile<kFc1, 96>(a, tile, c, full, empty);
-  } else if (tile.rows <= 128) {
-    fp8_ws_tile<kFc1, 128>(a, tile, c, full, empty);
-  } else {
-    fp8_ws_tile<kFc1, 160>(a, tile, c, full, empty);
-  }
+  auto run = [&](auto n) { fp8_ws_tile<kFc1, decltype(n)::value>(a, tile, c, full, empty); };
+  const bool fine = a.fp8_widths == kFp8WidthsFine ||
+                    (a.fp8_widths == kFp8WidthsPolicy && mtiles >= kFp8FineMinMTiles);
+  if (fine)
+    with_n_class(tile.rows, run, Fp8NClasses{});
+  else
+    with_n_class(tile.rows, run, Fp8CoarseNClasses{});
 }
 
 template <bool kFc1>
