@@ -37,3 +37,6 @@ cfg . build-gpu 12 "" & cfg ab_base build-ab-base 4 "--target bench_layer" & wai
 # FINE_N=1 465.0-466.5 / 882.3-883.5 at 2048 / 4096 tokens; DSV3 (-f-fp8-dsv3-policy-ab.log)
 # main 3295-3297 / 4661-4663, this 3138-3147 / 4522-4572.
 cfg . build-gpu 12 "--target bench_layer moe_ep_gpu_tests" & cfg ab_base build-ab-base 4 "--target bench_layer" & wait; timeout 100 build-gpu/tests/moe_ep_gpu_tests --gtest_filter='GpuLayer.Fp8*:GpuLayerHost.Fp8*'; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1;this:MOE_EP_FP8=1 MOE_EP_FP8_FINE_N=1" AB_ARGS="--shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 150 scripts/gpu_round.sh ab; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 150 scripts/gpu_round.sh ab
+# Call G (main 9bba690, the merge): GPU tests 34/34 (-g-gpu-tests.log), the moe-ep command on
+# the GPU all PASS, Python 58 passed, 2 skipped.
+export MOE_EP_COMMIT=9bba690; timeout 560 scripts/gpu_round.sh build test cli python; scripts/gpu_round.sh pack
