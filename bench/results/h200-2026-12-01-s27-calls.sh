@@ -40,3 +40,10 @@ cfg . build-gpu 12 "--target bench_layer moe_ep_gpu_tests" & cfg ab_base build-a
 # Call G (main 9bba690, the merge): GPU tests 34/34 (-g-gpu-tests.log), the moe-ep command on
 # the GPU all PASS, Python 58 passed, 2 skipped.
 export MOE_EP_COMMIT=9bba690; timeout 560 scripts/gpu_round.sh build test cli python; scripts/gpu_round.sh pack
+# Call H (branch s27-fp8-shared-epi 3f9f46d, not merged: one epilogue for every width, the
+# producer and consumer dispatched separately, fc1's code 40.9k -> 22.1k instructions; ab_base =
+# main 2a45f92): fp8 tests 3/3, same hashes; Qwen3 (-h-shared-epilogue-qwen3-ab.log) main
+# 435.5-436.4 / 826.8-828.8, this 446.8-447.0 / 835.9-837.0, this with FINE_N=1 451.4-452.5 /
+# 860.7-861.5 at 2048 / 4096 tokens; DSV3 (-h-shared-epilogue-dsv3-ab.log) main 3150.5-3158.2 /
+# 4459.7-4488.9, this 3132.4-3150.5 / 4410.8-4439.1 (fc1 2692-2696 -> 2610).
+cfg . build-gpu 12 "--target bench_layer moe_ep_gpu_tests" & cfg ab_base build-ab-base 4 "--target bench_layer" & wait; timeout 100 build-gpu/tests/moe_ep_gpu_tests --gtest_filter='GpuLayer.Fp8*:GpuLayerHost.Fp8*'; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1;this:MOE_EP_FP8=1 MOE_EP_FP8_FINE_N=1" AB_ARGS="--shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 150 scripts/gpu_round.sh ab; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 150 scripts/gpu_round.sh ab
