@@ -42,7 +42,7 @@ struct Fp8Cta {
 
 // ---------------------------------------------------------------------------------------------
 // The fp8 kernel: one CTA per (routing tile, M-tile) of three warpgroups, each tile at the
-// narrowest MMA width that holds its rows (N = 8, 16, 32, 64, 96, 128, 160: the MMAs, B copies
+// narrowest MMA width that holds its rows (Fp8NClasses / Fp8CoarseNClasses: the MMAs, B copies
 // and accumulators scale with the rows, the weight decode does not). Warpgroup 0 produces, per
 // stage: the M-tile's 8 weight fragments and their scales of two K-chunks as two bulk copies, and
 // the kN B rows (128-byte swizzle): fc2's as boxes of h8's tensor map, fc1's (gathered by token)
@@ -187,7 +187,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
   for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f, part[i] = 0.0f;
 
   // A stage's place in the ring: its slot and the parity of that slot's fill, advanced stage by
-  // stage (kStages is not a power of two: a division per stage cost uniform instructions).
+  // stage (as many instructions as the division by kStages it replaced, session 27).
   struct Pos {
     int slot;
     uint32_t phase;
