@@ -51,3 +51,8 @@ cfg . build-gpu 12 "--target bench_layer moe_ep_gpu_tests" & cfg ab_base build-a
 # (-i-ncu-fp8-4096.txt): fc1 2.69 ms, 0.46 issued per scheduler and cycle, 0.70 eligible of 2.74
 # active warps, 5.97 cycles per issued instruction; fc2 1.48 ms, 0.44 / 0.63 / 2.61 / 5.98.
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && cmake --build build-gpu -j 16 --target bench_layer > $OUT/build.log 2>&1; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); MOE_EP_FP8=1 timeout 300 $NCU --clock-control none -k regex:sm90_moe_fp8 -c 2 --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section InstructionStats -o $OUT/ncu_fp8_4096 build-gpu/bench/bench_layer --shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 4096 --iters 3; $NCU -i $OUT/ncu_fp8_4096.ncu-rep --page details > $OUT/ncu_fp8_4096.txt
+# Call J (main 4a21f72): the fp8 kernels' stall reasons per issued instruction at DSV3 4096 tokens
+# (-j-ncu-fp8-stalls.txt): fc1 wait 1.34, selected 1.00, long scoreboard 0.93, short scoreboard
+# 0.60, not selected 0.52, dispatch 0.42, math pipe throttle 0.31, no instruction 0.22, branch
+# 0.19, barrier 0.12, gmma 0.12; fc2 alike (wait 1.49, long scoreboard 0.91, barrier 0.28).
+MOE_EP_FP8=1 timeout 150 $NCU --clock-control none -k regex:sm90_moe_fp8 -c 2 --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio,smsp__inst_executed.sum,smsp__cycles_active.avg -o $OUT/ncu_stall build-gpu/bench/bench_layer --shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 4096 --iters 1; $NCU -i $OUT/ncu_stall.ncu-rep --page raw --csv > $OUT/ncu_stall.csv
