@@ -39,10 +39,6 @@ __device__ __forceinline__ void cp_async16_sz(uint32_t smem, const void* gmem, u
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(src_size));
 }
-// All 16 bytes (no source size: no predicate or select for the caller to compute).
-__device__ __forceinline__ void cp_async16_all(uint32_t smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
-}
 // The same to a generic shared-memory pointer; `pred` false fills the destination with zeros.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
   cp_async16_sz(smem_addr(smem), gmem, pred ? 16u : 0u);

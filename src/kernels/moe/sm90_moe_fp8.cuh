@@ -147,15 +147,15 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
         // One run of copies (ptxas pads a copy that does not follow another with hazard
         // slots); each thread publishes them kFp8WsLag stages later, after its own wait and a
         // proxy fence (the wgmmas read B through the async proxy).
-        // Rows past the tile's (tile_column: brow 0) copy x row 0: their columns are computed
-        // and dropped, and the copies need no per-row size (session 27).
+        // Rows past the tile's (tile_column: brow 0) copy x row 0 in full: their columns are
+        // computed and dropped, and the copies need no per-row size select (session 27).
 #pragma unroll
         for (int i = 0; i < kBPasses; ++i) {
           const int row = br0 + 16 * i;
           const uint8_t* src = bsrc + boff[i];
           boff[i] += uint32_t(kFp8StageK);  // the next stage's
           if (kN % 16 == 0 || i + 1 < kBPasses)
-            cp_async16_all(sp + bdst + uint32_t(i * 2048), src);
+            cp_async16_sz(sp + bdst + uint32_t(i * 2048), src, 16u);
           else
             cp_async16_if(sp + bdst + uint32_t(i * 2048), src, 16u, row < kN);
         }
@@ -186,20 +186,12 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
 #pragma unroll
   for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f, part[i] = 0.0f;
 
-  // A stage's place in the ring: its slot and the parity of that slot's fill, advanced stage by
-  // stage (as many instructions as the division by kStages it replaced, session 27).
-  struct Pos {
-    int slot;
-    uint32_t phase;
-  };
-  auto next = [](Pos q) {
-    return q.slot + 1 == kStages ? Pos{0, q.phase ^ 1u} : Pos{q.slot + 1, q.phase};
-  };
-  // A stage's A fragments and the promotion factors of rows g and g + 8 (after its full
+  // Stage st's A fragments and the promotion factors of rows g and g + 8 (after its full
   // barrier).
-  auto decode_stage = [&](Pos q, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
-    mbar_wait(&full[q.slot], q.phase);
-    const unsigned char* sp = smem + q.slot * kStageBytes;
+  auto decode_stage = [&](int st, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
+    const int slot = st % kStages;
+    mbar_wait(&full[slot], uint32_t(st / kStages) & 1u);
+    const unsigned char* sp = smem + slot * kStageBytes;
     // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each, the
     // stage's 4 blocks.
     const unsigned char* ss = sp + kBBytes + kFp8WsWBytes + wfrag * 32;
@@ -231,24 +223,11 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     f_hi = fmt::exp2i(m_hi - kFp8ShiftMax - 127);
   };
   float f_lo = 0.0f, f_hi = 0.0f;
-  uint32_t af0[4][4], af1[4][4];
-  decode_stage(Pos{0, 0u}, af0, f_lo, f_hi);
-  // The stages in pairs (af0 / af1 alternate as the decoded and the next fragments), `q` the
-  // ring position of the stage the pair starts with. One fence before each group of wgmmas: the
-  // group's accumulators chain in order without one (PTX ISA, wgmma.fence).
-  auto run_stages = [&](auto&& stage) {
-    Pos q{0, 0u};
-    for (int st = 0; st < stages_k; st += 2) {
-      stage(st, q, af0, af1);
-      q = next(q);
-      if (st + 1 < stages_k) {
-        stage(st + 1, q, af1, af0);
-        q = next(q);
-      }
-    }
-  };
-  run_stages([&](int st, Pos q, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
-    const uint64_t desc = sw128_desc(c.smem_base + q.slot * kStageBytes);
+  // One fence before the stage's 4 wgmmas: their accumulators chain in order without one (PTX
+  // ISA, wgmma.fence).
+  auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+    const int slot = st % kStages;
+    const uint64_t desc = sw128_desc(c.smem_base + slot * kStageBytes);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s)
@@ -256,14 +235,20 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
                     std::make_index_sequence<kNF * 4>{});
     wgmma_commit();
     float n_lo = 0.0f, n_hi = 0.0f;
-    if (st + 1 < stages_k) decode_stage(next(q), nxt, n_lo, n_hi);
+    if (st + 1 < stages_k) decode_stage(st + 1, nxt, n_lo, n_hi);
     wgmma_wait<0>();
-    mbar_arrive(&empty[q.slot]);
+    mbar_arrive(&empty[slot]);
 #pragma unroll
     for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
     f_lo = n_lo;
     f_hi = n_hi;
-  });
+  };
+  uint32_t af0[4][4], af1[4][4];
+  decode_stage(0, af0, f_lo, f_hi);
+  for (int st = 0; st < stages_k; st += 2) {
+    stage(st, af0, af1);
+    if (st + 1 < stages_k) stage(st + 1, af1, af0);
+  }
   named_barrier(1, 256);  // both halves are done with the ring: it becomes their staging
   // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,
   // as epilogue_value does for this recipe's default path).
