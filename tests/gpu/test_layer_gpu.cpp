@@ -1174,6 +1174,94 @@ TEST(GpuLayerHost, Fp8WidthsOverrideRoundTrip) {
   EXPECT_EQ(kern::fp8_widths(), before);
 }
 
+// A test's fp8 grid (kern::set_fp8_grid_override), cleared at scope end.
+struct Fp8GridOverride {
+  explicit Fp8GridOverride(int ctas) { kern::set_fp8_grid_override(ctas); }
+  ~Fp8GridOverride() { kern::set_fp8_grid_override(0); }
+};
+
+// The fp8 kernel's persistent grid (session 28): a CTA runs items blockIdx.x, + gridDim.x, ...,
+// each at its own MMA width, the ring restarting at slot 0 per item with every slot's barrier
+// parities carried over, the producer filling an item's first slots during the previous item's
+// epilogue. Zipf-skewed routing gives the 16 experts from a handful to 300 rows, so a CTA's
+// consecutive items change width (and slot size) often. 1, 2, 7 and 61 CTAs and one CTA per
+// item (the grid of sessions 5-27) give the default grid's bits under both width lists, and the
+// outputs are within SPEC §7's 5e-3 of the CPU.
+TEST(GpuLayer, Fp8PersistentGridSameBits) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  const Recipe r = Recipe::kMxfp4Mxfp8;
+  Master m(s, 53);
+  const PackedExperts p = pack(s, r, m, Options{});
+  const int T = 300;
+  LayerConfig cfg = make_config(s, r, T, true, Options{});
+  cfg.recipe.fp8_mma = true;
+  auto cpu = make_layer(Backend::kCPU, cfg, p);
+  auto gpu = make_layer(Backend::kCUDA, cfg, p);
+  gpu->warmup();
+  HostInputs h = make_inputs(T, s.H, s.K, s.E, 901);
+  // Distinct experts per token drawn with weight 1 / (e + 1)^2 (rows per expert 34 ... 300);
+  // every 5th token keeps its empty last slot.
+  auto weight = [](int e) { return 1.0 / double((e + 1) * (e + 1)); };
+  std::vector<int> rows(s.E, 0);
+  for (int t = 0; t < T; ++t) {
+    std::vector<char> used(s.E, 0);
+    for (int k = 0; k < s.K; ++k) {
+      int32_t& id = h.ids[size_t(t) * s.K + k];
+      if (id < 0) continue;
+      double total = 0;
+      for (int e = 0; e < s.E; ++e) total += used[e] ? 0.0 : weight(e);
+      double u = double(mix(uint64_t(t) * 977 + k) % 1000003) / 1000003.0 * total;
+      int pick = -1;
+      for (int e = 0; e < s.E; ++e) {
+        if (used[e]) continue;
+        pick = e;
+        if ((u -= weight(e)) <= 0) break;
+      }
+      used[pick] = 1;
+      id = pick;
+      ++rows[pick];
+    }
+  }
+  ASSERT_GT(*std::max_element(rows.begin(), rows.end()), 160) << "no expert spans two tiles";
+  ASSERT_LT(*std::min_element(rows.begin(), rows.end()), 48) << "no narrow tile";
+  DeviceInputs d(h);
+  const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
+  std::vector<uint16_t> first;
+  for (int widths : {kern::kFp8WidthsFine, kern::kFp8WidthsCoarse}) {
+    SCOPED_TRACE(widths == kern::kFp8WidthsFine ? "fine widths" : "coarse widths");
+    Fp8WidthsOverride w(widths);
+    const std::vector<uint16_t> def = forward_bits(*gpu, d, h);
+    if (first.empty()) {
+      first = def;
+      std::string why;
+      const double err = rel_l2(def, ref, &why);
+      EXPECT_LE(err, 5e-3) << why;
+      EXPECT_GT(err, 0.0) << "bitwise equal to the CPU: the fp8 path did not run";
+      std::printf("[ fp8-persistent ] T=%d rel_l2=%.3e\n", T, err);
+    }
+    EXPECT_TRUE(def == first) << "the width lists differ";
+    for (int ctas : {1, 2, 7, 61, 1 << 30}) {
+      Fp8GridOverride g(ctas);
+      EXPECT_TRUE(forward_bits(*gpu, d, h) == def) << ctas << " CTAs differ from the default grid";
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The grid override the test above uses (host state only: runs without a GPU).
+TEST(GpuLayerHost, Fp8GridOverrideRoundTrip) {
+  const int before = kern::fp8_grid(100000, 132);
+  EXPECT_GE(before, 132);  // one CTA per SM (persistent) or per item (MOE_EP_FP8_PERSIST=0)
+  {
+    Fp8GridOverride o(7);
+    EXPECT_EQ(kern::fp8_grid(100000, 132), 7);
+    EXPECT_EQ(kern::fp8_grid(5, 132), 5);  // never more CTAs than items
+  }
+  EXPECT_EQ(kern::fp8_grid(100000, 132), before);  // cleared
+  EXPECT_EQ(kern::fp8_grid(3, 132), 3);
+}
+
 // hidden_states with a row stride past H (SPEC §4 allows any stride >= H): prepare loads a
 // thread's 4 (T < 256) or 8 elements (T >= 256) with one 8- or 16-byte load where base and
 // stride allow it, else smaller loads, else element by element. Strides H + 8 / + 4 / + 1 (and

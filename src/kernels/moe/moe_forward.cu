@@ -673,6 +673,21 @@ void set_fp8_widths_override(int widths) {
   g_fp8_widths_override.store(valid_fp8_widths(widths) ? widths : -1, std::memory_order_relaxed);
 }
 
+namespace {
+std::atomic<int> g_fp8_grid_override{0};
+}
+
+int fp8_grid(int64_t items, int num_sms) {
+  static const bool persist = env_switch("MOE_EP_FP8_PERSIST", true);
+  const int o = g_fp8_grid_override.load(std::memory_order_relaxed);
+  const int64_t ctas = o > 0 ? o : persist ? std::max(1, num_sms) : items;
+  return int(std::min(items, ctas));
+}
+
+void set_fp8_grid_override(int ctas) {
+  g_fp8_grid_override.store(std::max(0, ctas), std::memory_order_relaxed);
+}
+
 void set_tile_n_override(int tile_n) {
   g_tile_override.store(valid_tile_knob(tile_n) ? tile_n : 0, std::memory_order_relaxed);
 }

@@ -28,33 +28,30 @@ constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
 // kN B rows of 128 bytes per stage (128-byte swizzle, 1024-byte aligned).
 constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; }
 
-// What the CTA shares between its setup and the tile's K loop and epilogue.
-struct Fp8Cta {
-  const uint64_t* table;
-  const uint8_t* const* brow_ptr;
-  const int* pair_of;
-  const float* tw_of;
-  const float* colf;
-  unsigned char* smem;
-  uint32_t smem_base;
-  int mtile;
-};
-
 // ---------------------------------------------------------------------------------------------
-// The fp8 kernel: one CTA per (routing tile, M-tile) of three warpgroups, each tile at the
-// narrowest MMA width that holds its rows (Fp8NClasses / Fp8CoarseNClasses: the MMAs, B copies
-// and accumulators scale with the rows, the weight decode does not). Warpgroup 0 produces, per
-// stage: the M-tile's 8 weight fragments and their scales of two K-chunks as two bulk copies, and
-// the kN B rows (128-byte swizzle): fc2's as boxes of h8's tensor map, fc1's (gathered by token)
-// by per-thread cp.async, which each thread publishes on the stage's "full" mbarrier kFp8WsLag
-// stages later, after its own cp.async.wait_group and a proxy fence (so the wgmmas, which read
-// through the async proxy, see them); the bulk and tensor copies complete on that barrier's
-// transaction count. Warpgroups 1 and 2 consume the two
-// 64-row halves of the M-tile against the same B stage: wait full, the 4 wgmmas, the next
-// stage's decode while they run, wait, release the slot on its "empty" mbarrier, promote.
-// setmaxnreg gives the consumers the producer's registers. Measured in bench/fp8_gemm_probe
-// first (docs/gpu_kernels.md §8: the skeleton alone 61 % -> 72 % of the fp8 ceiling, against
-// one warpgroup per CTA that copied its own stages; that kernel was removed, 9 % slower).
+// The fp8 kernel: three warpgroups per CTA, each work item a (routing tile, M-tile) at the
+// narrowest MMA width that holds the tile's rows (Fp8NClasses / Fp8CoarseNClasses: the MMAs, B
+// copies and accumulators scale with the rows, the weight decode does not). Warpgroup 0
+// produces, per stage: the M-tile's 8 weight fragments and their scales of two K-chunks as two
+// bulk copies, and the kN B rows (128-byte swizzle): fc2's as boxes of h8's tensor map, fc1's
+// (gathered by token) by per-thread cp.async, which each thread publishes on the stage's "full"
+// mbarrier kFp8WsLag stages later, after its own cp.async.wait_group and a proxy fence (so the
+// wgmmas, which read through the async proxy, see them); the bulk and tensor copies complete on
+// that barrier's transaction count. Warpgroups 1 and 2 consume the two 64-row halves of the
+// M-tile against the same B stage: wait full, the 4 wgmmas, the next stage's decode while they
+// run, wait, release the slot on its "empty" mbarrier, promote; then the epilogue, staged at the
+// top of the ring. setmaxnreg gives the consumers the producer's registers. Measured in
+// bench/fp8_gemm_probe first (docs/gpu_kernels.md §8: the skeleton alone 61 % -> 72 % of the
+// fp8 ceiling, against one warpgroup per CTA that copied its own stages).
+//
+// Persistent (session 28): a CTA runs items blockIdx.x, + gridDim.x, ... (the grid: one CTA per
+// SM, or one per item with MOE_EP_FP8_PERSIST=0), so the producer fills the next item's first
+// stages while the consumers run the epilogue of the last. Each item starts the ring at slot 0
+// (its width sets the slot size); every slot keeps its own barrier parities across items. At an
+// item's start the producer waits until the consumers have released every slot of the previous
+// item, and before a slot that reaches into the previous item's epilogue staging (the top
+// 2 * fp8_epi_bytes of the ring) until that epilogue is done (the "epi" mbarriers, one per item
+// parity, which also free that parity's column tables).
 constexpr int kFp8WsThreads = 384;
 // setmaxnreg: the CTA's pool is its launch allocation (the SM's 64K registers over 384 threads,
 // rounded down to a multiple of 8: 168 each), and the consumers' increase waits until the pool
@@ -75,8 +72,27 @@ constexpr int fp8_ws_stages(int n) {
   return kFp8WsRing / fp8_ws_stage_bytes(n) < 8 ? kFp8WsRing / fp8_ws_stage_bytes(n) : 8;
 }
 constexpr int kFp8WsSmemBytes = kFp8WsRing + 1024;
-constexpr int kFp8WsEpiBytes = kFp8N * kWg3XS * 4;  // one half's staging (fc1 is the larger)
-static_assert(2 * kFp8WsEpiBytes <= kFp8WsRing && fp8_ws_stages(kFp8N) >= kFp8WsLag + 2, "ring");
+// One half's epilogue staging for tiles of up to n rows (m64_epilogue: fc1 kWg3XS fp32, fc2
+// kWg3YS bf16 per column); both halves' sit at the top of the ring.
+constexpr int fp8_epi_bytes(bool fc1, int n) { return fc1 ? n * kWg3XS * 4 : n * kWg3YS * 2; }
+static_assert(2 * fp8_epi_bytes(true, kFp8N) <= kFp8WsRing &&
+                  2 * fp8_epi_bytes(false, kFp8N) <= kFp8WsRing &&
+                  fp8_ws_stages(kFp8N) >= kFp8WsLag + 2,
+              "ring");
+
+// What a CTA's warpgroups share: the gap table, the barriers and, per item parity, the item's
+// tile and M-tile and its column tables (written by the producer before its first arrival on
+// the item's full barriers, read by the consumers after their waits there).
+struct Fp8Shared {
+  uint64_t table[kFp8GapTables];
+  const uint8_t* brow_ptr[2][kFp8N];
+  int pair_of[2][kFp8N];
+  float tw_of[2][kFp8N];
+  float colf[2][kFp8N];
+  TileInfo tile[2];
+  int mtile[2];
+  uint64_t full[8], empty[8], epi[2];
+};
 
 // Entry i of the 64-bit shared-memory table at `base` (a shared address). In PTX so that the
 // address stays one multiply-add on the row's base: from C++ the compiler folded the base back
@@ -89,96 +105,144 @@ __device__ __forceinline__ uint64_t lds_u64(uint32_t base, int i) {
   return v;
 }
 
+// threadIdx.x read where it is used: the persistent loops' per-width values that follow from it
+// (fc2's box counts per producer warp, ...) would otherwise be hoisted out of the item loop for
+// every width at once and spill the producer's 40 registers.
+__device__ __forceinline__ int fp8_tid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
+// The producer's barrier state across its items: slots filled and not yet waited empty
+// (`pend`), and per slot the parity of the empty phase to wait for next (`epar`).
+struct Fp8ProducerRing {
+  uint32_t pend = 0, epar = 0;
+  __device__ __forceinline__ void reclaim(uint64_t* empty, int slot) {
+    const uint32_t bit = 1u << slot;
+    if (pend & bit) {
+      mbar_wait(&empty[slot], (epar >> slot) & 1u);
+      epar ^= bit;
+    }
+    pend |= bit;
+  }
+};
+
+// The producer's share of item j (tile, M-tile) at width kN. `free_bytes`: the ring's bytes
+// below the previous item's epilogue staging (the whole ring for a CTA's first item).
 template <bool kFc1, int kN>
-__device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo& tile,
-                                            const Fp8Cta& c, uint64_t* full, uint64_t* empty) {
+__device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& sh,
+                                               unsigned char* smem, uint32_t smem_base,
+                                               const TileInfo& tile, int mtile, int j,
+                                               int free_bytes, Fp8ProducerRing& ring) {
   constexpr Recipe R = Recipe::kMxfp4Mxfp8;
-  constexpr int kNF = kN / 8;
   constexpr int kBPasses = (kN + 15) / 16;
   constexpr int kStages = fp8_ws_stages(kN), kStageBytes = fp8_ws_stage_bytes(kN);
   constexpr int kBBytes = fp8_bbytes(kN);
-  const int tid = threadIdx.x, wg = tid >> 7;
-  unsigned char* smem = c.smem;
-  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, c.mtile);
+  const int tid = fp8_tid();
+  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
   const int stages_k = ms.chunks / 2;
-
-  if (wg == 0) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8ProducerRegs));
-    const int bc = tid & 7, br0 = tid >> 3;
-    const uint32_t bdst = uint32_t(br0 * 128 + ((bc ^ (br0 & 7)) << 4));
-    // fc1: this thread's B sources as 32-bit byte offsets in registers (the shared-memory table
-    // would cost a load and ptxas's hazard slots per copy).
-    const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
-    uint32_t boff[kBPasses];
+  const int b = j & 1;
+  const int bc = tid & 7, br0 = tid >> 3;
+  const uint32_t bdst = uint32_t(br0 * 128 + ((bc ^ (br0 & 7)) << 4));
+  // fc1: this thread's B sources as 32-bit byte offsets in registers (the shared-memory table
+  // would cost a load and ptxas's hazard slots per copy).
+  const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
+  uint32_t boff[kBPasses];
 #pragma unroll
-    for (int i = 0; i < kBPasses; ++i) {
-      const int row = br0 + 16 * i;
-      boff[i] = row < kN ? uint32_t(c.brow_ptr[row] - bsrc) + uint32_t(bc * 16) : 0u;
+  for (int i = 0; i < kBPasses; ++i) {
+    const int row = br0 + 16 * i;
+    boff[i] = row < kN ? uint32_t(sh.brow_ptr[b][row] - bsrc) + uint32_t(bc * 16) : 0u;
+  }
+  // Every slot of the previous item released (the slots of this width cover other bytes).
+#pragma unroll 1
+  for (int s = 0; s < 8; ++s)
+    if (ring.pend & (1u << s)) {
+      mbar_wait(&sh.empty[s], (ring.epar >> s) & 1u);
+      ring.epar ^= 1u << s;
     }
-    // Per stage: the M-tile's weights of 2 K-chunks (8 KB, contiguous) and their scales (512 B)
-    // as two bulk copies, and B: fc1's rows (gathered by token) by per-thread cp.async, fc2's
-    // (a tile's h8 rows are contiguous) as kN / 8 boxes of h8's tensor map, every fourth box
-    // from one lane of each producer warp (rows past the tile's are other tiles' rows or zeros:
-    // their columns are computed and dropped). A lane that issues bulk or tensor copies first
-    // adds their bytes to the slot's full barrier, before its own arrival there.
-    const int pw = tid >> 5;
-    constexpr int kBoxes = kFc1 ? 0 : kN / 8;
-    const int boxes = kFc1 ? 0 : (kBoxes - pw + 3) / 4;  // fc2: boxes pw, pw + 4, ...
-    const bool issues = pw == 0 || boxes > 0;            // warp-uniform
-    for (int st = 0; st < stages_k; ++st) {
-      const int slot = st % kStages;
-      if (st >= kStages) mbar_wait(&empty[slot], uint32_t(st / kStages - 1) & 1u);
-      const uint32_t sp = c.smem_base + uint32_t(slot * kStageBytes);
-      if (issues && elect_one()) {
-        uint64_t* bar = &full[slot];
-        mbar_expect_tx(bar, uint32_t((pw == 0 ? kFp8WsWBytes + kFp8WsSBytes : 0) + boxes * 1024));
-        if (pw == 0) {
-          bulk_load(smem + slot * kStageBytes + kBBytes, ms.w + size_t(2 * st) * (kTileFrags * 512),
-                    kFp8WsWBytes, bar);
-          bulk_load(smem + slot * kStageBytes + kBBytes + kFp8WsWBytes,
-                    ms.s + size_t(2 * st) * (kTileFrags * 32), kFp8WsSBytes, bar);
-        }
-        if constexpr (!kFc1)
-          for (int j = pw; j < kBoxes; j += 4)
-            tma_box_2d(sp + uint32_t(j * 1024), a.h8_tmap, st * kFp8StageK, tile.start + 8 * j,
-                       smem_addr(bar));
+  ring.pend = 0;
+  bool staged = j == 0;  // the previous item's epilogue staging is free
+  // Per stage: the M-tile's weights of 2 K-chunks (8 KB, contiguous) and their scales (512 B)
+  // as two bulk copies, and B: fc1's rows (gathered by token) by per-thread cp.async, fc2's
+  // (a tile's h8 rows are contiguous) as kN / 8 boxes of h8's tensor map, every fourth box
+  // from one lane of each producer warp (rows past the tile's are other tiles' rows or zeros:
+  // their columns are computed and dropped). A lane that issues bulk or tensor copies first
+  // adds their bytes to the slot's full barrier, before its own arrival there.
+  const int pw = tid >> 5;
+  constexpr int kBoxes = kFc1 ? 0 : kN / 8;
+  const int boxes = kFc1 ? 0 : (kBoxes - pw + 3) / 4;  // fc2: boxes pw, pw + 4, ...
+  const bool issues = pw == 0 || boxes > 0;            // warp-uniform
+  for (int st = 0; st < stages_k; ++st) {
+    const int slot = st % kStages;
+    ring.reclaim(sh.empty, slot);
+    if (!staged && (slot + 1) * kStageBytes > free_bytes) {
+      mbar_wait(&sh.epi[b ^ 1], uint32_t((j - 1) >> 1) & 1u);
+      staged = true;
+    }
+    const uint32_t sp = smem_base + uint32_t(slot * kStageBytes);
+    if (issues && elect_one()) {
+      uint64_t* bar = &sh.full[slot];
+      mbar_expect_tx(bar, uint32_t((pw == 0 ? kFp8WsWBytes + kFp8WsSBytes : 0) + boxes * 1024));
+      if (pw == 0) {
+        bulk_load(smem + slot * kStageBytes + kBBytes, ms.w + size_t(2 * st) * (kTileFrags * 512),
+                  kFp8WsWBytes, bar);
+        bulk_load(smem + slot * kStageBytes + kBBytes + kFp8WsWBytes,
+                  ms.s + size_t(2 * st) * (kTileFrags * 32), kFp8WsSBytes, bar);
       }
-      if constexpr (kFc1) {
-        // One run of copies (ptxas pads a copy that does not follow another with hazard
-        // slots); each thread publishes them kFp8WsLag stages later, after its own wait and a
-        // proxy fence (the wgmmas read B through the async proxy).
-        // Rows past the tile's (tile_column: brow 0) copy x row 0 in full: their columns are
-        // computed and dropped, and the copies need no per-row size select (session 27).
-#pragma unroll
-        for (int i = 0; i < kBPasses; ++i) {
-          const int row = br0 + 16 * i;
-          const uint8_t* src = bsrc + boff[i];
-          boff[i] += uint32_t(kFp8StageK);  // the next stage's
-          if (kN % 16 == 0 || i + 1 < kBPasses)
-            cp_async16_sz(sp + bdst + uint32_t(i * 2048), src, 16u);
-          else
-            cp_async16_if(sp + bdst + uint32_t(i * 2048), src, 16u, row < kN);
-        }
-        cp_async_commit();
-        if (st >= kFp8WsLag) {
-          cp_async_wait<kFp8WsLag>();
-          fence_proxy_async_smem();
-          mbar_arrive(&full[(st - kFp8WsLag) % kStages]);
-        }
-      } else {
-        mbar_arrive(&full[slot]);  // fc2: every copy of the stage completes on the barrier
-      }
+      if constexpr (!kFc1)
+        for (int jb = pw; jb < kBoxes; jb += 4)
+          tma_box_2d(sp + uint32_t(jb * 1024), a.h8_tmap, st * kFp8StageK, tile.start + 8 * jb,
+                     smem_addr(bar));
     }
     if constexpr (kFc1) {
-      cp_async_wait<0>();
-      fence_proxy_async_smem();
-      for (int st = stages_k - kFp8WsLag; st < stages_k; ++st)
-        if (st >= 0) mbar_arrive(&full[st % kStages]);
+      // One run of copies (ptxas pads a copy that does not follow another with hazard
+      // slots); each thread publishes them kFp8WsLag stages later, after its own wait and a
+      // proxy fence (the wgmmas read B through the async proxy).
+      // Rows past the tile's (tile_column: brow 0) copy x row 0 in full: their columns are
+      // computed and dropped, and the copies need no per-row size select (session 27).
+#pragma unroll
+      for (int i = 0; i < kBPasses; ++i) {
+        const int row = br0 + 16 * i;
+        const uint8_t* src = bsrc + boff[i];
+        boff[i] += uint32_t(kFp8StageK);  // the next stage's
+        if (kN % 16 == 0 || i + 1 < kBPasses)
+          cp_async16_sz(sp + bdst + uint32_t(i * 2048), src, 16u);
+        else
+          cp_async16_if(sp + bdst + uint32_t(i * 2048), src, 16u, row < kN);
+      }
+      cp_async_commit();
+      if (st >= kFp8WsLag) {
+        cp_async_wait<kFp8WsLag>();
+        fence_proxy_async_smem();
+        mbar_arrive(&sh.full[(st - kFp8WsLag) % kStages]);
+      }
+    } else {
+      mbar_arrive(&sh.full[slot]);  // fc2: every copy of the stage completes on the barrier
     }
-    return;
   }
+  if constexpr (kFc1) {
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    for (int st = stages_k - kFp8WsLag; st < stages_k; ++st)
+      if (st >= 0) mbar_arrive(&sh.full[st % kStages]);
+  }
+}
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kFp8ConsumerRegs));
+// The consumers' share of item j at width kN: the K loop of this warpgroup's 64-row half, then
+// its epilogue. `fpar`: per slot the parity of the full phase to wait for next.
+template <bool kFc1, int kN>
+__device__ __forceinline__ void fp8_ws_consume(const ForwardArgs& a, Fp8Shared& sh,
+                                               unsigned char* smem, uint32_t smem_base, int j,
+                                               uint32_t& fpar) {
+  constexpr int kNF = kN / 8;
+  constexpr int kStages = fp8_ws_stages(kN), kStageBytes = fp8_ws_stage_bytes(kN);
+  constexpr int kBBytes = fp8_bbytes(kN);
+  const int b = j & 1;
+  const TileInfo tile = sh.tile[b];
+  const int mtile = sh.mtile[b];
+  const int stages_k = (kFc1 ? a.H : a.I) / kKChunk / 2;
+  const int tid = threadIdx.x, wg = tid >> 7;
   const int ctid = tid & 127, half = wg - 1;  // the thread in its warpgroup
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2;
   const int wfrag = 4 * half + warp;  // this warp's fragment of the M-tile
@@ -190,17 +254,18 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
   // barrier).
   auto decode_stage = [&](int st, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
     const int slot = st % kStages;
-    mbar_wait(&full[slot], uint32_t(st / kStages) & 1u);
+    mbar_wait(&sh.full[slot], (fpar >> slot) & 1u);
+    fpar ^= 1u << slot;
     const unsigned char* sp = smem + slot * kStageBytes;
     // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each, the
     // stage's 4 blocks.
     const unsigned char* ss = sp + kBBytes + kFp8WsWBytes + wfrag * 32;
     constexpr int kSC = kTileFrags * 32;  // the next chunk's scales
     int b_lo[4], b_hi[4];
-    auto bytes = [](const unsigned char* p, int(&b)[4]) {
+    auto bytes = [](const unsigned char* p, int(&bb)[4]) {
       const uint32_t c0 = *reinterpret_cast<const uint16_t*>(p);
       const uint32_t c1 = *reinterpret_cast<const uint16_t*>(p + kSC);
-      b[0] = int(c0 & 0xff), b[1] = int(c0 >> 8), b[2] = int(c1 & 0xff), b[3] = int(c1 >> 8);
+      bb[0] = int(c0 & 0xff), bb[1] = int(c0 >> 8), bb[2] = int(c1 & 0xff), bb[3] = int(c1 >> 8);
     };
     bytes(ss + g * 2, b_lo);
     bytes(ss + (g + 8) * 2, b_hi);
@@ -209,7 +274,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     const int m_lo = max(max(b_lo[0], b_lo[1]), max(b_lo[2], b_lo[3]));
     const int m_hi = max(max(b_hi[0], b_hi[1]), max(b_hi[2], b_hi[3]));
     // (Shared addresses: one multiply-add per row and one shift-add per block.)
-    const uint32_t top = smem_addr(c.table) + 8u * (kFp8GapTables - 1);
+    const uint32_t top = smem_addr(sh.table) + 8u * (kFp8GapTables - 1);
     const uint32_t t_lo = top - 8u * uint32_t(m_lo), t_hi = top - 8u * uint32_t(m_hi);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
@@ -227,7 +292,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
   // ISA, wgmma.fence).
   auto stage = [&](int st, const uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
     const int slot = st % kStages;
-    const uint64_t desc = sw128_desc(c.smem_base + slot * kStageBytes);
+    const uint64_t desc = sw128_desc(smem_base + slot * kStageBytes);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s)
@@ -237,7 +302,7 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     float n_lo = 0.0f, n_hi = 0.0f;
     if (st + 1 < stages_k) decode_stage(st + 1, nxt, n_lo, n_hi);
     wgmma_wait<0>();
-    mbar_arrive(&empty[slot]);
+    mbar_arrive(&sh.empty[slot]);
 #pragma unroll
     for (int i = 0; i < kNF * 4; ++i) acc[i] = fmaf(part[i], (i & 2) ? f_hi : f_lo, acc[i]);
     f_lo = n_lo;
@@ -249,67 +314,108 @@ __device__ __forceinline__ void fp8_ws_tile(const ForwardArgs& a, const TileInfo
     stage(st, af0, af1);
     if (st + 1 < stages_k) stage(st + 1, af1, af0);
   }
-  named_barrier(1, 256);  // both halves are done with the ring: it becomes their staging
+  named_barrier(1, 256);  // both halves are done with the ring: its top becomes their staging
   // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,
   // as epilogue_value does for this recipe's default path).
-  const float* colf = c.colf;
+  constexpr int kEpi = fp8_epi_bytes(kFc1, kN);
+  const float* colf = sh.colf[b];
   m64_epilogue<Recipe::kMxfp4Mxfp8, kFc1, kNF>(
-      a, tile, c.mtile, half, acc, smem + half * kFp8WsEpiBytes, c.tw_of, c.pair_of, ctid,
+      a, tile, mtile, half, acc, smem + (kFp8WsRing - 2 * kEpi) + half * kEpi, sh.tw_of[b],
+      sh.pair_of[b], ctid,
       [colf](float v, int col) {
         const float f = v * colf[col];
         return kFc1 ? fmt::round_to_bf16(f) : f;
       },
       [half] { named_barrier(2 + half, 128); });
+  // The staging and this parity's tables are free (the producer's next copies there go through
+  // the async proxy).
+  fence_proxy_async_smem();
+  mbar_arrive(&sh.epi[b]);
 }
 
-// Grid: one CTA per (routing tile, M-tile), M-tile fastest.
+// Grid: a CTA per SM (persistent) or per item; items are (routing tile, M-tile), M-tile fastest.
 template <bool kFc1>
 __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const ForwardArgs a) {
   MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t table[kFp8GapTables];
-  __shared__ const uint8_t* brow_ptr[kFp8N];
-  __shared__ int pair_of[kFp8N];
-  __shared__ float tw_of[kFp8N];
-  __shared__ float colf[kFp8N];
-  __shared__ __align__(8) uint64_t full[8], empty[8];
+  __shared__ Fp8Shared sh;
 
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
-  const int mtile = int(blockIdx.x % unsigned(mtiles));
-  const int tile_idx = int(blockIdx.x / unsigned(mtiles));
-  if (tile_idx >= *a.num_tiles) return;
-  const TileInfo tile = a.tiles[tile_idx];
+  const int items = *a.num_tiles * mtiles;
+  if (int(blockIdx.x) >= items) return;
   const int tid = threadIdx.x;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t smem_base = smem_addr(smem);
 
-  for (int i = tid; i < kFp8GapTables; i += kFp8WsThreads) table[i] = fp8_gap_entry(i);
-  const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
-  for (int n = tid; n < kFp8N; n += kFp8WsThreads) {
-    const TileColumn col = tile_column<kFc1>(a, tile, n);
-    brow_ptr[n] = bsrc + col.brow;
-    pair_of[n] = col.pair;
-    tw_of[n] = col.tw;
-    int ref = 127;
-    if (n < tile.rows) ref = kFc1 ? a.xref[col.pair / a.K] : a.href[tile.start + n];
-    colf[n] = fmt::exp2i(ref - 127);
-  }
+  for (int i = tid; i < kFp8GapTables; i += kFp8WsThreads) sh.table[i] = fp8_gap_entry(i);
   if (tid == 0) {
     for (int s = 0; s < 8; ++s) {
-      mbar_init(&full[s], 128);   // the producer's threads
-      mbar_init(&empty[s], 256);  // the consumers' threads
+      mbar_init(&sh.full[s], 128);   // the producer's threads
+      mbar_init(&sh.empty[s], 256);  // the consumers' threads
     }
+    mbar_init(&sh.epi[0], 256);
+    mbar_init(&sh.epi[1], 256);
     mbar_init_fence();
   }
   __syncthreads();
 
-  const Fp8Cta c{table, brow_ptr, pair_of, tw_of, colf, smem, smem_addr(smem), mtile};
-  auto run = [&](auto n) { fp8_ws_tile<kFc1, decltype(n)::value>(a, tile, c, full, empty); };
   const bool fine = a.fp8_widths == kFp8WidthsFine ||
                     (a.fp8_widths == kFp8WidthsPolicy && mtiles >= kFp8FineMinMTiles);
-  if (fine)
-    with_n_class(tile.rows, run, Fp8NClasses{});
-  else
-    with_n_class(tile.rows, run, Fp8CoarseNClasses{});
+  if (tid < 128) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8ProducerRegs));
+    const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
+    Fp8ProducerRing ring;
+    int free_bytes = kFp8WsRing;
+    int j = 0;
+    for (int it = int(blockIdx.x); it < items; it += int(gridDim.x), ++j) {
+      const int b = j & 1;
+      const int tile_idx = it / mtiles, mtile = it % mtiles;
+      const TileInfo tile = a.tiles[tile_idx];
+      // This parity's tables were last read by item j - 2's epilogue.
+      if (j >= 2) mbar_wait(&sh.epi[b], uint32_t((j - 2) >> 1) & 1u);
+      if (tid == 0) {
+        sh.tile[b] = tile;
+        sh.mtile[b] = mtile;
+      }
+      for (int n = tid; n < kFp8N; n += 128) {
+        const TileColumn col = tile_column<kFc1>(a, tile, n);
+        sh.brow_ptr[b][n] = bsrc + col.brow;
+        sh.pair_of[b][n] = col.pair;
+        sh.tw_of[b][n] = col.tw;
+        int ref = 127;
+        if (n < tile.rows) ref = kFc1 ? a.xref[col.pair / a.K] : a.href[tile.start + n];
+        sh.colf[b][n] = fmt::exp2i(ref - 127);
+      }
+      named_barrier(4, 128);  // every producer thread reads other threads' B rows
+      auto run = [&](auto n) {
+        constexpr int kN = decltype(n)::value;
+        fp8_ws_produce<kFc1, kN>(a, sh, smem, smem_base, tile, mtile, j, free_bytes, ring);
+        free_bytes = kFp8WsRing - 2 * fp8_epi_bytes(kFc1, kN);
+      };
+      if (fine)
+        with_n_class(tile.rows, run, Fp8NClasses{});
+      else
+        with_n_class(tile.rows, run, Fp8CoarseNClasses{});
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kFp8ConsumerRegs));
+  uint32_t fpar = 0;
+  int j = 0;
+  for (int it = int(blockIdx.x); it < items; it += int(gridDim.x), ++j) {
+    // The item's tile from the producer's table (published with its first stage's arrivals: the
+    // wait below does not flip the slot's parity, decode_stage's wait for stage 0 does).
+    mbar_wait(&sh.full[0], fpar & 1u);
+    const int rows = sh.tile[j & 1].rows;
+    auto run = [&](auto n) {
+      fp8_ws_consume<kFc1, decltype(n)::value>(a, sh, smem, smem_base, j, fpar);
+    };
+    if (fine)
+      with_n_class(rows, run, Fp8NClasses{});
+    else
+      with_n_class(rows, run, Fp8CoarseNClasses{});
+  }
 }
 
 template <bool kFc1>
@@ -317,8 +423,8 @@ cudaError_t launch_fp8_gemm(const ForwardArgs& a, cudaStream_t s) {
   const int tiles = max_tiles(a.tokens * a.K, a.local_experts, a.tile_n);
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   if (tiles == 0) return cudaSuccess;
-  sm90_moe_fp8_ws_kernel<kFc1>
-      <<<unsigned(tiles) * unsigned(mtiles), kFp8WsThreads, kFp8WsSmemBytes, s>>>(a);
+  const unsigned grid = unsigned(fp8_grid(int64_t(tiles) * mtiles, a.num_sms));
+  sm90_moe_fp8_ws_kernel<kFc1><<<grid, kFp8WsThreads, kFp8WsSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
