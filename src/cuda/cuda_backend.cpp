@@ -115,6 +115,7 @@ struct Workspace {
   size_t splitk_off = 0, splitk_counters_off = 0;
   size_t xq8_off = 0, xref_off = 0, h8_off = 0, href_off = 0;  // the fp8 path (fp8_)
   size_t h8map_off = 0;  // h8's tensor map (kern::encode_fp8_h_tensor_map), 128 bytes
+  size_t fp8_sched_off = 0;  // the fp8 kernel's item ticket and exit count (ForwardArgs)
   // W > 1
   int ep_index = -1;  // EpComm workspace
   size_t act_off = 0, vids_off = 0, vweights_off = 0, y_off = 0;
@@ -290,6 +291,8 @@ class CudaBackend final : public LayerBackend {
       off = al(off + rows);
       ws->h8map_off = off;
       off = al(off + 128);
+      ws->fp8_sched_off = off;
+      off = al(off + 8);
     }
     ws->mem.allocate(off, "a workspace");
     if (fp8_)
@@ -299,6 +302,9 @@ class CudaBackend final : public LayerBackend {
     // The spread route's counts and ticket start at zero; each forward leaves them at zero.
     check(cudaMemset(ws->mem.as<unsigned char>() + ws->counts_off, 0, size_t(El_ + 1) * 4),
           "zeroing the route counts");
+    if (fp8_)  // the fp8 kernel's item ticket and exit count: each launch leaves them at zero
+      check(cudaMemset(ws->mem.as<unsigned char>() + ws->fp8_sched_off, 0, 8),
+            "zeroing the fp8 item tickets");
     if (ws->splitk) {
       // The split-K arrival counters start at zero; each kernel leaves them at zero.
       check(cudaMemset(ws->mem.as<unsigned char>() + ws->splitk_counters_off, 0,
@@ -356,6 +362,7 @@ class CudaBackend final : public LayerBackend {
       a.h8 = base + ws.h8_off;
       a.href = base + ws.href_off;
       a.h8_tmap = base + ws.h8map_off;
+      a.fp8_sched = reinterpret_cast<int32_t*>(base + ws.fp8_sched_off);
     }
     if (out.out.defined()) {
       a.y_rows = reinterpret_cast<uint16_t*>(base + ws.layout.combine_off);

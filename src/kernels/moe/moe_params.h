@@ -227,10 +227,10 @@ constexpr int kFp8WidthsPolicy = 0, kFp8WidthsCoarse = 1, kFp8WidthsFine = 2;
 constexpr int kFp8FineMinMTiles = 32;
 int fp8_widths();
 void set_fp8_widths_override(int widths);  // a kFp8Widths* value, or -1 for none
-// The fp8 kernel's grid (sm90_moe_fp8.cuh): CTAs, each running items blockIdx.x, + gridDim.x,
-// ... of the GEMM's (routing tile, M-tile) items. By default one per SM (persistent, session
-// 28), or one per item where MOE_EP_FP8_PERSIST=0; a test's override (> 0; 0 clears it) sets
-// the count, at most one per item.
+// The fp8 kernel's grid (sm90_moe_fp8.cuh): CTAs, each running item blockIdx.x and then the
+// GEMM's (routing tile, M-tile) items of the tickets it takes. By default one per SM
+// (persistent, session 28), or one per item where MOE_EP_FP8_PERSIST=0; a test's override (> 0;
+// 0 clears it) sets the count, at most one per item.
 int fp8_grid(int64_t items, int num_sms);
 void set_fp8_grid_override(int ctas);
 // Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): 1 always, 0 never, -1
@@ -416,6 +416,9 @@ struct ForwardArgs {
   // the tensor memory accelerator.
   const void* h8_tmap = nullptr;
   uint8_t* href = nullptr;  // [T*K]
+  // [2]: the fp8 kernel's next-item ticket and its count of CTAs done; zero at construction,
+  // and the last CTA of each launch zeroes both again.
+  int32_t* fp8_sched = nullptr;
 #if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
   uint64_t* timeline = nullptr;  // [kTlSlots][2] (kernels/moe/timeline.cuh; debug builds only)
 #endif

@@ -44,14 +44,14 @@ constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; 
 // bench/fp8_gemm_probe first (docs/gpu_kernels.md §8: the skeleton alone 61 % -> 72 % of the
 // fp8 ceiling, against one warpgroup per CTA that copied its own stages).
 //
-// Persistent (session 28): a CTA runs items blockIdx.x, + gridDim.x, ... (the grid: one CTA per
-// SM, or one per item with MOE_EP_FP8_PERSIST=0), so the producer fills the next item's first
-// stages while the consumers run the epilogue of the last. Each item starts the ring at slot 0
-// (its width sets the slot size); every slot keeps its own barrier parities across items. At an
-// item's start the producer waits until the consumers have released every slot of the previous
-// item, and before a slot that reaches into the previous item's epilogue staging (the top
-// 2 * fp8_epi_bytes of the ring) until that epilogue is done (the "epi" mbarriers, one per item
-// parity, which also free that parity's column tables).
+// Persistent (session 28): a CTA runs item blockIdx.x and then the items of the tickets it takes
+// (the grid: one CTA per SM, or one per item with MOE_EP_FP8_PERSIST=0), so the producer fills
+// the next item's first stages while the consumers run the epilogue of the last. Each item
+// starts the ring at slot 0 (its width sets the slot size); every slot keeps its own barrier
+// parities across items. At an item's start the producer waits until the consumers have
+// released every slot of the previous item, and before a slot that reaches into the previous
+// item's epilogue staging (the top 2 * fp8_epi_bytes of the ring) until that epilogue is done
+// (the "epi" mbarriers, one per item parity, which also free that parity's column tables).
 constexpr int kFp8WsThreads = 384;
 // setmaxnreg: the CTA's pool is its launch allocation (the SM's 64K registers over 384 threads,
 // rounded down to a multiple of 8: 168 each), and the consumers' increase waits until the pool
@@ -89,8 +89,9 @@ struct Fp8Shared {
   int pair_of[2][kFp8N];
   float tw_of[2][kFp8N];
   float colf[2][kFp8N];
-  TileInfo tile[2];
+  TileInfo tile[2];  // rows 0: no more items
   int mtile[2];
+  int next[2];  // the producer's next item (its thread 0's ticket)
   uint64_t full[8], empty[8], epi[2];
 };
 
@@ -126,6 +127,16 @@ struct Fp8ProducerRing {
     }
     pend |= bit;
   }
+  // Waits until the consumers have released every slot filled so far.
+  __device__ __forceinline__ void drain(uint64_t* empty) {
+#pragma unroll 1
+    for (int s = 0; s < 8; ++s)
+      if (pend & (1u << s)) {
+        mbar_wait(&empty[s], (epar >> s) & 1u);
+        epar ^= 1u << s;
+      }
+    pend = 0;
+  }
 };
 
 // The producer's share of item j (tile, M-tile) at width kN. `free_bytes`: the ring's bytes
@@ -154,14 +165,7 @@ __device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& 
     const int row = br0 + 16 * i;
     boff[i] = row < kN ? uint32_t(sh.brow_ptr[b][row] - bsrc) + uint32_t(bc * 16) : 0u;
   }
-  // Every slot of the previous item released (the slots of this width cover other bytes).
-#pragma unroll 1
-  for (int s = 0; s < 8; ++s)
-    if (ring.pend & (1u << s)) {
-      mbar_wait(&sh.empty[s], (ring.epar >> s) & 1u);
-      ring.epar ^= 1u << s;
-    }
-  ring.pend = 0;
+  ring.drain(sh.empty);  // the previous item's slots (this width's cover other bytes)
   bool staged = j == 0;  // the previous item's epilogue staging is free
   // Per stage: the M-tile's weights of 2 K-chunks (8 KB, contiguous) and their scales (512 B)
   // as two bulk copies, and B: fc1's rows (gathered by token) by per-thread cp.async, fc2's
@@ -230,7 +234,8 @@ __device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& 
 }
 
 // The consumers' share of item j at width kN: the K loop of this warpgroup's 64-row half, then
-// its epilogue. `fpar`: per slot the parity of the full phase to wait for next.
+// its epilogue. `fpar`: per slot the parity of the full phase to wait for next (updated at the
+// item's end).
 template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_ws_consume(const ForwardArgs& a, Fp8Shared& sh,
                                                unsigned char* smem, uint32_t smem_base, int j,
@@ -252,10 +257,10 @@ __device__ __forceinline__ void fp8_ws_consume(const ForwardArgs& a, Fp8Shared& 
 
   // Stage st's A fragments and the promotion factors of rows g and g + 8 (after its full
   // barrier).
+  const uint32_t fpar0 = fpar;  // the slots' parities at the item's start
   auto decode_stage = [&](int st, uint32_t(&af)[4][4], float& f_lo, float& f_hi) {
     const int slot = st % kStages;
-    mbar_wait(&sh.full[slot], (fpar >> slot) & 1u);
-    fpar ^= 1u << slot;
+    mbar_wait(&sh.full[slot], ((fpar0 >> slot) ^ uint32_t(st / kStages)) & 1u);
     const unsigned char* sp = smem + slot * kStageBytes;
     // Rows g and g + 8 of this warp's fragment: 2 scale bytes per 64-wide chunk each, the
     // stage's 4 blocks.
@@ -314,6 +319,10 @@ __device__ __forceinline__ void fp8_ws_consume(const ForwardArgs& a, Fp8Shared& 
     stage(st, af0, af1);
     if (st + 1 < stages_k) stage(st + 1, af1, af0);
   }
+  // The slots this item used an odd number of times flip their parity.
+#pragma unroll
+  for (int s = 0; s < kStages; ++s)
+    if (s < stages_k && (stages_k - 1 - s) / kStages % 2 == 0) fpar ^= 1u << s;
   named_barrier(1, 256);  // both halves are done with the ring: its top becomes their staging
   // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,
   // as epilogue_value does for this recipe's default path).
@@ -334,6 +343,10 @@ __device__ __forceinline__ void fp8_ws_consume(const ForwardArgs& a, Fp8Shared& 
 }
 
 // Grid: a CTA per SM (persistent) or per item; items are (routing tile, M-tile), M-tile fastest.
+// A CTA starts with item blockIdx.x and takes each next one from a ticket counter
+// (ForwardArgs::fp8_sched, gridDim.x + its count): the CTAs that finish first take the next
+// items, as the hardware's scheduler did for a grid of one CTA per item. The last CTA to finish
+// zeroes the counters for the next launch.
 template <bool kFc1>
 __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const ForwardArgs a) {
   MOE_EP_TIMELINE_SCOPE(a, kFc1 ? kTlFc1 : kTlFc2);
@@ -342,8 +355,20 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
 
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
   const int items = *a.num_tiles * mtiles;
-  if (int(blockIdx.x) >= items) return;
   const int tid = threadIdx.x;
+  // Thread 0 of the producer, once it takes no more items: the CTA's exit count, and the last
+  // CTA's reset of both counters (every ticket was taken before its CTA's count).
+  auto leave = [&] {
+    __threadfence();
+    if (atomicAdd(a.fp8_sched + 1, 1) == int(gridDim.x) - 1) {
+      atomicExch(a.fp8_sched, 0);
+      atomicExch(a.fp8_sched + 1, 0);
+    }
+  };
+  if (int(blockIdx.x) >= items) {
+    if (tid == 0) leave();
+    return;
+  }
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
@@ -366,13 +391,28 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
     const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
     Fp8ProducerRing ring;
     int free_bytes = kFp8WsRing;
-    int j = 0;
-    for (int it = int(blockIdx.x); it < items; it += int(gridDim.x), ++j) {
+    int it = int(blockIdx.x), ticket = 0;
+    for (int j = 0;; ++j) {
       const int b = j & 1;
-      const int tile_idx = it / mtiles, mtile = it % mtiles;
-      const TileInfo tile = a.tiles[tile_idx];
+      if (j > 0) {  // thread 0's ticket to every producer thread
+        if (tid == 0) sh.next[b] = ticket;
+        named_barrier(4, 128);
+        it = sh.next[b];
+      }
       // This parity's tables were last read by item j - 2's epilogue.
       if (j >= 2) mbar_wait(&sh.epi[b], uint32_t((j - 2) >> 1) & 1u);
+      if (it >= items) {
+        // The consumers' next wait, on slot 0's full barrier, finds rows 0. (Once they have
+        // released every slot: a phase of slot 0 must not complete twice ahead of them.)
+        ring.drain(sh.empty);
+        if (tid == 0) sh.tile[b].rows = 0;
+        mbar_arrive(&sh.full[0]);
+        if (tid == 0) leave();
+        return;
+      }
+      if (tid == 0) ticket = int(gridDim.x) + atomicAdd(a.fp8_sched, 1);  // used next item
+      const int tile_idx = it / mtiles, mtile = it % mtiles;
+      const TileInfo tile = a.tiles[tile_idx];
       if (tid == 0) {
         sh.tile[b] = tile;
         sh.mtile[b] = mtile;
@@ -397,17 +437,16 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
       else
         with_n_class(tile.rows, run, Fp8CoarseNClasses{});
     }
-    return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kFp8ConsumerRegs));
   uint32_t fpar = 0;
-  int j = 0;
-  for (int it = int(blockIdx.x); it < items; it += int(gridDim.x), ++j) {
+  for (int j = 0;; ++j) {
     // The item's tile from the producer's table (published with its first stage's arrivals: the
     // wait below does not flip the slot's parity, decode_stage's wait for stage 0 does).
     mbar_wait(&sh.full[0], fpar & 1u);
     const int rows = sh.tile[j & 1].rows;
+    if (rows == 0) return;
     auto run = [&](auto n) {
       fp8_ws_consume<kFc1, decltype(n)::value>(a, sh, smem, smem_base, j, fpar);
     };
