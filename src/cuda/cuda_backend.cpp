@@ -114,7 +114,7 @@ struct Workspace {
   bool splitk = false;
   size_t splitk_off = 0, splitk_counters_off = 0;
   size_t xq8_off = 0, xref_off = 0, h8_off = 0, href_off = 0;  // the fp8 path (fp8_)
-  size_t h8map_off = 0;  // h8's tensor map (kern::encode_fp8_h_tensor_map), 128 bytes
+  size_t h8map_off = 0;      // h8's tensor map (kern::encode_fp8_h_tensor_map), 128 bytes
   size_t fp8_sched_off = 0;  // the fp8 kernel's item ticket and exit count (ForwardArgs)
   // W > 1
   int ep_index = -1;  // EpComm workspace

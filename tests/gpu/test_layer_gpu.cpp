@@ -1181,10 +1181,10 @@ struct Fp8GridOverride {
 };
 
 // The fp8 kernel's persistent grid (session 28): a CTA runs item blockIdx.x and then those of
-// the tickets it takes, each at its own MMA width, the ring restarting at slot 0 per item with every slot's barrier
-// parities carried over, the producer filling an item's first slots during the previous item's
-// epilogue. Zipf-skewed routing gives the 16 experts from a handful to 300 rows, so a CTA's
-// consecutive items change width (and slot size) often. 1, 2, 7 and 61 CTAs and one CTA per
+// the tickets it takes, each at its own MMA width, the ring restarting at slot 0 per item with
+// every slot's barrier parities carried over, the producer filling an item's first slots during the
+// previous item's epilogue. Zipf-skewed routing gives the 16 experts from a handful to 300 rows, so
+// a CTA's consecutive items change width (and slot size) often. 1, 2, 7 and 61 CTAs and one CTA per
 // item (the grid of sessions 5-27) give the default grid's bits under both width lists, and the
 // outputs are within SPEC §7's 5e-3 of the CPU.
 TEST(GpuLayer, Fp8PersistentGridSameBits) {
