@@ -5,3 +5,20 @@
 # (-a-gpu-tests.log); the 11 output hashes of GpuLayer.Fp8PathMxfp4Mxfp8 equal session 27's
 # call G (dsv3 T=1 b3060afdcec701e7 ... qwen3 T=400 167e1e4b31ce4d76).
 export MOE_EP_COMMIT=c8ea128; timeout 300 scripts/gpu_round.sh build test > $OUT/round.log 2>&1; echo rc=$?; tail -45 $OUT/round.log; grep -E "fp8-vs-cpu|hash" $OUT/gpu_tests.log | head -30
+# The two builds of one call (calls B-): cfg DIR BUILD JOBS TARGETS; ab_base = main 1761a91.
+cfg() { cmake -S $1 -B $2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg_$2.log 2>&1 && cmake --build $2 -j $3 $4 > $OUT/build_$2.log 2>&1; echo "$2 rc=$?"; }
+export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null)
+# Call B (branch s28-fp8-persist 0ae8bab: the fp8 kernel persistent, items blockIdx.x + k *
+# gridDim.x): fp8 tests 5/5, the same 11 hashes, Fp8PersistentGridSameBits rel L2 3.84e-3;
+# DSV3 (-b-fp8-persist-static-ab.log, MOE_EP_FP8=1, medians of 20 replays) 2048 tokens main
+# 3122.0 / 3181.7, this 3047.0 / 3188.6, PERSIST=0 3467.1 / 3478.8; 4096 main 4591.2 / 4604.4,
+# this 4549.2 / 4554.3, PERSIST=0 4944.6 / 4975.2 (eager fc2 1588-1601 -> 1446-1473, fc1
+# 2758-2773 -> 2820-2849).
+cfg . build-gpu 12 "--target bench_layer moe_ep_gpu_tests" & cfg ab_base build-ab-base 4 "--target bench_layer" & wait; timeout 150 build-gpu/tests/moe_ep_gpu_tests --gtest_filter='GpuLayer.Fp8*:GpuLayerHost.Fp8*' > $OUT/fp8_tests.log 2>&1; rc=$?; echo tests rc=$rc; grep -E "fp8-vs|fp8-pers|OK \]|FAILED|Failure" $OUT/fp8_tests.log | head -40; [ $rc = 0 ] && AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1;this:MOE_EP_FP8=1 MOE_EP_FP8_PERSIST=0" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 300 scripts/gpu_round.sh ab
+# Call C (7e748a5: items by ticket, full parities per item): fp8 tests 5/5, same hashes, memcheck
+# on Fp8PersistentGridSameBits 0 errors; DSV3 (-c-fp8-persist-dsv3-ab.log) 2048 main 3129.9 /
+# 3239.4, this 3184.1 / 3168.1, PERSIST=0 3627.9 / 3635.6; 4096 main 4642.8 / 4676.9, this
+# 4586.2 / 4654.1, PERSIST=0 5244.5 / 5272.0 (runs under the power cap); Qwen3
+# (-c-fp8-persist-qwen3-ab.log, no power cap) 2048 main 432.6 / 432.8, this 390.7 / 390.9; 4096
+# main 819.8 / 819.9, this 733.9 / 736.4.
+cfg . build-gpu 12 "--target bench_layer moe_ep_gpu_tests" & cfg ab_base build-ab-base 4 "--target bench_layer" & wait; timeout 150 build-gpu/tests/moe_ep_gpu_tests --gtest_filter='GpuLayer.Fp8*:GpuLayerHost.Fp8*' > $OUT/fp8_tests.log 2>&1; rc=$?; [ $rc = 0 ] || exit 1; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1;this:MOE_EP_FP8=1 MOE_EP_FP8_PERSIST=0" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 200 scripts/gpu_round.sh ab; cp $OUT/ab.log $OUT/ab_dsv3.log; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 100 scripts/gpu_round.sh ab; timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/moe_ep_gpu_tests --gtest_filter='GpuLayer.Fp8PersistentGridSameBits'
