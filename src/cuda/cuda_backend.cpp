@@ -114,8 +114,7 @@ struct Workspace {
   bool splitk = false;
   size_t splitk_off = 0, splitk_counters_off = 0;
   size_t xq8_off = 0, xref_off = 0, h8_off = 0, href_off = 0;  // the fp8 path (fp8_)
-  size_t h8map_off = 0;      // h8's tensor map (kern::encode_fp8_rows_tensor_map), 128 bytes
-  size_t xq8map_off = 0;     // xq8's (boxes of one row), 128 bytes
+  size_t h8map_off = 0;      // h8's tensor map (kern::encode_fp8_h_tensor_map), 128 bytes
   size_t fp8_sched_off = 0;  // the fp8 kernel's item ticket and exit count (ForwardArgs)
   // W > 1
   int ep_index = -1;  // EpComm workspace
@@ -292,20 +291,14 @@ class CudaBackend final : public LayerBackend {
       off = al(off + rows);
       ws->h8map_off = off;
       off = al(off + 128);
-      ws->xq8map_off = off;
-      off = al(off + 128);
       ws->fp8_sched_off = off;
       off = al(off + 8);
     }
     ws->mem.allocate(off, "a workspace");
-    if (fp8_) {
-      check(kern::encode_fp8_rows_tensor_map(ws->mem.as<unsigned char>() + ws->h8map_off,
-                                             ws->mem.as<uint8_t>() + ws->h8_off, rows, I, 8),
+    if (fp8_)
+      check(kern::encode_fp8_h_tensor_map(ws->mem.as<unsigned char>() + ws->h8map_off,
+                                          ws->mem.as<uint8_t>() + ws->h8_off, rows, I),
             "encoding the tensor map of h8");
-      check(kern::encode_fp8_rows_tensor_map(ws->mem.as<unsigned char>() + ws->xq8map_off,
-                                             ws->mem.as<uint8_t>() + ws->xq8_off, vtok, H, 1),
-            "encoding the tensor map of xq8");
-    }
     // The spread route's counts and ticket start at zero; each forward leaves them at zero.
     check(cudaMemset(ws->mem.as<unsigned char>() + ws->counts_off, 0, size_t(El_ + 1) * 4),
           "zeroing the route counts");
@@ -369,7 +362,6 @@ class CudaBackend final : public LayerBackend {
       a.h8 = base + ws.h8_off;
       a.href = base + ws.href_off;
       a.h8_tmap = base + ws.h8map_off;
-      a.xq8_tmap = base + ws.xq8map_off;
       a.fp8_sched = reinterpret_cast<int32_t*>(base + ws.fp8_sched_off);
     }
     if (out.out.defined()) {

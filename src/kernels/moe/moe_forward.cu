@@ -684,20 +684,6 @@ int fp8_grid(int64_t items, int num_sms) {
   return int(std::min(items, ctas));
 }
 
-namespace {
-std::atomic<int> g_fp8_x_tma_override{-1};
-}
-
-bool fp8_x_tma() {
-  static const bool on = env_switch("MOE_EP_FP8_XTMA", true);
-  const int o = g_fp8_x_tma_override.load(std::memory_order_relaxed);
-  return o >= 0 ? o == 1 : on;
-}
-
-void set_fp8_x_tma_override(int on) {
-  g_fp8_x_tma_override.store(on == 0 || on == 1 ? on : -1, std::memory_order_relaxed);
-}
-
 void set_fp8_grid_override(int ctas) {
   g_fp8_grid_override.store(std::max(0, ctas), std::memory_order_relaxed);
 }
@@ -901,8 +887,7 @@ void set_route_spread_override(int mode) {
   g_spread_override.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
 }
 
-cudaError_t encode_fp8_rows_tensor_map(void* dst, const uint8_t* base, size_t rows, int cols,
-                                       int box_rows) {
+cudaError_t encode_fp8_h_tensor_map(void* dst, const uint8_t* h8, size_t rows, int I) {
   // The driver's encoder through the runtime (no link against libcuda).
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -914,16 +899,16 @@ cudaError_t encode_fp8_rows_tensor_map(void* dst, const uint8_t* base, size_t ro
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   if (encode == nullptr) return cudaErrorNotSupported;
-  if (rows == 0 || cols % 128 != 0 || box_rows < 1 || box_rows > 256 ||
-      (reinterpret_cast<uintptr_t>(base) & 15) != 0 || (reinterpret_cast<uintptr_t>(dst) & 63) != 0)
+  if (rows == 0 || I % 128 != 0 || (reinterpret_cast<uintptr_t>(h8) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(dst) & 63) != 0)
     return cudaErrorInvalidValue;
   alignas(64) CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols)};
-  const cuuint32_t box[2] = {128, cuuint32_t(box_rows)};
+  const cuuint64_t dims[2] = {cuuint64_t(I), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(I)};
+  const cuuint32_t box[2] = {128, 8};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(base), dims, strides, box,
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(h8), dims, strides, box,
              elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
@@ -942,7 +927,6 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   attach_timeline(a);
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   a.fp8_widths = fp8_widths();
-  a.fp8_x_tma = fp8_x_tma();
   a.fc2_early = fc2_early_start();
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
   a.warp_route = warp_route;

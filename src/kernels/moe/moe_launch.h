@@ -15,13 +15,11 @@ namespace moe_ep::kern {
 // Raises the dynamic shared-memory limit of every kernel of `recipe` (once, before capture).
 cudaError_t set_kernel_attributes(Recipe recipe);
 
-// Encodes the tensor map of `rows` rows of `cols` e4m3 bytes at `base` (boxes of 128 bytes x
-// `box_rows` rows, 128-byte swizzle, zeros past the rows) into `dst` (128 bytes of device memory,
-// 64-byte aligned), synchronously, for the fp8 kernel: h8 in boxes of 8 rows (fc2's B,
-// ForwardArgs::h8_tmap) and xq8 in boxes of one row (fc1's B, gathered by token,
-// ForwardArgs::xq8_tmap). cudaErrorNotSupported where the driver has no cuTensorMapEncodeTiled.
-cudaError_t encode_fp8_rows_tensor_map(void* dst, const uint8_t* base, size_t rows, int cols,
-                                       int box_rows);
+// Encodes the tensor map of h8 (`rows` rows of I e4m3 bytes at `h8`: boxes of 128 bytes x 8
+// rows, 128-byte swizzle, zeros past the rows) into `dst` (128 bytes of device memory, 64-byte
+// aligned), synchronously, for the fp8 kernel's fc2 (ForwardArgs::h8_tmap). cudaErrorNotSupported
+// where the driver has no cuTensorMapEncodeTiled.
+cudaError_t encode_fp8_h_tensor_map(void* dst, const uint8_t* h8, size_t rows, int I);
 
 // Debug builds configured with MOE_EP_TIMELINE (kernels/moe/timeline.cuh): the device buffer
 // of kTlWords uint64 (the [kTlSlots][2] first start / last end in ns, then fc1's and fc2's

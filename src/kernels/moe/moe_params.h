@@ -232,10 +232,6 @@ void set_fp8_widths_override(int widths);  // a kFp8Widths* value, or -1 for non
 // (persistent, session 28), or one per item where MOE_EP_FP8_PERSIST=0; a test's override (> 0;
 // 0 clears it) sets the count, at most one per item.
 int fp8_grid(int64_t items, int num_sms);
-// fc1's B rows by boxes of one row of xq8's tensor map instead of per-thread cp.async
-// (MOE_EP_FP8_XTMA=0 / 1, or a test's override: 0 / 1, -1 clears it; the default: on).
-bool fp8_x_tma();
-void set_fp8_x_tma_override(int on);
 void set_fp8_grid_override(int ctas);
 // Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): 1 always, 0 never, -1
 // (default) where the expected rows per expert are at most kSplit16MaxMeanRows. From
@@ -412,17 +408,13 @@ struct ForwardArgs {
   // two per row (e4m3 bytes + the row's UE8M0 reference), every tile on sm90_moe_fp8_ws_kernel.
   bool fp8 = false;
   int fp8_widths = kFp8WidthsPolicy;  // the fp8 kernel's MMA width list (fp8_widths())
-  bool fp8_x_tma = false;             // fc1's B rows by xq8_tmap (fp8_x_tma())
   uint8_t* xq8 = nullptr;             // e4m3 [T, H]
   uint8_t* xref = nullptr;            // [T]
   uint8_t* h8 = nullptr;              // e4m3 [T*K, I], sorted order
-  // The CUtensorMap of h8 in device memory (encode_fp8_rows_tensor_map: boxes of 128 bytes x 8
+  // The CUtensorMap of h8 in device memory (encode_fp8_h_tensor_map: boxes of 128 bytes x 8
   // rows, 128-byte swizzle, zeros past the rows): fc2's B rows, contiguous per tile, arrive by
   // the tensor memory accelerator.
   const void* h8_tmap = nullptr;
-  // xq8's (boxes of one row): fc1's B rows, gathered by token, by the tensor memory accelerator
-  // where fp8_x_tma() says so (sm90_moe_fp8.cuh).
-  const void* xq8_tmap = nullptr;
   uint8_t* href = nullptr;  // [T*K]
   // [2]: the fp8 kernel's next-item ticket and its count of CTAs done; zero at construction,
   // and the last CTA of each launch zeroes both again.

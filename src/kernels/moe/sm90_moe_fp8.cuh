@@ -86,7 +86,6 @@ static_assert(2 * fp8_epi_bytes(true, kFp8N) <= kFp8WsRing &&
 struct Fp8Shared {
   uint64_t table[kFp8GapTables];
   const uint8_t* brow_ptr[2][kFp8N];
-  int xrow[2][kFp8N];  // fc1: the token of each column (0 past the tile's rows)
   int pair_of[2][kFp8N];
   float tw_of[2][kFp8N];
   float colf[2][kFp8N];
@@ -142,7 +141,7 @@ struct Fp8ProducerRing {
 
 // The producer's share of item j (tile, M-tile) at width kN. `free_bytes`: the ring's bytes
 // below the previous item's epilogue staging (the whole ring for a CTA's first item).
-template <bool kFc1, int kN, bool kXTma>
+template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& sh,
                                                unsigned char* smem, uint32_t smem_base,
                                                const TileInfo& tile, int mtile, int j,
@@ -160,17 +159,11 @@ __device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& 
   // fc1: this thread's B sources as 32-bit byte offsets in registers (the shared-memory table
   // would cost a load and ptxas's hazard slots per copy).
   const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
-  uint32_t boff[kXTma ? 1 : kBPasses];
-  int xrow0 = 0, xrow1 = 0;  // kXTma: the tokens of rows tid and tid + 128
-  if constexpr (kXTma) {
-    xrow0 = tid < kN ? sh.xrow[b][tid] : 0;
-    xrow1 = tid + 128 < kN ? sh.xrow[b][tid + 128] : 0;
-  } else {
+  uint32_t boff[kBPasses];
 #pragma unroll
-    for (int i = 0; i < kBPasses; ++i) {
-      const int row = br0 + 16 * i;
-      boff[i] = row < kN ? uint32_t(sh.brow_ptr[b][row] - bsrc) + uint32_t(bc * 16) : 0u;
-    }
+  for (int i = 0; i < kBPasses; ++i) {
+    const int row = br0 + 16 * i;
+    boff[i] = row < kN ? uint32_t(sh.brow_ptr[b][row] - bsrc) + uint32_t(bc * 16) : 0u;
   }
   ring.drain(sh.empty);  // the previous item's slots (this width's cover other bytes)
   bool staged = j == 0;  // the previous item's epilogue staging is free
@@ -206,20 +199,7 @@ __device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& 
           tma_box_2d(sp + uint32_t(jb * 1024), a.h8_tmap, st * kFp8StageK, tile.start + 8 * jb,
                      smem_addr(bar));
     }
-    if constexpr (kXTma) {
-      // fc1's B rows as boxes of one row of xq8's tensor map (the 128-byte swizzle follows the
-      // shared address, so a row lands where the multi-row layout puts it), completing on the
-      // full barrier like the weights.
-      uint64_t* bar = &sh.full[slot];
-      const uint32_t bytes = (tid < kN ? 128u : 0u) + (tid + 128 < kN ? 128u : 0u);
-      if (bytes) mbar_expect_tx(bar, bytes);
-      if (tid < kN)
-        tma_box_2d(sp + uint32_t(tid * 128), a.xq8_tmap, st * kFp8StageK, xrow0, smem_addr(bar));
-      if (tid + 128 < kN)
-        tma_box_2d(sp + uint32_t((tid + 128) * 128), a.xq8_tmap, st * kFp8StageK, xrow1,
-                   smem_addr(bar));
-      mbar_arrive(bar);
-    } else if constexpr (kFc1) {
+    if constexpr (kFc1) {
       // One run of copies (ptxas pads a copy that does not follow another with hazard
       // slots); each thread publishes them kFp8WsLag stages later, after its own wait and a
       // proxy fence (the wgmmas read B through the async proxy).
@@ -245,7 +225,7 @@ __device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& 
       mbar_arrive(&sh.full[slot]);  // fc2: every copy of the stage completes on the barrier
     }
   }
-  if constexpr (kFc1 && !kXTma) {
+  if constexpr (kFc1) {
     cp_async_wait<0>();
     fence_proxy_async_smem();
     for (int st = stages_k - kFp8WsLag; st < stages_k; ++st)
@@ -438,7 +418,6 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
       for (int n = tid; n < kFp8N; n += 128) {
         const TileColumn col = tile_column<kFc1>(a, tile, n);
         sh.brow_ptr[b][n] = bsrc + col.brow;
-        sh.xrow[b][n] = kFc1 && col.pair >= 0 ? col.pair / a.K : 0;
         sh.pair_of[b][n] = col.pair;
         sh.tw_of[b][n] = col.tw;
         int ref = 127;
@@ -448,10 +427,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
       named_barrier(4, 128);  // every producer thread reads other threads' B rows
       auto run = [&](auto n) {
         constexpr int kN = decltype(n)::value;
-        if (kFc1 && a.fp8_x_tma)
-          fp8_ws_produce<kFc1, kN, kFc1>(a, sh, smem, smem_base, tile, mtile, j, free_bytes, ring);
-        else
-          fp8_ws_produce<kFc1, kN, false>(a, sh, smem, smem_base, tile, mtile, j, free_bytes, ring);
+        fp8_ws_produce<kFc1, kN>(a, sh, smem, smem_base, tile, mtile, j, free_bytes, ring);
         free_bytes = kFp8WsRing - 2 * fp8_epi_bytes(kFc1, kN);
       };
       if (fine)
