@@ -616,6 +616,19 @@ TEST(GpuLayer, WorkspaceAtDsv3Capacity4096) {
   EXPECT_LE(bytes, size_t(1) << 30);
 }
 
+// A test's override of one kernel choice for its scope: Set(v) now, Set(Clear) (the override
+// cleared) at scope end.
+template <auto Set, auto Clear>
+struct ScopedOverride {
+  template <class V>
+  explicit ScopedOverride(V v) {
+    Set(v);
+  }
+  ~ScopedOverride() { Set(Clear); }
+  ScopedOverride(const ScopedOverride&) = delete;
+  ScopedOverride& operator=(const ScopedOverride&) = delete;
+};
+
 // Decode split-K (sm90_moe_decode.cuh) forced through the test hook on DSV3 sizes with few
 // experts: the fc1 and/or fc2 K range cut over 2, 3, 4 or 8 CTAs whose fp32 partials the last
 // arriving CTA sums in split order. nvfp4 (exact products and sums): bitwise equal to no split;
@@ -743,10 +756,7 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
 // the same bits: each column sums its k in the same order. gpt-oss's H = I = 2880 are 45
 // K-chunks, so 2- and 4-chunk slots end on a partly filled slot, and 3 forced splits (15 chunks
 // each) end the 4-chunk loop after two of a slot's four chunks.
-struct CpsOverride {
-  explicit CpsOverride(int cps) { kern::set_decode_cps_override(cps); }
-  ~CpsOverride() { kern::set_decode_cps_override(0); }
-};
+using CpsOverride = ScopedOverride<kern::set_decode_cps_override, 0>;
 
 TEST(GpuLayer, DecodeSlotChunksSameBits) {
   SKIP_WITHOUT_GPU();
@@ -791,10 +801,7 @@ TEST(GpuLayer, DecodeSlotChunksSameBits) {
 // H = 2880 (fc2's last 64-row half is padding: a warpgroup of the 2x2 and 4x1 shapes has no
 // rows) and I = 2880 (90 fc1 halves: the 4x1 shape's last CTA has two warpgroups without rows);
 // T = 128 and 400 give tiles of 160 rows and of every N class below it.
-struct M64ShapeOverride {
-  explicit M64ShapeOverride(const char* knob) { kern::set_m64_shapes_override(knob); }
-  ~M64ShapeOverride() { kern::set_m64_shapes_override(nullptr); }
-};
+using M64ShapeOverride = ScopedOverride<kern::set_m64_shapes_override, nullptr>;
 
 // The override the test below uses (host state only: runs without a GPU).
 TEST(GpuLayerHost, M64ShapeOverrideRoundTrip) {
@@ -841,10 +848,7 @@ TEST(GpuLayer, M64ShapesSameBits) {
 }
 
 // A test's tile width for the next forwards (kern::set_tile_n_override), cleared at scope end.
-struct TileOverride {
-  explicit TileOverride(int n) { kern::set_tile_n_override(n); }
-  ~TileOverride() { kern::set_tile_n_override(0); }
-};
+using TileOverride = ScopedOverride<kern::set_tile_n_override, 0>;
 
 // Every N class of the m64 kernel (its K loop runs at the narrowest class that holds the tile's
 // rows): one expert with T rows, T at and one past each class bound, tile 160 forced, against
@@ -900,10 +904,7 @@ TEST(GpuLayerHost, TileOverrideRoundTrip) {
 
 // A test's choice of tile 16's row split (kern::set_decode16_split_override), cleared at scope
 // end.
-struct Split16Override {
-  explicit Split16Override(bool on) { kern::set_decode16_split_override(on ? 1 : 0); }
-  ~Split16Override() { kern::set_decode16_split_override(-1); }
-};
+using Split16Override = ScopedOverride<kern::set_decode16_split_override, -1>;
 
 // The override the test below uses and the default policy (host state only: runs without a GPU).
 TEST(GpuLayerHost, Split16OverrideAndPolicy) {
@@ -1112,10 +1113,23 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
 
 // A test's choice of the fp8 kernel's MMA widths (kern::set_fp8_widths_override), cleared at
 // scope end.
-struct Fp8WidthsOverride {
-  explicit Fp8WidthsOverride(int widths) { kern::set_fp8_widths_override(widths); }
-  ~Fp8WidthsOverride() { kern::set_fp8_widths_override(-1); }
+using Fp8WidthsOverride = ScopedOverride<kern::set_fp8_widths_override, -1>;
+
+// The fp8 path's tests on shape s: the CPU reference and the GPU layer with fp8_mma (warmed
+// up), both of capacity `capacity`, on the weights of `seed`.
+struct Fp8Layers {
+  std::unique_ptr<MegaLayer> cpu, gpu;
 };
+Fp8Layers make_fp8_layers(const Shape& s, int capacity, uint64_t seed) {
+  const Recipe r = Recipe::kMxfp4Mxfp8;
+  Master m(s, seed);
+  const PackedExperts p = pack(s, r, m, Options{});
+  LayerConfig cfg = make_config(s, r, capacity, true, Options{});
+  cfg.recipe.fp8_mma = true;
+  Fp8Layers l{make_layer(Backend::kCPU, cfg, p), make_layer(Backend::kCUDA, cfg, p)};
+  l.gpu->warmup();
+  return l;
+}
 
 // The fp8 path's MMA widths (sm90_moe_fp8.cuh: the fine list, steps of 8 from 48, which GEMMs of
 // at least kFp8FineMinMTiles M-tiles take by default, or the coarse list of sessions 5-26, each
@@ -1128,14 +1142,7 @@ struct Fp8WidthsOverride {
 TEST(GpuLayer, Fp8EveryNClassSameBits) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
-  const Recipe r = Recipe::kMxfp4Mxfp8;
-  Master m(s, 47);
-  const PackedExperts p = pack(s, r, m, Options{});
-  LayerConfig cfg = make_config(s, r, 160, true, Options{});
-  cfg.recipe.fp8_mma = true;
-  auto cpu = make_layer(Backend::kCPU, cfg, p);
-  auto gpu = make_layer(Backend::kCUDA, cfg, p);
-  gpu->warmup();
+  auto [cpu, gpu] = make_fp8_layers(s, 160, 47);
   for (int T :
        {1,  8,  9,   16,  17,  32,  33,  48,  49,  64,  65,  72,  73,  80,  81,  88,  89,
         96, 97, 104, 105, 112, 113, 120, 121, 128, 129, 136, 137, 144, 145, 152, 153, 160}) {
@@ -1175,10 +1182,7 @@ TEST(GpuLayerHost, Fp8WidthsOverrideRoundTrip) {
 }
 
 // A test's fp8 grid (kern::set_fp8_grid_override), cleared at scope end.
-struct Fp8GridOverride {
-  explicit Fp8GridOverride(int ctas) { kern::set_fp8_grid_override(ctas); }
-  ~Fp8GridOverride() { kern::set_fp8_grid_override(0); }
-};
+using Fp8GridOverride = ScopedOverride<kern::set_fp8_grid_override, 0>;
 
 // The fp8 kernel's persistent grid (session 28): a CTA runs item blockIdx.x and then those of
 // the tickets it takes, each at its own MMA width, the ring restarting at slot 0 per item with
@@ -1190,15 +1194,8 @@ struct Fp8GridOverride {
 TEST(GpuLayer, Fp8PersistentGridSameBits) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
-  const Recipe r = Recipe::kMxfp4Mxfp8;
-  Master m(s, 53);
-  const PackedExperts p = pack(s, r, m, Options{});
   const int T = 300;
-  LayerConfig cfg = make_config(s, r, T, true, Options{});
-  cfg.recipe.fp8_mma = true;
-  auto cpu = make_layer(Backend::kCPU, cfg, p);
-  auto gpu = make_layer(Backend::kCUDA, cfg, p);
-  gpu->warmup();
+  auto [cpu, gpu] = make_fp8_layers(s, T, 53);
   HostInputs h = make_inputs(T, s.H, s.K, s.E, 901);
   // Distinct experts per token drawn with weight 1 / (e + 1)^2 (rows per expert 34 ... 300);
   // every 5th token keeps its empty last slot.
@@ -1360,10 +1357,7 @@ TEST(GpuLayer, WarpRouteMatchesBlockRoute) {
   }
 }
 
-struct SpreadOverride {
-  explicit SpreadOverride(int mode) { kern::set_route_spread_override(mode); }
-  ~SpreadOverride() { kern::set_route_spread_override(-1); }
-};
+using SpreadOverride = ScopedOverride<kern::set_route_spread_override, -1>;
 
 // Prepare's route spread over blocks (route_spread: global counts, the last block lays out and
 // scatters; by default an EP owner's from 256 tokens, forced here on one GPU). Against the CPU:
@@ -1456,10 +1450,7 @@ TEST(GpuLayer, SpreadRouteAgainstCpu) {
 
 // A test's first-wave size for the decode launches (kern::set_decode_wave_override), cleared
 // at scope end.
-struct WaveOverride {
-  explicit WaveOverride(int ctas) { kern::set_decode_wave_override(ctas); }
-  ~WaveOverride() { kern::set_decode_wave_override(0); }
-};
+using WaveOverride = ScopedOverride<kern::set_decode_wave_override, 0>;
 
 // Decode CTAs past the launch's first wave read their tile before they set up the scale table
 // and ring barriers (sm90_moe_decode.cuh); with a first wave of one CTA every other CTA does,
