@@ -40,3 +40,12 @@ export MOE_EP_COMMIT=ded41c3; timeout 420 scripts/gpu_round.sh build test saniti
 # Call F (the same machine and build): the moe-ep command on the GPU 16 PASS (-f-cli.log), Python
 # 58 passed, 2 skipped, examples/vllm_style_layer.py OK (-f-python.log).
 export MOE_EP_COMMIT=ded41c3; timeout 400 scripts/gpu_round.sh build cli python
+# Call G (branch s28-fp8-overlap 5a386c7 = main d81c488 + an item's first pass waiting only for
+# the previous item's slots under each slot's bytes; ab_base = main d81c488): GPU tests 36/36 on
+# the branch (the review's test refactor included), the same 11 hashes; slower: Qwen3
+# (-g-fp8-overlap-qwen3-ab.log) 2048 / 4096 tokens main 391.6-392.1 / 738.7-739.3, this
+# 402.0-403.0 / 762.5-763.0; DSV3 (-g-fp8-overlap-dsv3-ab.log) 2048 main 3067.6 / 3126.5, this
+# 3361.3 / 3365.4 (fc1 1857 -> 2043, fc2 1055 -> 1229), 4096 main 4556.0 / 4582.1, this 4657.7 /
+# 4634.0. Not kept.
+scripts/ab_base.sh main  # on the development machine, before the call
+export MOE_EP_COMMIT=5a386c7; (cmake -S ab_base -B build-ab-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg_base.log 2>&1 && cmake --build build-ab-base -j 4 --target bench_layer > $OUT/build_base.log 2>&1) & timeout 300 scripts/gpu_round.sh build test; wait; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 100 scripts/gpu_round.sh ab; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 150 scripts/gpu_round.sh ab
