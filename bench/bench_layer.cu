@@ -47,7 +47,8 @@ using namespace moe_ep;
 
 namespace {
 
-constexpr double kHbmTBps = 4.22, kBf16Tflops = 755.0, kNvlinkGBps = 367.0;  // DEVICE.md
+constexpr double kHbmTBps = 4.22, kBf16Tflops = 755.0, kFp8Tflops = 1352.0,
+                 kNvlinkGBps = 367.0;  // DEVICE.md
 
 __device__ __forceinline__ uint64_t hash64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -866,6 +867,10 @@ int main(int argc, char** argv) {
     boot.device = dev;
     auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
     layer->warmup();
+    // mma_fraction against the peak of the MMA type the kernels use (BENCH.md): fp8 where the
+    // layer took the fp8 path (MOE_EP_FP8=1 with mxfp4_mxfp8), bf16 otherwise.
+    const bool fp8 = layer->uses_fp8_mma();
+    const double mma_peak = fp8 ? kFp8Tflops : kBf16Tflops;
     const size_t expert_bytes = dw.bytes_per_expert;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -922,12 +927,13 @@ int main(int argc, char** argv) {
         const double bytes = double(n_touched) * expert_bytes;
         const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
         const double tflops = 2.0 * 3.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
-        const int tile_n =
-            kern::forward_tile_n(*recipe, kern::choose_layer_tile_n(T, s.K, s.E, *recipe, s.I));
+        const int tile_n = fp8 ? kern::fp8_tile_n()
+                               : kern::forward_tile_n(
+                                     *recipe, kern::choose_layer_tile_n(T, s.K, s.E, *recipe, s.I));
         std::printf(
             "%-8s %-12s %6d %-7s %10.1f %10.1f %10.1f %8.3f %8.3f %8.3f  %.1f/%.1f/%.1f/%.1f\n",
             s.name.c_str(), rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes / 1e9,
-            hbm, tflops / kBf16Tflops, median(stage[0]), median(stage[1]), median(stage[2]),
+            hbm, tflops / mma_peak, median(stage[0]), median(stage[1]), median(stage[2]),
             median(stage[3]));
         if (seq > 0)
           std::printf("  graph of %d forwards: %.1f us per forward (median of %d replays)\n", seq_n,
@@ -943,7 +949,7 @@ int main(int argc, char** argv) {
               "\"recipe\": \"%s\", \"tokens_per_rank\": %d, \"routing\": \"%s\", "
               "\"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, "
               "\"weight_bytes_read\": %.0f, \"hbm_fraction\": %.4f, \"tflops\": %.2f, "
-              "\"mma_fraction\": %.4f, \"mma_type\": \"bf16\", \"dispatch_bytes\": 0, "
+              "\"mma_fraction\": %.4f, \"mma_type\": \"%s\", \"dispatch_bytes\": 0, "
               "\"nvlink_GBps\": null, \"iterations\": %d, \"timing\": \"cuda graph replay\", "
               "\"graph_sequence_us\": %s, \"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, "
               "\"fc2\": %.2f, "
@@ -951,10 +957,12 @@ int main(int argc, char** argv) {
               "\"k_chunk\": 64, \"mma\": \"%s\"}}",
               first_record ? "" : ",\n", commit ? commit : "unknown", prop.name, s.name.c_str(),
               s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
-              hbm, tflops, tflops / kBf16Tflops, iters, seq_json, median(stage[0]),
-              median(stage[1]), median(stage[2]), median(stage[3]), tile_n,
+              hbm, tflops, tflops / mma_peak, fp8 ? "fp8" : "bf16", iters, seq_json,
+              median(stage[0]), median(stage[1]), median(stage[2]), median(stage[3]), tile_n,
               tile_n == 256 ? 64 : 128,
-              tile_n <= 32 ? "mma.sync.m16n8k16.bf16" : "wgmma.m64nNk16.bf16 (A regs, B smem)");
+              fp8            ? "wgmma.m64nNk32.e4m3 (A regs, B smem)"
+              : tile_n <= 32 ? "mma.sync.m16n8k16.bf16"
+                             : "wgmma.m64nNk16.bf16 (A regs, B smem)");
           first_record = false;
         }
         for (auto& e : sev) cudaEventDestroy(e);

@@ -117,6 +117,10 @@ class MegaLayer {
   bool output_is_reduced() const { return true; }
   bool is_monolithic() const { return false; }
   bool can_overlap_shared_experts() const { return true; }
+  // Whether the expert GEMMs run on fp8 tensor cores: RecipeConfig::fp8_mma, or MOE_EP_FP8=1 at
+  // construction where that path applies (mxfp4_mxfp8 on the CUDA backend, W = 1, H and I
+  // multiples of 128); false otherwise and after destroy().
+  bool uses_fp8_mma() const;
 
  private:
   LayerBackend& live(const char* what);

@@ -355,6 +355,11 @@ class MoeEpLayer:
         return self._impl.is_monolithic
 
     @property
+    def uses_fp8_mma(self):
+        """True where the expert GEMMs run on fp8 tensor cores (fp8_mma on the CUDA backend)."""
+        return self._impl.uses_fp8_mma
+
+    @property
     def topk_indices_dtype(self):
         """torch.int32 when torch is importable, else numpy.int32."""
         try:

@@ -527,6 +527,7 @@ NB_MODULE(_moe_ep, m) {
                    [](PyLayer& s) { return s.get().config().fleet.max_tokens_per_rank; })
       .def_prop_ro("output_is_reduced", [](PyLayer& s) { return s.get().output_is_reduced(); })
       .def_prop_ro("is_monolithic", [](PyLayer& s) { return s.get().is_monolithic(); })
+      .def_prop_ro("uses_fp8_mma", [](PyLayer& s) { return s.get().uses_fp8_mma(); })
       .def_prop_ro("can_overlap_shared_experts",
                    [](PyLayer& s) { return s.get().can_overlap_shared_experts(); });
 

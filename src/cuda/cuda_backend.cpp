@@ -318,6 +318,7 @@ class CudaBackend final : public LayerBackend {
 
   int num_workspaces() const override { return int(workspaces_.size()); }
   int workspace_capacity(int ws) const override { return get_ws(ws).capacity; }
+  bool fp8_mma() const override { return fp8_; }
   size_t workspace_bytes(int ws) const override {
     const Workspace& w = get_ws(ws);
     return w.mem.bytes + (w.ep_index >= 0 ? comm_->workspace(w.ep_index).bytes : 0);

@@ -55,6 +55,8 @@ class LayerBackend {
   // This rank rejected a collective call's arguments before taking part: tell the peers (where
   // the transport can) so they fail fast instead of timing out.
   virtual void abandon_call(const std::string& why) { (void)why; }
+  // The expert GEMMs run on fp8 tensor cores (the CUDA backend's fp8 MMA path of mxfp4_mxfp8).
+  virtual bool fp8_mma() const { return false; }
 };
 
 std::unique_ptr<LayerBackend> make_cpu_backend(const Bootstrap& boot, const LayerConfig& config,

@@ -87,6 +87,8 @@ LayerBackend& MegaLayer::live(const char* what) {
 
 bool MegaLayer::destroyed() const { return !impl_; }
 
+bool MegaLayer::uses_fp8_mma() const { return impl_ && impl_->fp8_mma(); }
+
 void MegaLayer::destroy() {
   if (!impl_) return;
   auto impl = std::move(impl_);

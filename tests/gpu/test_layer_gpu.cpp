@@ -1089,6 +1089,7 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
     auto gpu = make_layer(Backend::kCUDA, cfg, p);                 // the switch is read here
     if (by_env && before) setenv("MOE_EP_FP8", saved.c_str(), 1);  // as the caller had it
     if (by_env && !before) unsetenv("MOE_EP_FP8");
+    EXPECT_TRUE(gpu->uses_fp8_mma());
     gpu->warmup();
     for (int T : tokens) {
       SCOPED_TRACE("T = " + std::to_string(T));
@@ -1127,6 +1128,8 @@ Fp8Layers make_fp8_layers(const Shape& s, int capacity, uint64_t seed) {
   LayerConfig cfg = make_config(s, r, capacity, true, Options{});
   cfg.recipe.fp8_mma = true;
   Fp8Layers l{make_layer(Backend::kCPU, cfg, p), make_layer(Backend::kCUDA, cfg, p)};
+  EXPECT_TRUE(l.gpu->uses_fp8_mma());
+  EXPECT_FALSE(l.cpu->uses_fp8_mma());
   l.gpu->warmup();
   return l;
 }

@@ -391,6 +391,7 @@ def test_fp8_mma_option():
         pack, "mxfp4_mxfp8", backend="cpu", fp8_mma=True
     ) as opted:
         assert np.array_equal(plain(x, ids, w), opted(x, ids, w))
+        assert not plain.uses_fp8_mma and not opted.uses_fp8_mma  # no fp8 tensor cores on a CPU
     with pytest.raises(moe_ep.UnsupportedError, match="fp8_mma"):
         make_layer(moe_ep.pack_expert_weights("nvfp4", *master_weights(5)), "nvfp4",
                    fp8_mma=True)

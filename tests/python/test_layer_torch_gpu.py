@@ -130,6 +130,22 @@ def test_cuda_matches_torch_reference(recipe, t):
 
 
 @needs_backend
+def test_cuda_fp8_mma_path():
+    # mxfp4_mxfp8 on fp8 tensor cores (opt-in; H and I are multiples of 128 here): the layer says
+    # which path it took, and the fp8 path's outputs stay within SPEC §7's tolerance of the torch
+    # model on routed inputs (the K slots of a token average the path's own error).
+    p = packed("mxfp4_mxfp8", "cuda")
+    x, ids, w = inputs(CAP, "cuda", seed=3)
+    with make_layer(p, "mxfp4_mxfp8") as plain, \
+            make_layer(p, "mxfp4_mxfp8", fp8_mma=True) as fp8:
+        assert not plain.uses_fp8_mma and fp8.uses_fp8_mma
+        out, base = fp8(x, ids, w), plain(x, ids, w)
+    ref = reference(p, "mxfp4_mxfp8", x, ids, w)
+    assert not torch.equal(out, base)  # the fp8 path ran: its sums differ from the default path's
+    assert TR.rel_l2(out, ref) <= TOL
+
+
+@needs_backend
 def test_cuda_matches_cpu_backend_and_finalize_sum():
     p_gpu = packed("nvfp4", "cuda")
     p_cpu = {k: (None if v is None else v.cpu()) for k, v in p_gpu.items()}

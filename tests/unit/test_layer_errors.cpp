@@ -577,9 +577,22 @@ TEST(Lifetime, PropertiesAsVllmReadsThem) {
     check(layer.backend() == Backend::kCPU, "backend");
     check(layer.config().recipe.recipe == Recipe::kMxfp4Mxfp8, "config");
     check(layer.workspace_capacity(layer.default_workspace()) == kCap, "default capacity");
+    check(!layer.uses_fp8_mma(), "no fp8 tensor cores on the CPU");
     layer.destroy();
+    check(!layer.uses_fp8_mma(), "no fp8 MMA after destroy()");
   });
   for (int r = 0; r < W; ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+}
+
+// RecipeConfig::fp8_mma asks for the CUDA backend's fp8 path; the CPU backend computes the recipe
+// exactly either way and says so.
+TEST(Lifetime, CpuLayerWithFp8MmaReportsNone) {
+  const HostPack pack = random_pack(Recipe::kMxfp4Mxfp8, kE, kH, kI, 70);
+  LayerConfig cfg = make_config(Recipe::kMxfp4Mxfp8, kE, kCap, kH, kI, kK);
+  cfg.recipe.fp8_mma = true;
+  MegaLayer layer(cpu_boot(1, 0, make_cpu_fleet(1)), cfg, pack.view(0, kE),
+                  pack.epilogue_view(0, kE));
+  EXPECT_FALSE(layer.uses_fp8_mma());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,8 +22,6 @@
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
-namespace {
-
 // The fp8 path's routing tile: up to kFp8N = 160 rows (one MMA width per tile from its
 // rows, 8 to 160: sm90_moe_fp8.cuh). MOE_EP_FP8_TILE=128 caps it at 128 (a benchmark knob).
 int fp8_tile_n() {
@@ -33,6 +31,8 @@ int fp8_tile_n() {
   }();
   return n;
 }
+
+namespace {
 
 constexpr int kPrepThreads = 512;
 // Ids per thread in flight in route's batched passes (launch_prepare).

@@ -226,6 +226,7 @@ constexpr int kFp8WidthsPolicy = 0, kFp8WidthsCoarse = 1, kFp8WidthsFine = 2;
 // routing tile the SMs run many classes' code at once.
 constexpr int kFp8FineMinMTiles = 32;
 int fp8_widths();
+int fp8_tile_n();  // the fp8 path's routing tile: 160 rows, or 128 where MOE_EP_FP8_TILE=128
 void set_fp8_widths_override(int widths);  // a kFp8Widths* value, or -1 for none
 // The fp8 kernel's grid (sm90_moe_fp8.cuh): CTAs, each running item blockIdx.x and then the
 // GEMM's (routing tile, M-tile) items of the tickets it takes. By default one per SM
