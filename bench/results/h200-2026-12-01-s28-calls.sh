@@ -49,3 +49,9 @@ export MOE_EP_COMMIT=ded41c3; timeout 400 scripts/gpu_round.sh build cli python
 # 4634.0. Not kept.
 scripts/ab_base.sh main  # on the development machine, before the call
 export MOE_EP_COMMIT=5a386c7; (cmake -S ab_base -B build-ab-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg_base.log 2>&1 && cmake --build build-ab-base -j 4 --target bench_layer > $OUT/build_base.log 2>&1) & timeout 300 scripts/gpu_round.sh build test; wait; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 100 scripts/gpu_round.sh ab; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 150 scripts/gpu_round.sh ab
+# Call H (main 34a508d: MegaLayer::uses_fp8_mma, bench_layer's records with the MMA type the
+# layer runs): GPU tests 36/36 (-h-gpu-tests.log), Python 59 passed, 2 skipped, with the new
+# torch test of the fp8 path (-h-python.log); records of the fp8 path, medians of 20 replays, µs
+# (-h-fp8-dsv3.json, -h-fp8-qwen3.json, "mma_type": "fp8", mma_fraction against 1352 TFLOP/s):
+# DSV3 512 / 2048 / 4096 tokens 2392.7 / 3081.0 / 4535.7, Qwen3 229.6 / 394.2 / 740.2.
+export MOE_EP_COMMIT=34a508d; timeout 330 scripts/gpu_round.sh build test python; MOE_EP_FP8=1 timeout 150 build-gpu/bench/bench_layer --shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 512,2048,4096 --iters 20 --json $OUT/fp8_dsv3.json; MOE_EP_FP8=1 timeout 60 build-gpu/bench/bench_layer --shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 512,2048,4096 --iters 20 --json $OUT/fp8_qwen3.json
