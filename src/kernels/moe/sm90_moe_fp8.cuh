@@ -1,6 +1,6 @@
 // The fp8 MMA path of mxfp4_mxfp8 in the layer (opt-in, RecipeConfig::fp8_mma or MOE_EP_FP8=1
-// at construction; the prefill path: faster than the bf16 path at 2048 and 4096 tokens on DSV3
-// and Qwen3, slower at 512 and below on DSV3; docs/gpu_kernels.md §8). sm90_moe_fp8_ws_kernel:
+// at construction; the prefill path: faster than the bf16 path from 512 tokens on DSV3 and at
+// 2048 and 4096 on Qwen3, slower at decode sizes; docs/gpu_kernels.md §8). sm90_moe_fp8_ws_kernel:
 // one CTA per SM taking (routing tile of up to 160 tokens, M-tile) items by ticket (session 28),
 // a producer warpgroup and two consumer warpgroups (the m64 kernel's 64-row halves, fc1 gate / up
 // fragments paired through shared memory), wgmma m64nNk32 e4m3 at the narrowest N that holds the
