@@ -1193,7 +1193,8 @@ using Fp8GridOverride = ScopedOverride<kern::set_fp8_grid_override, 0>;
 // previous item's epilogue. Zipf-skewed routing gives the 16 experts from a handful to 300 rows, so
 // a CTA's consecutive items change width (and slot size) often. 1, 2, 7 and 61 CTAs and one CTA per
 // item (the grid of sessions 5-27) give the default grid's bits under both width lists, and the
-// outputs are within SPEC §7's 5e-3 of the CPU.
+// outputs are within SPEC §7's 5e-3 of the CPU; graph replays at fewer tokens equal eager
+// forwards.
 TEST(GpuLayer, Fp8PersistentGridSameBits) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
@@ -1246,6 +1247,12 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
       EXPECT_TRUE(forward_bits(*gpu, d, h) == def) << ctas << " CTAs differ from the default grid";
     }
   }
+  // Captured once at T and replayed with fewer tokens read on the device: the ticket counters
+  // that each launch zeroes at its end serve every replay (the tile-8 override of the eager
+  // forwards does not apply to the fp8 path).
+  expect_replays_equal_eager_tile8(
+      *gpu, s, d, h, T, {T, 120, 7},
+      [&](const ForwardInputs& f, const TensorView& out) { gpu->forward(f, out); });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
