@@ -59,3 +59,5 @@ export MOE_EP_COMMIT=34a508d; timeout 330 scripts/gpu_round.sh build test python
 # 512 / 2048 / 4096 tokens, the default path (MOE_EP_FP8=0) 2477.8 / 3954.1 / 5699.7, the fp8
 # path 2393.1 / 3023.5 / 4551.4 (-i-dsv3-mxfp4_mxfp8-default.json / -fp8.json: mma_type bf16 / fp8).
 NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && cmake --build build-gpu -j 16 --target bench_layer > $OUT/build.log 2>&1; export MOE_EP_COMMIT=$(git rev-parse --short HEAD); for v in "MOE_EP_FP8=0" "MOE_EP_FP8=1"; do env $v timeout 70 build-gpu/bench/bench_layer --shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 512,2048,4096 --iters 20 --json $OUT/dsv3_${v#*=}.json; done
+# (Calls B and C's MOE_EP_FP8_PERSIST=0 runs: the knob was removed in the session's review; a
+# test override, kern::set_fp8_grid_override, still runs one CTA per item.)

@@ -1,10 +1,9 @@
 // On/off benchmark knobs read from the environment (MOE_EP_TRANSPORT_PDL, MOE_EP_DECODE_PIPE,
 // MOE_EP_DECODE16, MOE_EP_FC2_EARLY, MOE_EP_FC1_PDL, MOE_EP_FC2_PDL, MOE_EP_ORDERED_ROWS,
 // MOE_EP_RELEASE_EACH, MOE_EP_DECODE16_SPLIT, MOE_EP_BENCH_BARRIER, MOE_EP_ROUTE_BATCH,
-// MOE_EP_WARP_ROUTE, MOE_EP_ROUTE_SPREAD, MOE_EP_FP8_FINE_N, MOE_EP_FP8_PERSIST): "1" turns the
-// switch on, "0" off, and anything else (unset included) leaves the default. Callers keep the
-// value in a function-local static, so each knob is read once per process and never on the
-// forward path.
+// MOE_EP_WARP_ROUTE, MOE_EP_ROUTE_SPREAD, MOE_EP_FP8_FINE_N): "1" turns the switch on, "0" off,
+// and anything else (unset included) leaves the default. Callers keep the value in a
+// function-local static, so each knob is read once per process and never on the forward path.
 #pragma once
 
 #include <cstdlib>

@@ -678,10 +678,8 @@ std::atomic<int> g_fp8_grid_override{0};
 }
 
 int fp8_grid(int64_t items, int num_sms) {
-  static const bool persist = env_switch("MOE_EP_FP8_PERSIST", true);
   const int o = g_fp8_grid_override.load(std::memory_order_relaxed);
-  const int64_t ctas = o > 0 ? o : persist ? std::max(1, num_sms) : items;
-  return int(std::min(items, ctas));
+  return int(std::min<int64_t>(items, o > 0 ? o : std::max(1, num_sms)));
 }
 
 void set_fp8_grid_override(int ctas) {

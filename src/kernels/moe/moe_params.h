@@ -229,9 +229,8 @@ int fp8_widths();
 int fp8_tile_n();  // the fp8 path's routing tile: 160 rows, or 128 where MOE_EP_FP8_TILE=128
 void set_fp8_widths_override(int widths);  // a kFp8Widths* value, or -1 for none
 // The fp8 kernel's grid (sm90_moe_fp8.cuh): CTAs, each running item blockIdx.x and then the
-// GEMM's (routing tile, M-tile) items of the tickets it takes. By default one per SM
-// (persistent, session 28), or one per item where MOE_EP_FP8_PERSIST=0; a test's override (> 0;
-// 0 clears it) sets the count, at most one per item.
+// GEMM's (routing tile, M-tile) items of the tickets it takes. One per SM (persistent, session
+// 28), or a test's override (> 0; 0 clears it); at most one per item.
 int fp8_grid(int64_t items, int num_sms);
 void set_fp8_grid_override(int ctas);
 // Tile 16's decode GEMMs split by tile rows (ForwardArgs::tile_split): 1 always, 0 never, -1

@@ -46,7 +46,7 @@ constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; 
 // fp8 ceiling, against one warpgroup per CTA that copied its own stages).
 //
 // Persistent (session 28): a CTA runs item blockIdx.x and then the items of the tickets it takes
-// (the grid: one CTA per SM, or one per item with MOE_EP_FP8_PERSIST=0), so the producer fills
+// (the grid: one CTA per SM; tests set other counts), so the producer fills
 // the next item's first stages while the consumers run the epilogue of the last. Each item
 // starts the ring at slot 0 (its width sets the slot size); every slot keeps its own barrier
 // parities across items. At an item's start the producer waits until the consumers have
@@ -86,7 +86,7 @@ static_assert(2 * fp8_epi_bytes(true, kFp8N) <= kFp8WsRing &&
 // the item's full barriers, read by the consumers after their waits there).
 struct Fp8Shared {
   uint64_t table[kFp8GapTables];
-  const uint8_t* brow_ptr[2][kFp8N];
+  uint32_t brow[2][kFp8N];  // each column's B row: its byte offset in xq8 (fc1) or h8 (fc2)
   int pair_of[2][kFp8N];
   float tw_of[2][kFp8N];
   float colf[2][kFp8N];
@@ -120,23 +120,24 @@ __device__ __forceinline__ int fp8_tid() {
 // (`pend`), and per slot the parity of the empty phase to wait for next (`epar`).
 struct Fp8ProducerRing {
   uint32_t pend = 0, epar = 0;
-  __device__ __forceinline__ void reclaim(uint64_t* empty, int slot) {
-    const uint32_t bit = 1u << slot;
+  // Waits until the consumers have released slot k's last fill, if it is still pending.
+  __device__ __forceinline__ void release(uint64_t* empty, int k) {
+    const uint32_t bit = 1u << k;
     if (pend & bit) {
-      mbar_wait(&empty[slot], (epar >> slot) & 1u);
+      mbar_wait(&empty[k], (epar >> k) & 1u);
       epar ^= bit;
+      pend &= ~bit;
     }
-    pend |= bit;
+  }
+  // Before a fill of `slot`: its previous fill released.
+  __device__ __forceinline__ void reclaim(uint64_t* empty, int slot) {
+    release(empty, slot);
+    pend |= 1u << slot;
   }
   // Waits until the consumers have released every slot filled so far.
   __device__ __forceinline__ void drain(uint64_t* empty) {
 #pragma unroll 1
-    for (int s = 0; s < 8; ++s)
-      if (pend & (1u << s)) {
-        mbar_wait(&empty[s], (epar >> s) & 1u);
-        epar ^= 1u << s;
-      }
-    pend = 0;
+    for (int k = 0; k < 8; ++k) release(empty, k);
   }
 };
 
@@ -164,7 +165,7 @@ __device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& 
 #pragma unroll
   for (int i = 0; i < kBPasses; ++i) {
     const int row = br0 + 16 * i;
-    boff[i] = row < kN ? uint32_t(sh.brow_ptr[b][row] - bsrc) + uint32_t(bc * 16) : 0u;
+    boff[i] = row < kN ? sh.brow[b][row] + uint32_t(bc * 16) : 0u;
   }
   ring.drain(sh.empty);  // the previous item's slots (this width's cover other bytes)
   bool staged = j == 0;  // the previous item's epilogue staging is free
@@ -343,7 +344,7 @@ __device__ __forceinline__ void fp8_ws_consume(const ForwardArgs& a, Fp8Shared& 
   mbar_arrive(&sh.epi[b]);
 }
 
-// Grid: a CTA per SM (persistent) or per item; items are (routing tile, M-tile), M-tile fastest.
+// Grid: a CTA per SM (fp8_grid); items are (routing tile, M-tile), M-tile fastest.
 // A CTA starts with item blockIdx.x and takes each next one from a ticket counter
 // (ForwardArgs::fp8_sched, gridDim.x + its count): the CTAs that finish first take the next
 // items, as the hardware's scheduler did for a grid of one CTA per item. The last CTA to finish
@@ -387,7 +388,6 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
                     (a.fp8_widths == kFp8WidthsPolicy && mtiles >= kFp8FineMinMTiles);
   if (tid < 128) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8ProducerRegs));
-    const uint8_t* bsrc = kFc1 ? a.xq8 : a.h8;
     Fp8ProducerRing ring;
     int free_bytes = kFp8WsRing;
     int it = int(blockIdx.x), ticket = 0;
@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
       }
       for (int n = tid; n < kFp8N; n += 128) {
         const TileColumn col = tile_column<kFc1>(a, tile, n);
-        sh.brow_ptr[b][n] = bsrc + col.brow;
+        sh.brow[b][n] = uint32_t(col.brow);  // e4m3 rows: elements are bytes
         sh.pair_of[b][n] = col.pair;
         sh.tw_of[b][n] = col.tw;
         int ref = 127;
