@@ -124,8 +124,10 @@ struct Workspace {
 };
 
 // The fp8 MMA path of mxfp4_mxfp8 (weights in the fp8 resident layout, every tile on
-// sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for prefill: faster at 2048 and 4096 tokens
-// on DSV3, slower at 512 and below, within SPEC §7's tolerance but not bitwise equal to the CPU.
+// sm90_moe_fp8_ws_kernel; docs/gpu_kernels.md §8), for prefill: faster than the recipe's default
+// path from 512 tokens on DSV3 and at 2048 and 4096 on Qwen3, slower at decode sizes; not bitwise
+// equal to the CPU, and where a token has one slot its error can pass SPEC §7's 5e-3 (up to
+// 6.2e-3 measured), hence opt-in.
 // Why it cannot run this configuration (empty: it can): one GPU only, K dimensions multiples of its
 // 128-wide stage.
 std::vector<std::string> fp8_mma_reasons(const LayerConfig& c, int world_size) {
