@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 29's device calls (nvidia-h200, the only kind lent), in order; carry [".deps"] (and
+# "ab_base" where an A/B builds another revision: scripts/ab_base.sh REV first).
+# Call A (main 1519ccb, session 28's review, first run on a GPU; ab_base = branch
+# s28-fp8-overlap e11ac12): GPU tests 36/36; the 11 hashes of GpuLayer.Fp8PathMxfp4Mxfp8 equal
+# session 28's (dsv3 T=1 b3060afdcec701e7 ... qwen3 T=400 167e1e4b31ce4d76);
+# Fp8PersistentGridSameBits rel L2 3.634e-3 (Zipf ids from random_inputs), graph replays equal
+# eager. A/B (-a-fp8-overlap2-{qwen3,dsv3}-ab.log; base = e11ac12, this = main; MOE_EP_FP8=1,
+# medians of 20 replays, us): Qwen3 2048 398.6 / 399.3 vs 392.6 / 393.1, 4096 749.4 / 749.8 vs
+# 739.2 / 737.4; DSV3 2048 3370.0 / 3364.4 vs 3132.6 / 3105.5, 4096 4713.5 / 4732.2 vs 4629.5 /
+# 4640.3. e11ac12 not kept.
+export MOE_EP_COMMIT=1519ccb; export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cfg() { cmake -S $1 -B $2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg_$2.log 2>&1 && cmake --build $2 -j $3 $4 > $OUT/build_$2.log 2>&1; echo "$2 rc=$?"; }; cfg . build-gpu 13 "" & cfg ab_base build-ab-base 3 "--target bench_layer" & wait; tail -3 $OUT/build_build-gpu.log; timeout 240 build-gpu/tests/moe_ep_gpu_tests > $OUT/gpu_tests.log 2>&1; echo tests rc=$?; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran" $OUT/gpu_tests.log | head; grep -E "fp8-vs-cpu|fp8-pers|hash" $OUT/gpu_tests.log | head -30; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 100 scripts/gpu_round.sh ab > /dev/null; cp $OUT/ab.log $OUT/ab_qwen3.log; AB_REPS=2 AB_VARIANTS="base:MOE_EP_FP8=1;this:MOE_EP_FP8=1" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 150 scripts/gpu_round.sh ab >/dev/null; cat $OUT/ab_qwen3.log $OUT/ab.log | grep -v "^#.*clocks" | head -60
+# Call B (branch s29-fp8-promote 873f317: MOE_EP_FP8_PROMOTE=fc1,fc2 k32 steps per fp32
+# promotion; Fp8EveryNClassSameBits also runs the default path on the same inputs): every value
+# in -b-fp8-promote-errors.txt (max / median / rms over 34 one-slot token counts: 4,4 6.19e-3 /
+# 2.24e-3 / 2.86e-3; 2,4 3.44e-3 / 1.97e-3 / 2.05e-3; 1,4 5.93e-3 / 1.33e-3 / 1.85e-3; 4,1
+# 6.18e-3 / 2.20e-3 / 2.83e-3; 1,1 5.92e-3 / 1.24e-3 / 1.78e-3; default path <= 6.0e-5); the 11
+# hashes unchanged with 4,4; DSV3 4096 tokens (-b-fp8-promote-dsv3.log, one run each) 4,4
+# 4495.7 us, 2,4 4811.1, 1,4 5525.5, 2,2 4998.9.
+export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && timeout 330 cmake --build build-gpu -j 16 --target moe_ep_gpu_tests bench_layer > $OUT/build.log 2>&1; echo build rc=$?; for P in 4,4 2,4 1,4 4,1 1,1; do F='GpuLayer.Fp8EveryNClassSameBits'; [ $P = 4,4 ] && F="$F:GpuLayer.Fp8PathMxfp4Mxfp8"; MOE_EP_FP8_PROMOTE=$P timeout 80 build-gpu/tests/moe_ep_gpu_tests --gtest_filter=$F > $OUT/t_$P.log 2>&1; echo "== P=$P rc=$? $(grep -cE 'OK \]' $OUT/t_$P.log) ok"; grep -E "one-expert|fp8-vs-cpu|Failure" $OUT/t_$P.log | awk '{printf "%s | ", $0} END {print ""}' | sed 's/\[ fp8-one-expert \]//g; s/\[ fp8-vs-cpu \]//g' | tr -s ' '; done; AB_REPS=1 AB_VARIANTS="this:MOE_EP_FP8=1;this:MOE_EP_FP8=1 MOE_EP_FP8_PROMOTE=2,4;this:MOE_EP_FP8=1 MOE_EP_FP8_PROMOTE=1,4;this:MOE_EP_FP8=1 MOE_EP_FP8_PROMOTE=2,2" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 4096" timeout 120 scripts/gpu_round.sh ab > /dev/null; grep -E "^# this|dsv3 " $OUT/ab.log
+# Call C (main e4e76ce: SmallForSanitizer with the fp8 path on 2 CTAs, Fp8EveryNClassSameBits
+# with the default path beside it): GPU tests 36/36 (-c-gpu-tests.log), memcheck 0 errors and
+# racecheck 0 hazards on SmallForSanitizer (-c-sanitize.log; racecheck 17.7 s).
+export MOE_EP_COMMIT=e4e76ce; timeout 560 scripts/gpu_round.sh build test sanitize > $OUT/round.log 2>&1
