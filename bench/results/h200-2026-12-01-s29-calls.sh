@@ -34,3 +34,10 @@ export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0]
 # 2.83 ms, 0.46 issued per scheduler; by role, consumers 51 % long scoreboard (waiting for the
 # decoded tiles), decoder warps selected 21.6 % (busy), producers 65 % long scoreboard.
 export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && timeout 300 cmake --build build-gpu -j 16 --target bench_layer > $OUT/build.log 2>&1; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); MOE_EP_FP8=1 MOE_EP_FP8_DEC=1 timeout 200 $NCU --clock-control none -k regex:fp8_ws_kernel -c 1 --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters -o $OUT/dec build-gpu/bench/bench_layer --shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048 --iters 3 > $OUT/ncu.log 2>&1; $NCU -i $OUT/dec.ncu-rep --page details > $OUT/dec_details.txt 2>&1; $NCU -i $OUT/dec.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > $OUT/dec_sass.csv.gz
+# Call F (main 7a7dc0c, the default paths' kernels as in session 28): every BENCH.md case of
+# DSV3 at EP = 1 in one process (-f-layer-dsv3.{json,log}, -f-quantize.json; the plot
+# -f-layer-dsv3.png drawn here with the recorded PyTorch baseline
+# bench/results/h200-2026-11-29-torch-baseline.json). Uniform routing, medians of 20 replays, us:
+# nvfp4 1 / 128 / 4096 tokens 72.8 / 1777.2 / 6005.3; mxfp4_mxfp8 67.3 / 1890.5 / 6025.4;
+# mxfp4_bf16 67.3 / 1695.8 / 5922.2; bf16 183.6 / 5019.4 / 10502.2.
+export MOE_EP_COMMIT=7a7dc0c; timeout 200 scripts/gpu_round.sh build > $OUT/build_step.log 2>&1; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" timeout 330 scripts/gpu_round.sh benchall
