@@ -41,3 +41,9 @@ export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0]
 # nvfp4 1 / 128 / 4096 tokens 72.8 / 1777.2 / 6005.3; mxfp4_mxfp8 67.3 / 1890.5 / 6025.4;
 # mxfp4_bf16 67.3 / 1695.8 / 5922.2; bf16 183.6 / 5019.4 / 10502.2.
 export MOE_EP_COMMIT=7a7dc0c; timeout 200 scripts/gpu_round.sh build > $OUT/build_step.log 2>&1; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" timeout 330 scripts/gpu_round.sh benchall
+# Call G (main 37adc5d): the fp8 path's MMA width lists on Qwen3 with the persistent kernel
+# (-g-fp8-qwen3-widths-ab.log; MOE_EP_FP8=1, medians of 20 replays, two runs, us): the policy
+# (coarse list for Qwen3's GEMMs) 1024 / 2048 / 4096 tokens 276.8, 276.9 / 393.9, 392.8 / 740.5,
+# 739.7; the fine list forced (MOE_EP_FP8_FINE_N=1) 284.9, 284.4 / 449.8, 450.3 / 811.4, 811.0.
+# The policy stands.
+export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && timeout 240 cmake --build build-gpu -j 16 --target bench_layer > $OUT/build.log 2>&1; AB_REPS=2 AB_VARIANTS="this:MOE_EP_FP8=1;this:MOE_EP_FP8=1 MOE_EP_FP8_FINE_N=1" AB_ARGS="--shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 1024,2048,4096" timeout 150 scripts/gpu_round.sh ab
