@@ -47,3 +47,8 @@ export MOE_EP_COMMIT=7a7dc0c; timeout 200 scripts/gpu_round.sh build > $OUT/buil
 # 739.7; the fine list forced (MOE_EP_FP8_FINE_N=1) 284.9, 284.4 / 449.8, 450.3 / 811.4, 811.0.
 # The policy stands.
 export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && timeout 240 cmake --build build-gpu -j 16 --target bench_layer > $OUT/build.log 2>&1; AB_REPS=2 AB_VARIANTS="this:MOE_EP_FP8=1;this:MOE_EP_FP8=1 MOE_EP_FP8_FINE_N=1" AB_ARGS="--shape qwen3 --recipes mxfp4_mxfp8 --routing uniform --tokens 1024,2048,4096" timeout 150 scripts/gpu_round.sh ab
+# Call H (main b4f5618): the same on DSV3 (-h-fp8-dsv3-widths-ab.log; two runs, us): the policy
+# (fine list) 2048 / 4096 tokens 3150.8, 3126.8 / 4643.1, 4646.8; the coarse list forced
+# (MOE_EP_FP8_FINE_N=0) 3305.5, 3328.4 / 4625.7, 4611.6. The policy stands (-5 % at 2048, level
+# at 4096 under the power cap).
+export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && timeout 200 cmake --build build-gpu -j 16 --target bench_layer > $OUT/build.log 2>&1; AB_REPS=2 AB_VARIANTS="this:MOE_EP_FP8=1;this:MOE_EP_FP8=1 MOE_EP_FP8_FINE_N=0" AB_ARGS="--shape dsv3 --recipes mxfp4_mxfp8 --routing uniform --tokens 2048,4096" timeout 140 scripts/gpu_round.sh ab
