@@ -25,6 +25,14 @@ constexpr int kFp8N = 160;  // most tokens per routing tile (tile_n 128 or 160)
 using Fp8NClasses = std::integer_sequence<int, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112, 120,
                                           128, 136, 144, 152, 160>;
 using Fp8CoarseNClasses = std::integer_sequence<int, 8, 16, 32, 64, 96, 128, 160>;
+// f(std::integral_constant<int, kN>) at the narrowest width of the item's list that holds `rows`.
+template <class F>
+__device__ __forceinline__ void fp8_with_width(bool fine, int rows, F& f) {
+  if (fine)
+    with_n_class(rows, f, Fp8NClasses{});
+  else
+    with_n_class(rows, f, Fp8CoarseNClasses{});
+}
 constexpr int kFp8StageK = 128;  // K per stage: 4 k32 steps, one promotion
 // kN B rows of 128 bytes per stage (128-byte swizzle, 1024-byte aligned).
 constexpr int fp8_bbytes(int n) { return (n * kFp8StageK + 1023) / 1024 * 1024; }
@@ -431,10 +439,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
         fp8_ws_produce<kFc1, kN>(a, sh, smem, smem_base, tile, mtile, j, free_bytes, ring);
         free_bytes = kFp8WsRing - 2 * fp8_epi_bytes(kFc1, kN);
       };
-      if (fine)
-        with_n_class(tile.rows, run, Fp8NClasses{});
-      else
-        with_n_class(tile.rows, run, Fp8CoarseNClasses{});
+      fp8_with_width(fine, tile.rows, run);
     }
   }
 
@@ -449,10 +454,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
     auto run = [&](auto n) {
       fp8_ws_consume<kFc1, decltype(n)::value>(a, sh, smem, smem_base, j, fpar);
     };
-    if (fine)
-      with_n_class(rows, run, Fp8NClasses{});
-    else
-      with_n_class(rows, run, Fp8CoarseNClasses{});
+    fp8_with_width(fine, rows, run);
   }
 }
 
