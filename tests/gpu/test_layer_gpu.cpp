@@ -1212,7 +1212,8 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
   const int T = 300;
-  [[maybe_unused]] auto [cpu, gpu, no_default] = make_fp8_layers(s, T, 53);
+  const Fp8Layers layers = make_fp8_layers(s, T, 53);
+  MegaLayer &cpu = *layers.cpu, &gpu = *layers.gpu;
   HostInputs h = make_inputs(T, s.H, s.K, s.E, 901);
   // The unit tests' Zipf routing (rows per expert 45 ... 299 with this seed, 5 % empty slots).
   h.ids = test::random_inputs(T, s.H, s.K, s.E, 901, test::Routing::kZipf, 0.05).ids;
@@ -1222,12 +1223,12 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
   ASSERT_GT(*std::max_element(rows.begin(), rows.end()), 160) << "no expert spans two tiles";
   ASSERT_LT(*std::min_element(rows.begin(), rows.end()), 48) << "no narrow tile";
   DeviceInputs d(h);
-  const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
+  const std::vector<uint16_t> ref = cpu_bits(cpu, h);
   std::vector<uint16_t> first;
   for (int widths : {kern::kFp8WidthsFine, kern::kFp8WidthsCoarse}) {
     SCOPED_TRACE(widths == kern::kFp8WidthsFine ? "fine widths" : "coarse widths");
     Fp8WidthsOverride w(widths);
-    const std::vector<uint16_t> def = forward_bits(*gpu, d, h);
+    const std::vector<uint16_t> def = forward_bits(gpu, d, h);
     if (first.empty()) {
       first = def;
       std::string why;
@@ -1239,15 +1240,15 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
     EXPECT_TRUE(def == first) << "the width lists differ";
     for (int ctas : {1, 2, 7, 61, 1 << 30}) {
       Fp8GridOverride g(ctas);
-      EXPECT_TRUE(forward_bits(*gpu, d, h) == def) << ctas << " CTAs differ from the default grid";
+      EXPECT_TRUE(forward_bits(gpu, d, h) == def) << ctas << " CTAs differ from the default grid";
     }
   }
   // Captured once at T and replayed with fewer tokens read on the device: the ticket counters
   // that each launch zeroes at its end serve every replay (the tile-8 override of the eager
   // forwards does not apply to the fp8 path).
   expect_replays_equal_eager_tile8(
-      *gpu, s, d, h, T, {T, 120, 7},
-      [&](const ForwardInputs& f, const TensorView& out) { gpu->forward(f, out); });
+      gpu, s, d, h, T, {T, 120, 7},
+      [&](const ForwardInputs& f, const TensorView& out) { gpu.forward(f, out); });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
@@ -1518,19 +1519,14 @@ TEST(GpuLayer, SmallForSanitizer) {
   // runs several items and the ring, its barriers and the epilogue staging pass from one item to
   // the next (T = 1100: 16 routing tiles of up to 160 rows, 32 items per GEMM; T = 120: one tile
   // per expert, 16 items). Bound 1e-2 as in Fp8EveryNClassSameBits (two slots per token).
-  const PackedExperts p = pack(s, Recipe::kMxfp4Mxfp8, m, Options{});
-  LayerConfig cfg = make_config(s, Recipe::kMxfp4Mxfp8, 1100, true, Options{});
-  cfg.recipe.fp8_mma = true;
-  auto cpu = make_layer(Backend::kCPU, cfg, p);
-  auto gpu = make_layer(Backend::kCUDA, cfg, p);
-  ASSERT_TRUE(gpu->uses_fp8_mma());
+  const Fp8Layers fp8 = make_fp8_layers(s, 1100, 23);  // the weights of `m` above
   for (int T : {5, 120, 1100}) {
     SCOPED_TRACE("fp8 path, T = " + std::to_string(T));
     HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
     DeviceInputs d(h);
-    const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
+    const std::vector<uint16_t> ref = cpu_bits(*fp8.cpu, h);
     Fp8GridOverride grid(2);
-    const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
+    const std::vector<uint16_t> got = forward_bits(*fp8.gpu, d, h);
     std::string why;
     const double err = rel_l2(got, ref, &why);
     EXPECT_LE(err, 1e-2) << why;
