@@ -53,10 +53,11 @@ struct RecipeConfig {
   DType activation_dtype = DType::kBF16;
   DType combine_dtype = DType::kBF16;
   // mxfp4_mxfp8 on the CUDA backend: run the expert GEMMs on fp8 tensor cores (weights kept in an
-  // fp8-ready layout, activations folded to one power of two per row). For prefill: faster at
-  // 2048 and 4096 tokens per step on DeepSeek-V3, slower below 512 (H200, sessions 6-27); not
-  // bitwise equal to the CPU reference as the default path is, and not always within SPEC §7's
-  // tolerance: up to 3.8e-3 on the tests' routed inputs, 6.2e-3 where each token has one slot.
+  // fp8-ready layout, activations folded to one power of two per row). For prefill: faster than
+  // the default path from 512 tokens per step on DeepSeek-V3 and at 2048 and 4096 on Qwen3,
+  // slower at decode sizes (H200, session 28); not bitwise equal to the CPU reference as the
+  // default path is, and not always within SPEC §7's tolerance: up to 3.8e-3 on the tests' routed
+  // inputs, 6.2e-3 where each token has one slot.
   // Needs W = 1 and H, I multiples of 128. The CPU backend computes the recipe exactly either way.
   // (MOE_EP_FP8=1 in the environment turns it on where it applies.) docs/gpu_kernels.md §8.
   bool fp8_mma = false;
