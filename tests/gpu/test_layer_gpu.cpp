@@ -758,6 +758,8 @@ TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
 // K-chunks, so 2- and 4-chunk slots end on a partly filled slot, and 3 forced splits (15 chunks
 // each) end the 4-chunk loop after two of a slot's four chunks.
 using CpsOverride = ScopedOverride<kern::set_decode_cps_override, 0>;
+// A test's fragments per consumer warp of the tile-8 decode launches (1 or 2; 0: the policy).
+using FwOverride = ScopedOverride<kern::set_decode_fw_override, 0>;
 
 TEST(GpuLayer, DecodeSlotChunksSameBits) {
   SKIP_WITHOUT_GPU();
@@ -1057,6 +1059,57 @@ TEST(GpuLayer, Decode32SameBitsAsTile8) {
           expect_replays_equal_eager_tile8(gpu, s, d, h, T, {100, 40, 5},
                                            [&](const ForwardInputs& f, const TensorView& out) {
                                              TileOverride o(32);
+                                             gpu.forward(f, out);
+                                           });
+        });
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The tile-8 decode kernel with one fragment per consumer warp (8 consumer warps; nvfp4's default
+// where a GEMM's grid holds at most one CTA per SM, MOE_EP_DECODE_FW=1 forces it): each warp sums
+// its fragment's columns over K in the same order as a warp of two fragments, so the same bits,
+// on Qwen3 (E 16: fc1 12 M-tiles x 32 K-chunks, fc2 16 x 12) and gpt-oss (E 8, K 4: 45
+// K-chunks, the last 4-chunk slot partly filled) at T = 1, 3, 7; the policy's choice at each T
+// (nvfp4 where the expected grid fits the SMs once); then a CUDA graph captured at T = 7 with it
+// forced, replayed with device counts, against eager tile-8 forwards.
+TEST(GpuLayer, DecodeOneFragmentWarpsSameBits) {
+  SKIP_WITHOUT_GPU();
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (const Shape& s : {kQwen3, kGptOss}) {
+    SCOPED_TRACE(s.name);
+    const Master m(s, 47);
+    const kern::ResidentShape rs = kern::resident_shape(Recipe::kNvfp4, s.H, s.I);
+    for_each_4bit_layer_and_tokens(
+        s, m, 64, {1, 3, 7}, 110,
+        [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
+          ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 8) << "not the decode kernel";
+          auto run = [&](int fw) {
+            FwOverride o(fw);
+            return forward_bits(gpu, d, h);
+          };
+          const std::vector<uint16_t> two = run(2);
+          EXPECT_EQ(kern::last_decode_fw(true), 2);
+          const std::vector<uint16_t> one = run(1);
+          EXPECT_EQ(kern::last_decode_fw(true), 1) << "fc1 did not run one-fragment warps";
+          EXPECT_EQ(kern::last_decode_fw(false), 1) << "fc2 did not run one-fragment warps";
+          EXPECT_TRUE(one == two) << "one fragment per warp differs from two";
+          EXPECT_TRUE(run(1) == one) << "repeated forward is not bitwise identical";
+          EXPECT_TRUE(any_nonzero(two)) << "every output is zero";
+          // The policy: one fragment for nvfp4 where the expected grid holds one CTA per SM.
+          EXPECT_TRUE(run(0) == two);
+          const int tiles = kern::expected_tiles(T * s.K, s.E, 8);
+          const bool nv = gpu.config().recipe.recipe == Recipe::kNvfp4;
+          for (const bool fc1 : {true, false}) {
+            const int ctas = tiles * (fc1 ? rs.fc1_mtiles : rs.fc2_mtiles);
+            EXPECT_EQ(kern::last_decode_fw(fc1), nv && ctas <= sms ? 1 : 2)
+                << (fc1 ? "fc1" : "fc2") << ": " << ctas << " CTAs on " << sms << " SMs";
+          }
+          if (T != 7) return;
+          expect_replays_equal_eager_tile8(gpu, s, d, h, T, {7, 3, 1},
+                                           [&](const ForwardInputs& f, const TensorView& out) {
+                                             FwOverride o(1);
                                              gpu.forward(f, out);
                                            });
         });
@@ -1495,19 +1548,31 @@ TEST(GpuLayer, SmallForSanitizer) {
     auto cpu = make_layer(Backend::kCPU, make_config(s, r, 1100, true, Options{}), p);
     auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 1100, true, Options{}), p);
     auto unf = make_layer(Backend::kCUDA, make_config(s, r, 1100, false, Options{}), p);
-    // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16; T = 72 (18
-    // rows): tile 32 on its lean consumer (this K's default) and, forced, on 4-chunk slots;
+    // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16 (T = 5 also with
+    // one fragment per consumer warp forced, nvfp4's default on this grid of a few CTAs); T = 72
+    // (18 rows): tile 32 on its lean consumer (this K's default) and, forced, on 4-chunk slots;
     // T = 120: 30 rows per expert, the wgmma kernel; T = 1100 (2200 pairs): prepare's spread
     // route.
     SpreadOverride spread(1);
-    for (const auto [T, cps] : {std::pair{5, 0}, {40, 0}, {72, 0}, {72, 4}, {120, 0}, {1100, 0}}) {
+    struct Case {
+      int T, cps, fw;  // 0: the default
+    };
+    for (const Case c : {Case{5, 0, 0},
+                         {5, 0, 1},
+                         {40, 0, 0},
+                         {72, 0, 0},
+                         {72, 4, 0},
+                         {120, 0, 0},
+                         {1100, 0, 0}}) {
+      const int T = c.T;
       SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T) + " chunks per slot " +
-                   std::to_string(cps));
+                   std::to_string(c.cps) + " fragments per warp " + std::to_string(c.fw));
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
       DeviceInputs d(h);
       const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
       WaveOverride wave(1);
-      CpsOverride slots(cps);
+      CpsOverride slots(c.cps);
+      FwOverride fw(c.fw);
       const std::vector<uint16_t> got = to_host_bf16(gpu->forward(device_view(d, h)).view());
       std::string why;
       EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;

@@ -752,6 +752,25 @@ int decode_cps_override() { return g_cps_override.load(std::memory_order_relaxed
 void note_decode_cps(int cps) { g_last_cps.store(cps, std::memory_order_relaxed); }
 int last_decode_cps() { return g_last_cps.load(std::memory_order_relaxed); }
 
+namespace {
+std::atomic<int> g_fw_override{0};
+std::atomic<int> g_last_fw[2] = {2, 2};
+}  // namespace
+void set_decode_fw_override(int fw) {
+  g_fw_override.store(fw == 1 || fw == 2 ? fw : 0, std::memory_order_relaxed);
+}
+int decode_fw_mode() {
+  if (const int o = g_fw_override.load(std::memory_order_relaxed)) return o;
+  static const int env = [] {
+    const char* v = std::getenv("MOE_EP_DECODE_FW");
+    const int n = v ? std::atoi(v) : 0;
+    return n == 1 || n == 2 ? n : 0;
+  }();
+  return env;
+}
+void note_decode_fw(bool fc1, int fw) { g_last_fw[fc1].store(fw, std::memory_order_relaxed); }
+int last_decode_fw(bool fc1) { return g_last_fw[fc1].load(std::memory_order_relaxed); }
+
 void note_decode_splits(bool fc1, int splits) {
   g_last_splits[fc1].store(splits, std::memory_order_relaxed);
 }

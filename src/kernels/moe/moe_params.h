@@ -328,6 +328,15 @@ int decode_cps_override();
 void note_decode_cps(int cps);
 int last_decode_cps();
 
+// Fragments per consumer warp of the tile-8 decode GEMM (sm90_moe_decode.cuh, decode_fw): 1 or 2
+// forced by a test's override (0 clears it), else by MOE_EP_DECODE_FW=1|2 (read once per
+// process), else 0 (the policy); and what the last decode fc1 / fc2 launch ran (2 for tiles 16
+// and 32).
+void set_decode_fw_override(int fw);
+int decode_fw_mode();
+void note_decode_fw(bool fc1, int fw);
+int last_decode_fw(bool fc1);
+
 // Error word in host-mapped memory that a forward sets when it sees a bad input it could not
 // reject on the host (an expert id out of range). The first error wins.
 struct DeviceError {

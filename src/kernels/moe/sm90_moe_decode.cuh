@@ -1071,7 +1071,8 @@ int decode_stages(int per_sm) {
 // give the same bits. Measured on the H200 (docs/gpu_kernels.md §6): the pipelined consumer is
 // faster or level at 1-128 tokens for nvfp4 and mxfp4_mxfp8 (1 token nvfp4 93.9 -> 90.3 us).
 // Variants measured and dropped: the wait for the next chunk before the current one's math, the
-// old decode of register 3, one fragment per consumer warp (8 warps; 1 token 93.4 vs 89.8 us).
+// old decode of register 3, one fragment per consumer warp (8 warps; DSV3 1 token 93.4 vs 89.8
+// us in session 3; since session 30 nvfp4's choice where a grid holds one CTA per SM, decode_fw).
 inline bool decode_pipelined() {
   static const bool on = env_switch("MOE_EP_DECODE_PIPE", true);
   return on;
@@ -1117,16 +1118,16 @@ inline bool decode_pdl(bool fc1) {
   return fc1 ? on1 : on2;
 }
 
-template <Recipe R, int kN, bool kFc1, int kCps>
+template <Recipe R, int kN, bool kFc1, int kCps, int kFW = 2>
 cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, int mtiles,
                               int splits, int per_sm) {
-  using C = DecodeConfig<R, kN, 2, kCps>;
+  using C = DecodeConfig<R, kN, kFW, kCps>;
   if (tiles == 0) return cudaSuccess;
-  const int stages = decode_stages<R, kN, 2, kCps>(per_sm);
+  const int stages = decode_stages<R, kN, kFW, kCps>(per_sm);
   // The plain loop takes 1-chunk slots only, so slots of 2 or 4 chunks build only the pipelined
   // kernel.
-  auto kernel = sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, kCps>;
-  if constexpr (kCps == 1)
+  auto kernel = sm90_moe_decode_pipe_kernel<R, kN, kFW, kFc1, kCps>;
+  if constexpr (kCps == 1 && kFW == 2)
     if (!decode_pipelined()) kernel = sm90_moe_decode_kernel<R, kN, 2, kFc1>;
   // The first wave (decode_gemm's `wave`): the CTAs that fit the SMs at the ring's size, or a
   // test's count.
@@ -1134,6 +1135,24 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
   const int wave = forced_wave ? forced_wave : a.num_sms * per_sm;
   return launch_kernel(decode_pdl(kFc1), kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads),
                        C::smem_bytes(stages), s, a, stages, splits, wave);
+}
+
+// Fragments per consumer warp of a tile-8 launch: 2 (4 consumer warps), or 1 (8 warps, each
+// summing its fragment's columns over K in the same order: the same bits) for nvfp4 where the
+// GEMM's grid is expected to hold at most one CTA per SM (few M-tiles: Qwen3 at 1 token, gpt-oss's
+// fc2), where 4 consumer warps per SM leave the SM's issue slots idle. Measured on one H200
+// (session 30, medians of 20 graph replays, both GEMMs forced): Qwen3 1 token nvfp4 25.6 -> 23.1
+// us, gpt-oss 37.7-38.1 against 39.9-40.2; at 2 or more CTAs per SM level or slower (gpt-oss 4
+// tokens 78.8 -> 83.0), and mxfp4's one-fragment warps (half the lanes convert scale bytes)
+// slower at any size (Qwen3 1 token 23.0 -> 23.4, gpt-oss 36.7 -> 39.0), as session 18 found on
+// DSV3. Only on 4-chunk slots, unsplit; a test's override or MOE_EP_DECODE_FW=1|2 forces it
+// there.
+template <Recipe R>
+int decode_fw(bool fc1, int splits, int per_sm, int cps) {
+  if (!decode_pipelined() || cps != 4 || splits != 1) return 2;
+  const int mode = decode_fw_mode();
+  if (mode == 1 || mode == 2) return mode;
+  return R == Recipe::kNvfp4 && per_sm == 1 && decode_forced_per_sm(fc1) == 0 ? 1 : 2;
 }
 
 template <Recipe R, int kN, bool kFc1>
@@ -1144,6 +1163,7 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   const int chunks = kFc1 ? a.rs.fc1_chunks : a.rs.fc2_chunks;
   const int splits = kN == 8 ? decode_splits<kN>(a, kFc1, tiles, mtiles, chunks) : 1;
   note_decode_splits(kFc1, splits);
+  note_decode_fw(kFc1, 2);
   const int per_sm = decode_ctas_per_sm<kN>(a, kFc1, mtiles, splits);
   if constexpr (kN == 32) {
     // No split, only the pipelined consumer (as tile 16; the plain loop on 1-chunk slots
@@ -1180,6 +1200,10 @@ cudaError_t launch_decode(const ForwardArgs& a, cudaStream_t s) {
   } else {
     const int cps = decode_pipelined() ? decode_chunks_per_slot(kFc1) : 1;
     note_decode_cps(cps);
+    if (decode_fw<R>(kFc1, splits, per_sm, cps) == 1) {
+      note_decode_fw(kFc1, 1);
+      return launch_decode_cps<R, kN, kFc1, 4, 1>(a, s, tiles, mtiles, splits, per_sm);
+    }
     if (cps == 4) return launch_decode_cps<R, kN, kFc1, 4>(a, s, tiles, mtiles, splits, per_sm);
     if (cps == 2) return launch_decode_cps<R, kN, kFc1, 2>(a, s, tiles, mtiles, splits, per_sm);
     return launch_decode_cps<R, kN, kFc1, 1>(a, s, tiles, mtiles, splits, per_sm);
@@ -1206,6 +1230,8 @@ template <Recipe R, int kN, bool kFc1>
 cudaError_t set_decode_attr() {
   return first_error({set_max_smem(sm90_moe_decode_kernel<R, kN, 2, kFc1>,
                                    DecodeConfig<R, kN, 2, 1>::kMaxSmemBytes),
+                      set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 1, kFc1, 4>,
+                                   DecodeConfig<R, kN, 1, 4>::kMaxSmemBytes),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 1>,
                                    DecodeConfig<R, kN, 2, 1>::kMaxSmemBytes),
                       set_max_smem(sm90_moe_decode_pipe_kernel<R, kN, 2, kFc1, 2>,
