@@ -1140,13 +1140,14 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
 // Fragments per consumer warp of a tile-8 launch: 2 (4 consumer warps), or 1 (8 warps, each
 // summing its fragment's columns over K in the same order: the same bits) for nvfp4 where the
 // GEMM's grid is expected to hold at most one CTA per SM (few M-tiles: Qwen3 at 1 token, gpt-oss's
-// fc2), where 4 consumer warps per SM leave the SM's issue slots idle. Measured on one H200
-// (session 30, medians of 20 graph replays, both GEMMs forced): Qwen3 1 token nvfp4 25.6 -> 23.1
-// us, gpt-oss 37.7-38.1 against 39.9-40.2; at 2 or more CTAs per SM level or slower (gpt-oss 4
-// tokens 78.8 -> 83.0), and mxfp4's one-fragment warps (half the lanes convert scale bytes)
-// slower at any size (Qwen3 1 token 23.0 -> 23.4, gpt-oss 36.7 -> 39.0), as session 18 found on
-// DSV3. Only on 4-chunk slots, unsplit; a test's override or MOE_EP_DECODE_FW=1|2 forces it
-// there.
+// fc2): there 4 consumer warps per SM, one per scheduler, set the GEMM's time by their chains.
+// Measured on one H200 (session 30, medians of 20 graph replays, both GEMMs forced): Qwen3 1
+// token nvfp4 25.6 -> 23.1 us, gpt-oss 39.9-40.2 -> 37.7-38.1; at 2 or more CTAs per SM level
+// or slower (gpt-oss 4 tokens 78.8 -> 83.0), and mxfp4's one-fragment warps (half the lanes
+// convert scale bytes) slower at any size (Qwen3 1 token 22.9-23.0 -> 23.2-23.6, gpt-oss
+// 36.6-36.8 -> 39.0-39.1), as session 18 found on DSV3. With the policy (call F): Qwen3 1 token
+// 25.8-26.4 -> 22.9-23.6, gpt-oss 41.2-41.5 -> 39.1-39.3. Only on 4-chunk slots, unsplit; a
+// test's override or MOE_EP_DECODE_FW=1|2 forces it there.
 template <Recipe R>
 int decode_fw(bool fc1, int splits, int per_sm, int cps) {
   if (!decode_pipelined() || cps != 4 || splits != 1) return 2;
