@@ -940,6 +940,13 @@ int main(int argc, char** argv) {
                       seq, iters);
         std::fflush(stdout);
         if (js) {
+          // The decode GEMMs' fragments per consumer warp (fc1, fc2) of this T's last forward
+          // (kern::last_decode_fw; one-fragment warps where a grid holds one CTA per SM for
+          // nvfp4), for a 4-bit recipe on the decode kernel; null for the other kernels.
+          char decode_fw[32] = "null";
+          if (!fp8 && tile_n <= 32 && *recipe != Recipe::kBf16)
+            std::snprintf(decode_fw, sizeof decode_fw, "[%d, %d]", kern::last_decode_fw(true),
+                          kern::last_decode_fw(false));
           char seq_json[32] = "null";
           if (seq > 0) std::snprintf(seq_json, sizeof seq_json, "%.2f", seq);
           std::fprintf(
@@ -954,7 +961,7 @@ int main(int argc, char** argv) {
               "\"graph_sequence_us\": %s, \"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, "
               "\"fc2\": %.2f, "
               "\"finalize\": %.2f}, \"config\": {\"tile_n\": %d, \"tile_m\": %d, "
-              "\"k_chunk\": 64, \"mma\": \"%s\"}}",
+              "\"k_chunk\": 64, \"mma\": \"%s\", \"decode_fragments_per_warp\": %s}}",
               first_record ? "" : ",\n", commit ? commit : "unknown", prop.name, s.name.c_str(),
               s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
               hbm, tflops, tflops / mma_peak, fp8 ? "fp8" : "bf16", iters, seq_json,
@@ -962,7 +969,8 @@ int main(int argc, char** argv) {
               tile_n == 256 ? 64 : 128,
               fp8            ? "wgmma.m64nNk32.e4m3 (A regs, B smem)"
               : tile_n <= 32 ? "mma.sync.m16n8k16.bf16"
-                             : "wgmma.m64nNk16.bf16 (A regs, B smem)");
+                             : "wgmma.m64nNk16.bf16 (A regs, B smem)",
+              decode_fw);
           first_record = false;
         }
         for (auto& e : sev) cudaEventDestroy(e);
