@@ -65,3 +65,9 @@ export MOE_EP_COMMIT=5058773; export NCCL_DIR=$(python3 -c "import nvidia.nccl a
 # `moe-ep run` (tiny shape, every recipe, 64 tokens) and `moe-ep check --tokens 0,1,7,128`, 16
 # PASS, nvfp4 and mxfp4_mxfp8 bitwise equal to the CPU reference.
 export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && timeout 240 cmake --build build-gpu -j 16 --target moe-ep > $OUT/build.log 2>&1; timeout 120 scripts/gpu_round.sh cli
+# Call H (main f619d0e: bench_layer's records name the decode's fragments per consumer warp):
+# -h-qwen3-records.{json,log}: nvfp4 1 token [1, 1] (23.4 us), 2 tokens [2, 2], 4096 null;
+# mxfp4_mxfp8 [2, 2]. Then one run each with MOE_EP_DECODE_FW unset (0) and =1 at 2 and 3
+# tokens (the policy's 2 CTAs per SM), nvfp4, printed output only: Qwen3 33.0 -> 30.0, 39.1 ->
+# 37.4; gpt-oss 53.0 -> 52.0, 73.3 -> 74.3.
+export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null); cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_EP_CUDA=ON ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT=$PWD/.deps/gtest -DCUTLASS_DIR=$PWD/.deps/cutlass/include > $OUT/cfg.log 2>&1 && timeout 200 cmake --build build-gpu -j 16 --target bench_layer > $OUT/build.log 2>&1; MOE_EP_COMMIT=f619d0e timeout 30 build-gpu/bench/bench_layer --shape qwen3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1,2,4096 --json $OUT/q.json > $OUT/q.log 2>&1; for fw in 0 1; do for sh in "qwen3 2,3" "gpt-oss 2,3"; do set -- $sh; MOE_EP_DECODE_FW=$fw timeout 30 build-gpu/bench/bench_layer --shape $1 --recipes nvfp4 --routing uniform --tokens $2 2>&1 | grep -E "^(qwen3|gpt-oss) " | sed "s/^/fw=$fw /"; done; done
