@@ -1098,7 +1098,7 @@ TEST(GpuLayer, DecodeOneFragmentWarpsSameBits) {
           EXPECT_TRUE(run(1) == one) << "repeated forward is not bitwise identical";
           EXPECT_TRUE(any_nonzero(two)) << "every output is zero";
           // The policy: one fragment for nvfp4 where the expected grid holds one CTA per SM.
-          EXPECT_TRUE(run(0) == two);
+          EXPECT_TRUE(run(0) == two) << "the policy's forward differs from two fragments";
           const int tiles = kern::expected_tiles(T * s.K, s.E, 8);
           const bool nv = gpu.config().recipe.recipe == Recipe::kNvfp4;
           for (const bool fc1 : {true, false}) {
@@ -1171,7 +1171,8 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
 using Fp8WidthsOverride = ScopedOverride<kern::set_fp8_widths_override, -1>;
 
 // The fp8 path's tests on shape s: the CPU reference and the GPU layer with fp8_mma (warmed
-// up), both of capacity `capacity`, on the weights of `seed`.
+// up), both of capacity `capacity`, on the weights of `seed`; with `with_default` also the
+// recipe's default-path GPU layer on the same weights (else gpu_default is null).
 struct Fp8Layers {
   std::unique_ptr<MegaLayer> cpu, gpu, gpu_default;
 };

@@ -761,11 +761,7 @@ void set_decode_fw_override(int fw) {
 }
 int decode_fw_mode() {
   if (const int o = g_fw_override.load(std::memory_order_relaxed)) return o;
-  static const int env = [] {
-    const char* v = std::getenv("MOE_EP_DECODE_FW");
-    const int n = v ? std::atoi(v) : 0;
-    return n == 1 || n == 2 ? n : 0;
-  }();
+  static const int env = decode_env_int("MOE_EP_DECODE_FW", 1, 2);
   return env;
 }
 void note_decode_fw(bool fc1, int fw) { g_last_fw[fc1].store(fw, std::memory_order_relaxed); }
