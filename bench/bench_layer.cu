@@ -772,7 +772,7 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
 int main(int argc, char** argv) {
   std::string json_path, shape_name = "dsv3", recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16";
   std::vector<int> tokens = {1, 8, 32, 128, 512, 2048, 4096};
-  int iters = 30, ep = 1, experts = 0;
+  int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0;
   std::string routing = "both";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -791,12 +791,16 @@ int main(int argc, char** argv) {
       ep = std::stoi(next());
     else if (a == "--experts")
       experts = std::stoi(next());
+    else if (a == "--hidden")
+      hidden = std::stoi(next());
+    else if (a == "--inter")
+      inter = std::stoi(next());
     else if (a == "--routing")
       routing = next();
     else {
       std::fprintf(stderr,
                    "bench_layer: unknown option '%s' (--json --shape --recipes --tokens --iters "
-                   "--ep --experts --routing)\n",
+                   "--ep --experts --hidden --inter --routing)\n",
                    a.c_str());
       return 2;
     }
@@ -812,6 +816,15 @@ int main(int argc, char** argv) {
   }
   Shape s = *it;
   if (experts > 0) s.E = experts;
+  // Probe shapes: the named shape with H or I replaced (the records keep H and I beside the name).
+  if (hidden > 0) {
+    s.H = hidden;
+    s.name += "-h" + std::to_string(hidden);
+  }
+  if (inter > 0) {
+    s.I = inter;
+    s.name += "-i" + std::to_string(inter);
+  }
   if (routing != "uniform" && routing != "zipf" && routing != "both") {
     std::fprintf(stderr, "bench_layer: unknown --routing '%s' (uniform, zipf, both)\n",
                  routing.c_str());
