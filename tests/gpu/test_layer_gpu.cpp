@@ -1117,6 +1117,32 @@ TEST(GpuLayer, DecodeOneFragmentWarpsSameBits) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// The decode kernel's weight stream under an L2 evict_first policy (the default since session
+// 31) or the normal one: a cache hint, so the same bits. Qwen3 (E 16, K 8) at T = 1 (tile 8),
+// 24 (12 rows per expert: tile 16) and 72 (36 rows: the wgmma kernel, which ignores the switch),
+// every 4-bit recipe; and the default is on.
+using EvictOverride = ScopedOverride<kern::set_weight_evict_override, 0>;
+TEST(GpuLayer, WeightEvictFirstSameBits) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(kern::weight_evict_first());
+  const Shape s = kQwen3;
+  const Master m(s, 59);
+  for_each_4bit_layer_and_tokens(
+      s, m, 80, {1, 24, 72}, 130,
+      [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int) {
+        auto run = [&](int mode) {
+          EvictOverride o(mode);
+          EXPECT_EQ(kern::weight_evict_first(), mode == 1);
+          return forward_bits(gpu, d, h);
+        };
+        const std::vector<uint16_t> first = run(1);
+        EXPECT_TRUE(any_nonzero(first)) << "every output is zero";
+        EXPECT_TRUE(run(2) == first) << "evict_normal differs from evict_first";
+        EXPECT_TRUE(run(1) == first) << "repeated forward is not bitwise identical";
+      });
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1; docs/gpu_kernels.md §8): within
 // SPEC §7's tolerance of the CPU reference, repeated forwards bitwise, on DSV3 and Qwen3 (H and I
 // multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give

@@ -767,6 +767,18 @@ int decode_fw_mode() {
 void note_decode_fw(bool fc1, int fw) { g_last_fw[fc1].store(fw, std::memory_order_relaxed); }
 int last_decode_fw(bool fc1) { return g_last_fw[fc1].load(std::memory_order_relaxed); }
 
+namespace {
+std::atomic<int> g_evict_override{0};
+}  // namespace
+void set_weight_evict_override(int mode) {
+  g_evict_override.store(mode == 1 || mode == 2 ? mode : 0, std::memory_order_relaxed);
+}
+bool weight_evict_first() {
+  if (const int o = g_evict_override.load(std::memory_order_relaxed)) return o == 1;
+  static const bool env = env_switch("MOE_EP_WEIGHT_EVICT_FIRST", true);
+  return env;
+}
+
 void note_decode_splits(bool fc1, int splits) {
   g_last_splits[fc1].store(splits, std::memory_order_relaxed);
 }
@@ -941,6 +953,9 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   a.tile_n = a.fp8 ? fp8_tile_n() : forward_tile_n(a.recipe, a.tile_n);
   a.fp8_widths = fp8_widths();
   a.fc2_early = fc2_early_start();
+  a.weight_evict_first = weight_evict_first();
+  static const bool m64_evict = env_switch("MOE_EP_M64_EVICT_FIRST", false);
+  a.m64_evict_first = m64_evict;
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
   a.warp_route = warp_route;
   // Route orders the tiles for the split, and the decode GEMMs run it (launch_decode).

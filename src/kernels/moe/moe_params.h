@@ -337,6 +337,12 @@ int decode_fw_mode();
 void note_decode_fw(bool fc1, int fw);
 int last_decode_fw(bool fc1);
 
+// The decode kernel's weight stream under an L2 evict_first policy (ForwardArgs::
+// weight_evict_first; docs/gpu_kernels.md §6 "Session 31"): a test's override (1 on, 2 off; 0
+// clears it), else MOE_EP_WEIGHT_EVICT_FIRST=0|1 (read once per process), else on.
+void set_weight_evict_override(int mode);
+bool weight_evict_first();
+
 // Error word in host-mapped memory that a forward sets when it sees a bad input it could not
 // reject on the host (an expert id out of range). The first error wins.
 struct DeviceError {
@@ -396,6 +402,13 @@ struct ForwardArgs {
   // The decode kernel's fc2 queues the weights of its first ring slots before it waits for fc1
   // (launch_forward sets it from fc2_early_start(); docs/gpu_kernels.md §6 "Session 10").
   bool fc2_early = true;
+  // The decode kernel's weight and scale bulk copies under an L2 evict_first policy (each byte is
+  // read once per forward) instead of the normal one; launch_forward sets it from
+  // weight_evict_first().
+  bool weight_evict_first = true;
+  // The same for the m64 wgmma kernel's weight and scale copies (MOE_EP_M64_EVICT_FIRST=1, read
+  // once per process; off by default).
+  bool m64_evict_first = false;
   // Route by one warp when at most 32 pairs (route_warp; launch_forward sets it,
   // MOE_EP_WARP_ROUTE=0 turns it off for A/B runs).
   bool warp_route = true;

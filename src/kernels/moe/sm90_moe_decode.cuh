@@ -112,6 +112,16 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+// The same under an L2 cache policy (make_l2_policy).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                          uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1], "
+      "%2, [%3], %4;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -628,9 +638,10 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   auto queue_weights = [&](int i, unsigned char* st, uint64_t* bar) {
     const int c = i * kCps, n = kCps == 1 ? 1 : min(kCps, chunks - c);  // chunks in the slot
     mbar_arrive_expect_tx(bar, uint32_t(n * (C::kWBytes + C::kSBytes + tile.rows * kKChunk * 2)));
-    bulk_load(st, wbase + size_t(c) * C::kWBytes, n * C::kWBytes, bar);
+    const uint64_t pol = make_l2_policy(a.weight_evict_first);
+    bulk_load(st, wbase + size_t(c) * C::kWBytes, n * C::kWBytes, bar, pol);
     if constexpr (RT::kFourBit)
-      bulk_load(st + C::kSOff, sbase + size_t(c) * C::kSBytes, n * C::kSBytes, bar);
+      bulk_load(st + C::kSOff, sbase + size_t(c) * C::kSBytes, n * C::kSBytes, bar, pol);
   };
   int early = 0;  // slots queued before pdl_wait (producer lane 0 only)
   if constexpr (kEarly) {
