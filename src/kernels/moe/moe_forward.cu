@@ -954,8 +954,6 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   a.fp8_widths = fp8_widths();
   a.fc2_early = fc2_early_start();
   a.weight_evict_first = weight_evict_first();
-  static const bool m64_evict = env_switch("MOE_EP_M64_EVICT_FIRST", false);
-  a.m64_evict_first = m64_evict;
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
   a.warp_route = warp_route;
   // Route orders the tiles for the split, and the decode GEMMs run it (launch_decode).

@@ -406,9 +406,6 @@ struct ForwardArgs {
   // read once per forward) instead of the normal one; launch_forward sets it from
   // weight_evict_first().
   bool weight_evict_first = true;
-  // The same for the m64 wgmma kernel's weight and scale copies (MOE_EP_M64_EVICT_FIRST=1, read
-  // once per process; off by default).
-  bool m64_evict_first = false;
   // Route by one warp when at most 32 pairs (route_warp; launch_forward sets it,
   // MOE_EP_WARP_ROUTE=0 turns it off for A/B runs).
   bool warp_route = true;

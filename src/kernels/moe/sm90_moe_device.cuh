@@ -60,19 +60,6 @@ __device__ __forceinline__ uint64_t make_l2_policy(bool evict_first) {
     asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
   return p;
 }
-// cp_async16_sz and cp_async16_if under an L2 policy (make_l2_policy).
-__device__ __forceinline__ void cp_async16_sz(uint32_t smem, const void* gmem, uint32_t src_size,
-                                              uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem),
-               "l"(gmem), "r"(src_size), "l"(policy));
-}
-__device__ __forceinline__ void cp_async16_if(uint32_t smem, const void* gmem, uint32_t src_size,
-                                              bool issue, uint64_t policy) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n"
-      " @p cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %4;\n}\n" ::"r"(smem),
-      "l"(gmem), "r"(src_size), "r"(uint32_t(issue)), "l"(policy));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -552,8 +552,6 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     const uint32_t wdst = uint32_t(kNW * 128 + wg * C::kWBytes + wtid * 16);
     const uint32_t sdst = uint32_t(kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16);
     const bool copies_scales = wtid < C::kSBytes / 16;
-    // The weights and scales under L2 evict_first where ForwardArgs::m64_evict_first says so.
-    const uint64_t wpol = make_l2_policy(a.m64_evict_first);
     auto load_stage = [&](int slot, int chunk, bool live) {
       const uint32_t st = smem_base + uint32_t(slot * kStageBytes);
       const int cc = live ? chunk : 0;
@@ -570,9 +568,9 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
           cp_async16_if(dst, src, size, br0 + kBStep * i < kNW);
       }
       const bool wl = live && active;
-      cp_async16_sz(st + wdst, wsrc_t + size_t(cc) * (2 * C::kWBytes), wl ? 16u : 0u, wpol);
-      cp_async16_if(st + sdst, ssrc_t + size_t(cc) * (2 * C::kSBytes), wl ? 16u : 0u, copies_scales,
-                    wpol);
+      cp_async16_sz(st + wdst, wsrc_t + size_t(cc) * (2 * C::kWBytes), wl ? 16u : 0u);
+      cp_async16_if(st + sdst, ssrc_t + size_t(cc) * (2 * C::kSBytes), wl ? 16u : 0u,
+                    copies_scales);
     };
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
