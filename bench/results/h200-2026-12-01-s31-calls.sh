@@ -37,3 +37,6 @@ for sh in qwen3 gpt-oss; do AB_REPS=2 AB_VARIANTS="this:MOE_EP_WEIGHT_EVICT_FIRS
 # DSV3 nvfp4 per rank 1 / 8 / 128 tokens 105.2 / 105.5, 382.7 / 383.9, 927.5 / 926.2 with
 # evict_normal; 103.8 / 104.1, 379.6 / 378.8, 911.5 / 911.3 with evict_first (the default).
 scripts/gpu_round.sh build multigpu; AB_REPS=2 AB_VARIANTS="this:MOE_EP_WEIGHT_EVICT_FIRST=0;this" AB_ARGS="--ep 2 --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1,8,128" scripts/gpu_round.sh ab
+# Call I (main 4e534df, the review: the m64 evict_first knob removed): GPU tests 38/38
+# (-i-review-gpu_tests.log), memcheck 0 errors, racecheck 0 hazards.
+cfg; build-gpu/tests/moe_ep_gpu_tests; scripts/gpu_round.sh sanitize
