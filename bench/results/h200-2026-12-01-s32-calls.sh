@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 32's device calls, in order; carry [".deps"]; nvidia-h200 (the only kind lent).
+# Timings are medians of 20 CUDA-graph replays, us, unless marked.
+#
+# Call A (main 392c542): every BENCH.md case of DSV3 at EP = 1 in one process
+# (-a-layer-dsv3.{json,log}, -a-quantize.json; the plot -a-layer-dsv3.png drawn here with the
+# recorded PyTorch baseline bench/results/h200-2026-11-29-torch-baseline.json). Uniform:
+# nvfp4 1 / 8 / 32 / 128 / 512 / 2048 / 4096 tokens 70.5 / 377.0 / 1050.6 / 1745.3 / 2603.6 /
+# 4197.2 / 5914.5; mxfp4_mxfp8 65.5 / 362.2 / 990.8 / 1693.4 / 2493.8 / 4035.4 / 5851.6;
+# mxfp4_bf16 66.8 / 368.6 / 1016.4 / 1704.0 / 2518.9 / 4092.7 / 5974.7; bf16 185.0 / 1174.2 /
+# 3370.9 / 5018.7 / 6200.6 / 6878.1 / 10507.0.
+export MOE_EP_COMMIT=392c542; timeout 230 scripts/gpu_round.sh build > $OUT/build_step.log 2>&1; BENCH_SHAPES="dsv3" BENCH_EP="" TORCH_SHAPES="" timeout 340 scripts/gpu_round.sh benchall
+# Call B (same machine): one-fragment consumer warps forced on both decode GEMMs
+# (MOE_EP_DECODE_FW=1) against the policy (-b-fw-{qwen3,dsv3,gptoss}-ab.log), nvfp4 uniform, two
+# runs each: Qwen3 2 / 3 / 4 / 5 / 6 / 8 / 12 tokens 31.2-31.3 / 36.6-37.2 / 41.5 / 49.7-50.3 /
+# 50.3-50.8 / 63.8-63.9 / 76.6-77.7 -> 29.2 / 35.2-35.3 / 40.7-40.8 / 50.1-50.3 / 53.3-54.0 /
+# 60.7 / 77.0-77.1 (1 token takes them by the policy already); DSV3 1 / 2 / 3 / 4 tokens
+# 70.0-70.3 / 116.5-117.1 / 160.3-161.3 / 211.5-212.2 -> 70.2-70.6 / 124.5-125.0 / 171.3-171.7 /
+# 227.1-227.8; gpt-oss 2 / 3 tokens 50.7-50.8 / 70.0-70.2 -> 49.8-50.2 / 72.5-73.2.
+AB_REPS=2 AB_VARIANTS="this;this:MOE_EP_DECODE_FW=1" AB_ARGS="--shape qwen3 --recipes nvfp4 --routing uniform --tokens 1,2,3,4,5,6,8,12" scripts/gpu_round.sh ab  # then dsv3 --tokens 1,2,3,4 and gpt-oss --tokens 2,3
+# Call C (fresh machine, main 392c542): Nsight Compute counters of the decode GEMMs under
+# evict_first and evict_normal (-c-ncu-evict-dsv3-{1,8}-evict_first{0,1}.csv; the Qwen3 CSVs of
+# this call did not come back (more than 8 files), and a rerun on the warm machine split the
+# cases wrongly, so call D repeats them). DSV3 1 token, three forwards each: fc1 43.6-44.1 ->
+# 42.9-43.5 us, fc2 26.2-26.6 -> 25.9-26.1; DRAM reads = the weights (132.2 / 66.2 MB); L2 read
+# sectors 1.52x the DRAM bytes; L2 hit rate 1.6-2.9 % either way. DSV3 8 tokens level.
+timeout 230 scripts/gpu_round.sh build; NCU_CASES="dsv3 1;dsv3 8" scripts/ncu_evict_probe.sh
+# Call D (fresh machine, main 392c542 + scripts/ncu_evict_probe.sh): the Qwen3 cases
+# (-d-ncu-evict.tgz) and Nsight Compute of the m64 GEMMs at DSV3 nvfp4 4096 tokens, uniform
+# against Zipf (-d-ncu-m64-4096.tgz). Qwen3 8 / 32 / 128 tokens: the isolated kernels take the same
+# time under both policies (e.g. 8 tokens fc1 46.3-47.2 against 46.3-46.8 us). m64: fc1 3.38 ms
+# uniform, 4.09 Zipf; fc2 1.73 / 2.14; DRAM reads 4.69 / 4.81 GB (fc1) and 2.25 / 2.25 (fc2);
+# wgmma instructions 29.4 M / 42.9 M (fc1) and 14.7 M / 21.4 M (fc2); all instructions 1.43 G /
+# 1.92 G (fc1).
+timeout 230 scripts/gpu_round.sh build; NCU_CASES="qwen3 8;qwen3 32;qwen3 128" scripts/ncu_evict_probe.sh; for r in uniform zipf; do ncu --clock-control none -k regex:sm90_moe_wgmma3 -c 2 --section SpeedOfLight --section SchedulerStats --section WarpStateStats --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_op_read.sum,lts__t_sectors_op_read_lookup_hit.sum,sm__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_gmma.sum build-gpu/bench/bench_layer --shape dsv3 --recipes nvfp4 --routing $r --tokens 4096 --iters 3; done
