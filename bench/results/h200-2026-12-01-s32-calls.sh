@@ -33,3 +33,18 @@ timeout 230 scripts/gpu_round.sh build; NCU_CASES="dsv3 1;dsv3 8" scripts/ncu_ev
 # wgmma instructions 29.4 M / 42.9 M (fc1) and 14.7 M / 21.4 M (fc2); all instructions 1.43 G /
 # 1.92 G (fc1).
 timeout 230 scripts/gpu_round.sh build; NCU_CASES="qwen3 8;qwen3 32;qwen3 128" scripts/ncu_evict_probe.sh; for r in uniform zipf; do ncu --clock-control none -k regex:sm90_moe_wgmma3 -c 2 --section SpeedOfLight --section SchedulerStats --section WarpStateStats --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_op_read.sum,lts__t_sectors_op_read_lookup_hit.sum,sm__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_gmma.sum build-gpu/bench/bench_layer --shape dsv3 --recipes nvfp4 --routing $r --tokens 4096 --iters 3; done
+# Call E (fresh machine, main 81d7fd8): Nsight Compute of the tile-8 decode GEMMs, DSV3 nvfp4
+# uniform, with pipe utilizations and shared-memory counters (-e-ncu-decode.tgz). Issue slots busy
+# / FMA-heavy pipe / ALU pipe / shared wavefronts (% of peak) / eligible warps per scheduler:
+# 1 token fc1 50.1 / 51.1 / 41.0 / 40.6 / 0.84 (42.8 us, SM 1.81 GHz), fc2 42.6 / 46.7 / 40.6 /
+# 33.2 / 1.18 (25.9 us); 128 tokens fc1 69.2 / 65.3 / 53.5 / 56.2 / 1.77 (1.03 ms, DRAM 83 %),
+# fc2 70.0 / 60.9 / 54.2 / 54.5 / 1.82 (532 us, DRAM 80 %). Shared stores 4-5-way bank
+# conflicted (the scale tables), 21-30 % of store wavefronts.
+timeout 230 scripts/gpu_round.sh build; for t in 1 128; do ncu --clock-control none -k regex:sm90_moe_decode -c 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats --section WarpStateStats --section InstructionStats --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed build-gpu/bench/bench_layer --shape dsv3 --recipes nvfp4 --routing uniform --tokens $t --iters 3; done
+# Call F (fresh machine, 81d7fd8): Qwen3 nvfp4 8 tokens under ncu --graph-profiling graph
+# --cache-control none, evict_normal / evict_first (-f-ncu-eager-stalls.tgz). The first 40
+# profiled launches were eager kernels, not graph launches, and their durations under ncu are
+# not usable (230-470 us for a ~40 us fc1). Per issued instruction, fc1's long-scoreboard stalls
+# 2.48-3.23 (evict_normal) against 1.72-1.77 (evict_first), no-instruction stalls 0.12-0.21
+# against 0.40-0.44; fc2 level. Inconclusive about the replays.
+MOE_EP_WEIGHT_EVICT_FIRST=$ev ncu --graph-profiling graph --cache-control none --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats -c 40 build-gpu/bench/bench_layer --shape qwen3 --recipes nvfp4 --routing uniform --tokens 8 --iters 4  # ev = 0, 1
