@@ -1143,6 +1143,35 @@ TEST(GpuLayer, WeightEvictFirstSameBits) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// fc1's room for an fc2 CTA (docs/gpu_kernels.md §6 "Session 32"): where fc1's tile-8 grid is
+// sized for 2 CTAs per SM on one GPU its ring is 3 slots in a third of the SM instead of 4, which
+// changes no bit. Qwen3 (E 16, K 8, 12 fc1 M-tiles): T = 2, 5, 8 touch 16 experts (192 CTAs, 2 per
+// SM) and take the path; T = 1 touches 8 (96 CTAs, 1 per SM) and does not.
+using RoomOverride = ScopedOverride<kern::set_fc1_room_override, 0>;
+
+TEST(GpuLayer, Fc1RoomForFc2SameBits) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(kern::fc1_room_for_fc2());
+  const Shape s = kQwen3;
+  const Master m(s, 61);
+  for_each_4bit_layer_and_tokens(
+      s, m, 80, {1, 2, 5, 8}, 131,
+      [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
+        auto run = [&](int mode) {
+          RoomOverride o(mode);
+          EXPECT_EQ(kern::fc1_room_for_fc2(), mode == 1);
+          std::vector<uint16_t> bits = forward_bits(gpu, d, h);
+          EXPECT_EQ(kern::last_fc1_room(), mode == 1 && T >= 2) << "fc1's ring policy";
+          return bits;
+        };
+        const std::vector<uint16_t> first = run(1);
+        EXPECT_TRUE(any_nonzero(first)) << "every output is zero";
+        EXPECT_TRUE(run(2) == first) << "fc1's ring of 4 slots differs from the ring of 3";
+        EXPECT_TRUE(run(1) == first) << "repeated forward is not bitwise identical";
+      });
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1; docs/gpu_kernels.md §8): within
 // SPEC §7's tolerance of the CPU reference, repeated forwards bitwise, on DSV3 and Qwen3 (H and I
 // multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give

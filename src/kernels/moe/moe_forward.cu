@@ -779,6 +779,21 @@ bool weight_evict_first() {
   return env;
 }
 
+namespace {
+std::atomic<int> g_room_override{0};
+std::atomic<bool> g_last_room{false};
+}  // namespace
+void set_fc1_room_override(int mode) {
+  g_room_override.store(mode == 1 || mode == 2 ? mode : 0, std::memory_order_relaxed);
+}
+bool fc1_room_for_fc2() {
+  if (const int o = g_room_override.load(std::memory_order_relaxed)) return o == 1;
+  static const bool env = env_switch("MOE_EP_FC1_ROOM", true);
+  return env;
+}
+void note_fc1_room(bool taken) { g_last_room.store(taken, std::memory_order_relaxed); }
+bool last_fc1_room() { return g_last_room.load(std::memory_order_relaxed); }
+
 void note_decode_splits(bool fc1, int splits) {
   g_last_splits[fc1].store(splits, std::memory_order_relaxed);
 }
@@ -954,6 +969,7 @@ cudaError_t launch_forward(const ForwardArgs& args, cudaStream_t s, cudaEvent_t*
   a.fp8_widths = fp8_widths();
   a.fc2_early = fc2_early_start();
   a.weight_evict_first = weight_evict_first();
+  note_fc1_room(false);
   static const bool warp_route = env_switch("MOE_EP_WARP_ROUTE", true);
   a.warp_route = warp_route;
   // Route orders the tiles for the split, and the decode GEMMs run it (launch_decode).
