@@ -48,3 +48,17 @@ timeout 230 scripts/gpu_round.sh build; for t in 1 128; do ncu --clock-control n
 # 2.48-3.23 (evict_normal) against 1.72-1.77 (evict_first), no-instruction stalls 0.12-0.21
 # against 0.40-0.44; fc2 level. Inconclusive about the replays.
 MOE_EP_WEIGHT_EVICT_FIRST=$ev ncu --graph-profiling graph --cache-control none --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats -c 40 build-gpu/bench/bench_layer --shape qwen3 --recipes nvfp4 --routing uniform --tokens 8 --iters 4  # ev = 0, 1
+# Call G (fresh machine, branch s32-fc1-smem-pad before its commit: a knob MOE_EP_FC1_SMEM_KB=N
+# giving a tile-8 fc1 with rings for 2 CTAs per SM a ring of at most N KB and N KB of dynamic
+# shared memory; -g-pad-{dsv3,gptoss}-ab.log). DSV3 1 token nvfp4 70.6 / 70.5 (default, 4 slots)
+# -> 69.3 / 69.7 (72 KB, 3 slots), 69.6 / 69.6 (76), 69.5 / 69.7 (80); mxfp4_mxfp8 65.1 / 65.5
+# -> 65.3 / 64.8, 64.4 / 64.7, 64.7 / 64.5; gpt-oss nvfp4 1 token 37.1 / 37.1 -> 36.7 / 36.5
+# (76 KB), 2 tokens level.
+AB_REPS=2 AB_VARIANTS="this;this:MOE_EP_FC1_SMEM_KB=72;this:MOE_EP_FC1_SMEM_KB=76;this:MOE_EP_FC1_SMEM_KB=80" AB_ARGS="--shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1" scripts/gpu_round.sh ab  # then gpt-oss 1,2 with 76
+# Call H (fresh machine, aa04d17: the room for fc2 by default, a third of the SM = 76 KB):
+# GPU tests 39/39 incl. Fc1RoomForFc2SameBits (-h-gpu_tests.log); memcheck 0 errors, racecheck 0
+# hazards (-h-sanitize.log); A/B MOE_EP_FC1_ROOM=0 against the default (-h-room-*-ab.log): DSV3
+# nvfp4 1 token 70.4 / 70.8 -> 69.5 / 69.8, mxfp4_mxfp8 65.2 / 65.6 -> 64.4 / 64.6, 2 tokens
+# (fc1 at 4 CTAs per SM, not taken) 117.2-117.5 -> 117.3-117.6 and 111.7-111.9 -> 110.9-111.1;
+# Qwen3 nvfp4 2 / 3 tokens 31.1 / 31.1 -> 30.6 / 30.4 and 37.2 / 37.0 -> 37.0 / 36.7.
+timeout 200 scripts/gpu_round.sh build; build-gpu/tests/moe_ep_gpu_tests; AB_REPS=2 AB_VARIANTS="this:MOE_EP_FC1_ROOM=0;this" AB_ARGS="--shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1,2" scripts/gpu_round.sh ab; AB_REPS=2 AB_VARIANTS="this:MOE_EP_FC1_ROOM=0;this" AB_ARGS="--shape qwen3 --recipes nvfp4 --routing uniform --tokens 2,3" scripts/gpu_round.sh ab; scripts/gpu_round.sh sanitize

@@ -1149,11 +1149,11 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
     if (per_sm == 2 && a.owner_pairs == 0 && fc1_room_for_fc2()) {
       constexpr int kThird = kSmemPerSm / 3;
       using C2 = DecodeConfig<R, kN, 2, 4>;  // fc2 at 4 CTAs per SM: its smallest ring
-      static_assert(2 * (kThird + kDecodeStaticBound + kSmemReservedPerCta) +
-                            (C2::kMinStages * C2::kStageBytes + kDecodeStaticBound +
-                             kSmemReservedPerCta) <=
-                        kSmemPerSm,
-                    "two fc1 CTAs of a third of the SM and one fc2 CTA fit an SM");
+      static_assert(
+          2 * (kThird + kDecodeStaticBound + kSmemReservedPerCta) +
+                  (C2::kMinStages * C2::kStageBytes + kDecodeStaticBound + kSmemReservedPerCta) <=
+              kSmemPerSm,
+          "two fc1 CTAs of a third of the SM and one fc2 CTA fit an SM");
       stages = std::max(C::kMinStages, std::min(stages, kThird / C::kStageBytes));
       smem = std::max(C::smem_bytes(stages), std::min(kThird, C::kMaxSmemBytes));
       note_fc1_room(true);
