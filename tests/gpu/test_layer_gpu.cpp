@@ -1146,7 +1146,7 @@ TEST(GpuLayer, WeightEvictFirstSameBits) {
 // fc1's room for an fc2 CTA (docs/gpu_kernels.md §6 "Session 32"): where fc1's tile-8 grid is
 // sized for 2 CTAs per SM on one GPU its ring is 3 slots in a third of the SM instead of 4, which
 // changes no bit. Qwen3 (E 16, K 8, 12 fc1 M-tiles): T = 2, 5, 8 touch 16 experts (192 CTAs, 2 per
-// SM) and take the path; T = 1 touches 8 (96 CTAs, 1 per SM) and does not.
+// SM on an H100 / H200) and take the path; T = 1 touches 8 (96 CTAs, 1 per SM) and does not.
 using RoomOverride = ScopedOverride<kern::set_fc1_room_override, 0>;
 
 TEST(GpuLayer, Fc1RoomForFc2SameBits) {
@@ -1154,14 +1154,18 @@ TEST(GpuLayer, Fc1RoomForFc2SameBits) {
   EXPECT_TRUE(kern::fc1_room_for_fc2());
   const Shape s = kQwen3;
   const Master m(s, 61);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   for_each_4bit_layer_and_tokens(
       s, m, 80, {1, 2, 5, 8}, 131,
       [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
+        const int ctas = std::min(T * s.K, s.E) * (2 * s.I / 128);  // fc1's expected grid
+        const bool two_per_sm = (ctas + sms - 1) / sms == 2;
         auto run = [&](int mode) {
           RoomOverride o(mode);
           EXPECT_EQ(kern::fc1_room_for_fc2(), mode == 1);
           std::vector<uint16_t> bits = forward_bits(gpu, d, h);
-          EXPECT_EQ(kern::last_fc1_room(), mode == 1 && T >= 2) << "fc1's ring policy";
+          EXPECT_EQ(kern::last_fc1_room(), mode == 1 && two_per_sm) << "fc1's ring policy";
           return bits;
         };
         const std::vector<uint16_t> first = run(1);

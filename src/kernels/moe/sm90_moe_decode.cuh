@@ -1142,9 +1142,10 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
   // Room for fc2 (fc1_room_for_fc2): a tile-8 fc1 whose ring is sized for 2 CTAs per SM on one GPU
   // takes a third of the SM's shared memory as its dynamic size and at most that as its ring (3
   // slots of 4 chunks instead of 4), so that a third fc1 CTA still does not fit an SM but an fc2
-  // CTA (2 slots at 4 per SM) does, and becomes resident and queues its first slots during fc1.
-  // Measured on the H200 (docs/gpu_kernels.md §6 "Session 32"): DSV3 1 token nvfp4 70.5-70.6 ->
-  // 69.6 us, mxfp4_mxfp8 65.1-65.5 -> 64.4-64.7, gpt-oss nvfp4 1 token 37.1 -> 36.5-36.7.
+  // CTA (2 slots at 4 per SM) does, and can become resident and queue its first slots during fc1.
+  // Measured on the H200 (docs/gpu_kernels.md §6 "Session 32"): DSV3 1 token nvfp4 70.4-70.8 ->
+  // 69.5-69.8 us, mxfp4_mxfp8 65.2-65.6 -> 64.4-64.6, gpt-oss nvfp4 1 token 37.1 -> 36.5-36.7.
+  // EP owners keep their rings (owner_fc1_ctas_per_sm; not measured with this).
   if constexpr (kFc1 && kN == 8) {
     if (per_sm == 2 && a.owner_pairs == 0 && fc1_room_for_fc2()) {
       constexpr int kThird = kSmemPerSm / 3;
