@@ -62,3 +62,6 @@ AB_REPS=2 AB_VARIANTS="this;this:MOE_EP_FC1_SMEM_KB=72;this:MOE_EP_FC1_SMEM_KB=7
 # (fc1 at 4 CTAs per SM, not taken) 117.2-117.5 -> 117.3-117.6 and 111.7-111.9 -> 110.9-111.1;
 # Qwen3 nvfp4 2 / 3 tokens 31.1 / 31.1 -> 30.6 / 30.4 and 37.2 / 37.0 -> 37.0 / 36.7.
 timeout 200 scripts/gpu_round.sh build; build-gpu/tests/moe_ep_gpu_tests; AB_REPS=2 AB_VARIANTS="this:MOE_EP_FC1_ROOM=0;this" AB_ARGS="--shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1,2" scripts/gpu_round.sh ab; AB_REPS=2 AB_VARIANTS="this:MOE_EP_FC1_ROOM=0;this" AB_ARGS="--shape qwen3 --recipes nvfp4 --routing uniform --tokens 2,3" scripts/gpu_round.sh ab; scripts/gpu_round.sh sanitize
+# Call I (fresh machine, 9694651: the test's expectation from the SM count): Fc1RoomForFc2SameBits
+# and WeightEvictFirstSameBits pass (2/2). The kernels are aa04d17's (only comments changed since).
+timeout 170 scripts/gpu_round.sh build; build-gpu/tests/moe_ep_gpu_tests --gtest_filter='GpuLayer.Fc1RoomForFc2SameBits:GpuLayer.WeightEvictFirstSameBits'
