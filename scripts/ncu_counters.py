@@ -6,6 +6,10 @@ import re
 import sys
 
 
+def megabytes(metrics, key, unit=1.0):
+    return metrics.get(key, 0.0) * unit / 1e6
+
+
 def main(paths):
     for path in paths:
         kernels = {}
@@ -22,16 +26,12 @@ def main(paths):
                     pass
         print("==", path.rsplit("/", 1)[-1])
         for kid, m in kernels.items():
-
-            def mb(key, unit=1.0, m=m):
-                return m.get(key, 0.0) * unit / 1e6
-
             print(f"  {kid:>3} {m['name'][:48]:48s} {m.get('gpu__time_duration.sum', 0) / 1e3:8.1f} us"
-                  f"  DRAM read {mb('dram__bytes_read.sum'):8.1f} MB"
+                  f"  DRAM read {megabytes(m, 'dram__bytes_read.sum'):8.1f} MB"
                   f"  L2 hit {m.get('lts__t_sector_hit_rate.pct', 0):5.1f} %"
-                  f"  L2 read {mb('lts__t_sectors_op_read.sum', 32):8.1f} MB"
-                  f" (hits {mb('lts__t_sectors_op_read_lookup_hit.sum', 32):7.1f})"
-                  f"  L2 write {mb('lts__t_sectors_op_write.sum', 32):6.1f} MB")
+                  f"  L2 read {megabytes(m, 'lts__t_sectors_op_read.sum', 32):8.1f} MB"
+                  f" (hits {megabytes(m, 'lts__t_sectors_op_read_lookup_hit.sum', 32):7.1f})"
+                  f"  L2 write {megabytes(m, 'lts__t_sectors_op_write.sum', 32):6.1f} MB")
 
 
 if __name__ == "__main__":

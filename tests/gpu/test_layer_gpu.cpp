@@ -1122,6 +1122,17 @@ TEST(GpuLayer, DecodeOneFragmentWarpsSameBits) {
 // 24 (12 rows per expert: tile 16) and 72 (36 rows: the wgmma kernel, which ignores the switch),
 // every 4-bit recipe; and the default is on.
 using EvictOverride = ScopedOverride<kern::set_weight_evict_override, 0>;
+
+// A switch that changes no bit: run(1) (on, the default), run(2) (off) and run(1) again give the
+// same nonzero outputs; `off_differs` says which switch failed.
+template <class Run>
+void expect_switch_same_bits(Run run, const char* off_differs) {
+  const std::vector<uint16_t> first = run(1);
+  EXPECT_TRUE(any_nonzero(first)) << "every output is zero";
+  EXPECT_TRUE(run(2) == first) << off_differs;
+  EXPECT_TRUE(run(1) == first) << "repeated forward is not bitwise identical";
+}
+
 TEST(GpuLayer, WeightEvictFirstSameBits) {
   SKIP_WITHOUT_GPU();
   EXPECT_TRUE(kern::weight_evict_first());
@@ -1135,10 +1146,7 @@ TEST(GpuLayer, WeightEvictFirstSameBits) {
           EXPECT_EQ(kern::weight_evict_first(), mode == 1);
           return forward_bits(gpu, d, h);
         };
-        const std::vector<uint16_t> first = run(1);
-        EXPECT_TRUE(any_nonzero(first)) << "every output is zero";
-        EXPECT_TRUE(run(2) == first) << "evict_normal differs from evict_first";
-        EXPECT_TRUE(run(1) == first) << "repeated forward is not bitwise identical";
+        expect_switch_same_bits(run, "evict_normal differs from evict_first");
       });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
@@ -1155,11 +1163,12 @@ TEST(GpuLayer, Fc1RoomForFc2SameBits) {
   const Shape s = kQwen3;
   const Master m(s, 61);
   int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int mtiles = kern::resident_shape(Recipe::kNvfp4, s.H, s.I).fc1_mtiles;
   for_each_4bit_layer_and_tokens(
       s, m, 80, {1, 2, 5, 8}, 131,
       [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
-        const int ctas = std::min(T * s.K, s.E) * (2 * s.I / 128);  // fc1's expected grid
+        const int ctas = kern::expected_tiles(T * s.K, s.E, 8) * mtiles;  // fc1's expected grid
         const bool two_per_sm = (ctas + sms - 1) / sms == 2;
         auto run = [&](int mode) {
           RoomOverride o(mode);
@@ -1168,10 +1177,7 @@ TEST(GpuLayer, Fc1RoomForFc2SameBits) {
           EXPECT_EQ(kern::last_fc1_room(), mode == 1 && two_per_sm) << "fc1's ring policy";
           return bits;
         };
-        const std::vector<uint16_t> first = run(1);
-        EXPECT_TRUE(any_nonzero(first)) << "every output is zero";
-        EXPECT_TRUE(run(2) == first) << "fc1's ring of 4 slots differs from the ring of 3";
-        EXPECT_TRUE(run(1) == first) << "repeated forward is not bitwise identical";
+        expect_switch_same_bits(run, "fc1's ring of 4 slots differs from the ring of 3");
       });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }

@@ -768,28 +768,33 @@ void note_decode_fw(bool fc1, int fw) { g_last_fw[fc1].store(fw, std::memory_ord
 int last_decode_fw(bool fc1) { return g_last_fw[fc1].load(std::memory_order_relaxed); }
 
 namespace {
-std::atomic<int> g_evict_override{0};
-}  // namespace
-void set_weight_evict_override(int mode) {
-  g_evict_override.store(mode == 1 || mode == 2 ? mode : 0, std::memory_order_relaxed);
-}
-bool weight_evict_first() {
-  if (const int o = g_evict_override.load(std::memory_order_relaxed)) return o == 1;
-  static const bool env = env_switch("MOE_EP_WEIGHT_EVICT_FIRST", true);
-  return env;
-}
+// An on/off policy a test can force: on (1), off (2), or 0 to clear; unforced, `env` decides (the
+// caller's env_switch, read once per process).
+class ForcedSwitch {
+ public:
+  void force(int mode) {
+    mode_.store(mode == 1 || mode == 2 ? mode : 0, std::memory_order_relaxed);
+  }
+  bool on(bool env) const {
+    const int m = mode_.load(std::memory_order_relaxed);
+    return m ? m == 1 : env;
+  }
 
-namespace {
-std::atomic<int> g_room_override{0};
+ private:
+  std::atomic<int> mode_{0};
+};
+ForcedSwitch g_evict, g_room;
 std::atomic<bool> g_last_room{false};
 }  // namespace
-void set_fc1_room_override(int mode) {
-  g_room_override.store(mode == 1 || mode == 2 ? mode : 0, std::memory_order_relaxed);
+void set_weight_evict_override(int mode) { g_evict.force(mode); }
+bool weight_evict_first() {
+  static const bool env = env_switch("MOE_EP_WEIGHT_EVICT_FIRST", true);
+  return g_evict.on(env);
 }
+void set_fc1_room_override(int mode) { g_room.force(mode); }
 bool fc1_room_for_fc2() {
-  if (const int o = g_room_override.load(std::memory_order_relaxed)) return o == 1;
   static const bool env = env_switch("MOE_EP_FC1_ROOM", true);
-  return env;
+  return g_room.on(env);
 }
 void note_fc1_room(bool taken) { g_last_room.store(taken, std::memory_order_relaxed); }
 bool last_fc1_room() { return g_last_room.load(std::memory_order_relaxed); }

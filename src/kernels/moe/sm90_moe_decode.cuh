@@ -1071,12 +1071,40 @@ constexpr int decode_max_per_sm() {
   return n < 4 ? n : 4;
 }
 
-// Ring depth: as deep as the shared memory of per_sm CTAs allows.
-template <Recipe R, int kN, int kFW, int kCps>
-int decode_stages(int per_sm) {
+// A launch's ring: its depth in slots and the dynamic shared memory it asks for.
+struct DecodeRing {
+  int stages, smem;
+};
+
+// Ring depth: as deep as the shared memory of per_sm CTAs allows, in exactly that memory; except
+// room for fc2 (fc1_room_for_fc2): a tile-8 fc1 whose ring is sized for 2 CTAs per SM on one GPU
+// asks for a third of the SM's shared memory and uses at most that as its ring (3 slots of 4
+// chunks instead of 4), so that a third fc1 CTA still does not fit an SM but an fc2 CTA (2 slots at
+// 4 per SM) does, and can become resident and queue its first slots during fc1. Measured on the
+// H200 (docs/gpu_kernels.md §6 "Session 32"): DSV3 1 token nvfp4 70.4-70.8 -> 69.5-69.8 us,
+// mxfp4_mxfp8 65.2-65.6 -> 64.4-64.6, gpt-oss nvfp4 1 token 37.1 -> 36.5-36.7. EP owners keep
+// their rings (owner_fc1_ctas_per_sm; not measured with this).
+template <Recipe R, int kN, int kFW, int kCps, bool kFc1>
+DecodeRing decode_ring(const ForwardArgs& a, int per_sm) {
   using C = DecodeConfig<R, kN, kFW, kCps>;
-  const int stages = (kSmemPerSm / per_sm - kDecodeStaticBound) / C::kStageBytes;
-  return std::max(C::kMinStages, std::min({C::kMaxStages, decode_max_stages(), stages}));
+  int stages = (kSmemPerSm / per_sm - kDecodeStaticBound) / C::kStageBytes;
+  stages = std::max(C::kMinStages, std::min({C::kMaxStages, decode_max_stages(), stages}));
+  if constexpr (kFc1 && kN == 8) {
+    if (per_sm == 2 && a.owner_pairs == 0 && fc1_room_for_fc2()) {
+      constexpr int kThird = kSmemPerSm / 3;
+      using C2 = DecodeConfig<R, kN, 2, 4>;  // fc2 at 4 CTAs per SM: its smallest ring
+      static_assert(
+          2 * (kThird + kDecodeStaticBound + kSmemReservedPerCta) +
+                  (C2::kMinStages * C2::kStageBytes + kDecodeStaticBound + kSmemReservedPerCta) <=
+              kSmemPerSm,
+          "two fc1 CTAs of a third of the SM and one fc2 CTA fit an SM");
+      static_assert(kThird <= C::kMaxSmemBytes, "within the kernel's shared-memory attribute");
+      stages = std::max(C::kMinStages, std::min(stages, kThird / C::kStageBytes));
+      note_fc1_room(true);
+      return {stages, std::max(C::smem_bytes(stages), kThird)};
+    }
+  }
+  return {stages, C::smem_bytes(stages)};
 }
 
 // MOE_EP_DECODE_PIPE=0 (benchmark knob, read once per process): the plain consumer loop (load,
@@ -1137,29 +1165,7 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
                               int splits, int per_sm) {
   using C = DecodeConfig<R, kN, kFW, kCps>;
   if (tiles == 0) return cudaSuccess;
-  int stages = decode_stages<R, kN, kFW, kCps>(per_sm);
-  int smem = C::smem_bytes(stages);
-  // Room for fc2 (fc1_room_for_fc2): a tile-8 fc1 whose ring is sized for 2 CTAs per SM on one GPU
-  // takes a third of the SM's shared memory as its dynamic size and at most that as its ring (3
-  // slots of 4 chunks instead of 4), so that a third fc1 CTA still does not fit an SM but an fc2
-  // CTA (2 slots at 4 per SM) does, and can become resident and queue its first slots during fc1.
-  // Measured on the H200 (docs/gpu_kernels.md §6 "Session 32"): DSV3 1 token nvfp4 70.4-70.8 ->
-  // 69.5-69.8 us, mxfp4_mxfp8 65.2-65.6 -> 64.4-64.6, gpt-oss nvfp4 1 token 37.1 -> 36.5-36.7.
-  // EP owners keep their rings (owner_fc1_ctas_per_sm; not measured with this).
-  if constexpr (kFc1 && kN == 8) {
-    if (per_sm == 2 && a.owner_pairs == 0 && fc1_room_for_fc2()) {
-      constexpr int kThird = kSmemPerSm / 3;
-      using C2 = DecodeConfig<R, kN, 2, 4>;  // fc2 at 4 CTAs per SM: its smallest ring
-      static_assert(
-          2 * (kThird + kDecodeStaticBound + kSmemReservedPerCta) +
-                  (C2::kMinStages * C2::kStageBytes + kDecodeStaticBound + kSmemReservedPerCta) <=
-              kSmemPerSm,
-          "two fc1 CTAs of a third of the SM and one fc2 CTA fit an SM");
-      stages = std::max(C::kMinStages, std::min(stages, kThird / C::kStageBytes));
-      smem = std::max(C::smem_bytes(stages), std::min(kThird, C::kMaxSmemBytes));
-      note_fc1_room(true);
-    }
-  }
+  const DecodeRing ring = decode_ring<R, kN, kFW, kCps, kFc1>(a, per_sm);
   // The plain loop takes 1-chunk slots only, so slots of 2 or 4 chunks build only the pipelined
   // kernel.
   auto kernel = sm90_moe_decode_pipe_kernel<R, kN, kFW, kFc1, kCps>;
@@ -1170,7 +1176,7 @@ cudaError_t launch_decode_cps(const ForwardArgs& a, cudaStream_t s, int tiles, i
   const int forced_wave = decode_wave_override();
   const int wave = forced_wave ? forced_wave : a.num_sms * per_sm;
   return launch_kernel(decode_pdl(kFc1), kernel, dim3(tiles, mtiles, splits), dim3(C::kThreads),
-                       smem, s, a, stages, splits, wave);
+                       ring.smem, s, a, ring.stages, splits, wave);
 }
 
 // Fragments per consumer warp of a tile-8 launch: 2 (4 consumer warps), or 1 (8 warps, each
