@@ -344,7 +344,7 @@ void set_weight_evict_override(int mode);
 bool weight_evict_first();
 
 // A tile-8 fc1 with rings for 2 CTAs per SM on one GPU leaves room for an fc2 CTA beside its two
-// (sm90_moe_decode.cuh, launch_decode_cps; docs/gpu_kernels.md §6 "Session 32"): a test's override
+// (sm90_moe_decode.cuh, decode_ring; docs/gpu_kernels.md §6 "Session 32"): a test's override
 // (1 on, 2 off; 0 clears it), else MOE_EP_FC1_ROOM=0|1 (read once per process), else on. The
 // last forward's fc1 launches say whether they took it (note_fc1_room, reset by launch_forward).
 void set_fc1_room_override(int mode);
