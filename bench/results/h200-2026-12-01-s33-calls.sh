@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 33's device calls, in order; nvidia-h200 (the only kind lent). The binaries were built
+# on the development machine (nvcc 13.0.88, the same NCCL 2.28.9 headers) and carried as one
+# xz archive (`tar -cf - tests/moe_ep_gpu_tests bench/bench_layer bench/bench_quantize moe-ep |
+# xz -9 > build-carry/bins.tar.xz` from build/, 14 MB; carry ["build-carry"]), so no call
+# built on the device. Timings are medians of 20 CUDA-graph replays, us, unless marked.
+#
+# Call A (main 92e673f, the session-32 review that had not run on a GPU): GPU tests 39/39,
+# memcheck 0 errors, racecheck 0 hazards, `moe-ep run` / `check --tokens 0,1,7,128` 16 PASS
+# (-a-round.log, -a-logs.tgz); every BENCH.md case of DSV3 at EP = 1 (-a-layer-dsv3.{json,log},
+# the plot -a-layer-dsv3.png drawn here with the recorded PyTorch baseline
+# h200-2026-11-29-torch-baseline.json). Uniform, 1 / 8 / 32 / 128 / 512 / 2048 / 4096 tokens:
+# nvfp4 69.6 / 377.0 / 1104.8 / 1747.1 / 2606.6 / 4187.2 / 5933.1; mxfp4_mxfp8 65.2 / 362.3 /
+# 1053.8 / 1692.3 / 2525.1 / 4039.5 / 5800.2; mxfp4_bf16 64.5 / 364.6 / 1042.6 / 1652.6 / 2553.9
+# / 4194.3 / 6030.4; bf16 183.4 / 1200.5 / 3352.2 / 5026.5 / 6194.8 / 6876.4 / 10484.4.
+# Zipf nvfp4 4096: 6791.7.
+export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])"); export LD_LIBRARY_PATH=$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}; mkdir -p build && tar -xJf build-carry/bins.tar.xz -C build && export BUILD_DIR=build MOE_EP_COMMIT=92e673f && scripts/gpu_round.sh test sanitize cli; BENCH_SHAPES=dsv3 BENCH_EP="" TORCH_SHAPES="" timeout 320 scripts/gpu_round.sh benchall
+# Call B (92e673f + the new tests, committed after the call): GPU tests 43/43 in 160 s
+# (-b-gpu_tests.log), with Dsv3 / Qwen3 / GptOss / MixtralAllRecipesAt4096 (every recipe at
+# T = 4096 = capacity against the CPU, rel L2 nvfp4 0 - 3.6e-6, mxfp4_mxfp8 2.1e-5 - 2.2e-4,
+# mxfp4_bf16 1.5e-4 - 4.0e-4, bf16 6.5e-4 - 1.4e-3; the repeated forward bitwise) and the
+# capacity - 1 cases added to gpt-oss (159) and Mixtral (127, 128); every BENCH.md case of Qwen3
+# and gpt-oss at EP = 1 with the PyTorch baseline (-b-layer-*.{json,log,png}, -b-torch-*).
+# nvfp4 uniform 1 / 128 / 4096 tokens: Qwen3 23.5 / 140.2 / 801.9 (PyTorch 724.6 / 730.9 /
+# 2262.1), gpt-oss 36.9 / 476.3 / 1744.8 (PyTorch 392.4 / 2724.8 / 4416.0).
+scripts/gpu_round.sh test; BENCH_SHAPES="qwen3 gpt-oss" BENCH_EP="" scripts/gpu_round.sh benchall
