@@ -24,3 +24,9 @@ export NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0]
 # nvfp4 uniform 1 / 128 / 4096 tokens: Qwen3 23.5 / 140.2 / 801.9 (PyTorch 724.6 / 730.9 /
 # 2262.1), gpt-oss 36.9 / 476.3 / 1744.8 (PyTorch 392.4 / 2724.8 / 4416.0).
 scripts/gpu_round.sh test; BENCH_SHAPES="qwen3 gpt-oss" BENCH_EP="" scripts/gpu_round.sh benchall
+# Call C (same binaries): where DSV3 nvfp4's 1-token GEMMs lose time, probed by the grid's
+# CTAs per SM (-c-probe.log, two runs; eager stage times prep/fc1/fc2/fin in us). fc2 at H =
+# 6272 / 6656 / 7168 / 7680 (392 / 416 / 448 / 480 CTAs of 128 rows, at most 3 / 4 / 4 / 4 per
+# SM): 23.3-23.5 / 26.4-26.5 / 26.7 / 27.2. fc1 at I = 1920 / 2048 / 2112 (240 / 256 / 264 CTAs,
+# at most 2 per SM): 44.0-45.2 / 44.2-45.0 / 44.8-46.4.
+for h in 6272 6656 7168 7680; do build/bench/bench_layer --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1 --hidden $h; done; for i in 1920 2048 2112; do build/bench/bench_layer --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1 --inter $i; done
