@@ -30,3 +30,7 @@ scripts/gpu_round.sh test; BENCH_SHAPES="qwen3 gpt-oss" BENCH_EP="" scripts/gpu_
 # SM): 23.3-23.5 / 26.4-26.5 / 26.7 / 27.2. fc1 at I = 1920 / 2048 / 2112 (240 / 256 / 264 CTAs,
 # at most 2 per SM): 44.0-45.2 / 44.2-45.0 / 44.8-46.4.
 for h in 6272 6656 7168 7680; do build/bench/bench_layer --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1 --hidden $h; done; for i in 1920 2048 2112; do build/bench/bench_layer --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1 --inter $i; done
+# Call D (same binaries): the opt-in fp8 path (MOE_EP_FP8=1, mxfp4_mxfp8) on main, records with
+# mma_type fp8 (-d-fp8-{dsv3,qwen3}.{json,log}): DSV3 512 / 2048 / 4096 tokens 2394.1 / 3154.0 /
+# 4545.1 (mma_fraction 0.47 at 4096), Qwen3 228.4 / 390.6 / 735.2.
+for s in dsv3 qwen3; do MOE_EP_FP8=1 build/bench/bench_layer --shape $s --recipes mxfp4_mxfp8 --routing uniform --tokens 512,2048,4096 --json $OUT/d-fp8-$s.json; done
