@@ -37,8 +37,12 @@
 #   pack = last: everything under $OUT into $OUT/all.tgz (the device tool returns at most 8
 #   files, two folders down; run `scripts/gpu_round.sh pack` once at the end of a call that ran
 #   several steps or several OUT=$OUT/sub invocations).
+#   carried = first, instead of build: the binaries that scripts/pack_carry.sh built on the
+#   development machine (build-carry/bins.tar.xz, carry ["build-carry"]) unpacked into
+#   build-carried, which the later steps use (the python, timeline and ab steps still build).
 #   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
-# Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers).
+# Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers), or
+# ["build-carry"] for `carried`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -67,6 +71,15 @@ configure() {
     ${NCCL_DIR:+-DNCCL_ROOT=$NCCL_DIR} -DGTEST_ROOT="$PWD/.deps/gtest" \
     -DCUTLASS_DIR="$PWD/.deps/cutlass/include" "${@:4}" >"$3" 2>&1
 }
+
+if has carried; then
+  # The development machine's build links the toolkit's libnccl (the same release) by a run
+  # path that does not exist here: the wheel's lib folder stands in for it.
+  echo "== carried binaries (build-carry/bins.tar.xz) -> build-carried"
+  BUILD=build-carried
+  mkdir -p "$BUILD" && tar -xJf build-carry/bins.tar.xz -C "$BUILD" || exit 1
+  [ -n "$NCCL_DIR" ] && export LD_LIBRARY_PATH="$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 if has build; then
   echo "== build ($BUILD, $JOBS jobs)"
