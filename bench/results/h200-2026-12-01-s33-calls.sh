@@ -34,3 +34,7 @@ for h in 6272 6656 7168 7680; do build/bench/bench_layer --shape dsv3 --recipes 
 # mma_type fp8 (-d-fp8-{dsv3,qwen3}.{json,log}): DSV3 512 / 2048 / 4096 tokens 2394.1 / 3154.0 /
 # 4545.1 (mma_fraction 0.47 at 4096), Qwen3 228.4 / 390.6 / 735.2.
 for s in dsv3 qwen3; do MOE_EP_FP8=1 build/bench/bench_layer --shape $s --recipes mxfp4_mxfp8 --routing uniform --tokens 512,2048,4096 --json $OUT/d-fp8-$s.json; done
+# Call E (5b10e46's scripts, the same binaries packed by scripts/pack_carry.sh): the carried
+# step, GPU tests 2/2 (filtered), the multi-GPU suite skipping on one GPU, moe-ep run / check
+# 16 PASS.
+GTEST_FILTER='GpuLayer.SmallForSanitizer:GpuLayer.Fc1RoomForFc2SameBits' scripts/gpu_round.sh carried test multigpu cli
