@@ -6,8 +6,11 @@
 // non-zero scale bytes) and go through the layer's own preprocessing. Each case: warm-up, then
 // >= 20 CUDA-graph replays timed with events, alternating 2 input sets; per-stage times from eager
 // forwards with the stage-event hook. One JSON record per case.
+// Every record names the launch plan its forwards ran (MegaLayer::last_plan); --explain prints
+// it per case. MOE_EP_COMMIT names the tree's commit in the records.
 //   bench_layer [--json PATH] [--shape dsv3|qwen3|gpt-oss] [--recipes a,b] [--tokens 1,8,...]
-//               [--iters N] [--experts E] [--routing uniform|zipf|both] [--ep N]
+//               [--iters N] [--experts E] [--routing uniform|zipf|both] [--ep N] [--fp8-mma]
+//               [--explain]
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -31,14 +34,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/env_switch.h"
 #include "common/workspace_layout.h"
 #include "cuda/comm/nccl_comm.h"
-#include "cuda/stage_timing.h"
 #include "cuda_check.h"
-#include "kernels/moe/moe_launch.h"
-#include "kernels/moe/moe_params.h"
-#include "kernels/moe/timeline.cuh"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
 #include "reference/cpu_math.h"
@@ -232,13 +230,9 @@ double median(std::vector<float> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// BENCH.md: with EP > 1, a barrier of the ranks before each timed iteration (ep_rank: a forward
-// of 0 tokens). MOE_EP_BENCH_BARRIER=0 times the replays back to back instead (the method
-// before session 13, for comparison).
-bool bench_replay_barrier() {
-  static const bool on = env_switch("MOE_EP_BENCH_BARRIER", true);
-  return on;
-}
+// With EP > 1, a barrier of the ranks before each timed iteration (ep_rank: a forward of 0
+// tokens), so the ranks start each replay together.
+constexpr bool kReplayBarrier = true;
 
 // `iters` calls of launch(it) on `st`, each between two events (before(it) runs ahead of the
 // first): the µs of each.
@@ -264,43 +258,6 @@ std::vector<float> time_between_events(cudaStream_t st, int iters, const Before&
   return us;
 }
 
-#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-// Where fc1's and fc2's CTAs ran in one replay (the timeline build's per-CTA log, t0 its first
-// kernel's start): per SM the CTAs that ran at least 5 us ("live": those with a tile; a CTA without
-// one leaves at once) and when its last one ended; SMs grouped by their live count.
-// `log` holds the buffer's words past the slots; `who` names the rank ("" with one GPU).
-void print_cta_placement(const std::vector<uint64_t>& log, uint64_t t0, int rep, const char* who) {
-  for (int g = 0; g < 2; ++g) {
-    const uint64_t* l = log.data() + kern::timeline_cta_log(g == 0 ? kern::kTlFc1 : kern::kTlFc2) -
-                        2 * kern::kTlSlots;
-    std::map<int, std::pair<int, double>> sm;  // SM -> (live CTAs, last live end in us)
-    int live = 0, short_ctas = 0;
-    for (int b = 0; b < kern::kTlCtaMax; ++b) {
-      const uint64_t* e = l + size_t(b) * kern::kTlCtaWords;
-      if (e[0] == 0 || e[2] == 0) continue;
-      if (e[2] - e[1] < 5000) {
-        ++short_ctas;
-        continue;
-      }
-      ++live;
-      auto& v = sm[int(e[0] - 1)];
-      ++v.first;
-      v.second = std::max(v.second, (e[2] - t0) * 1e-3);
-    }
-    std::map<int, std::vector<double>> by_count;
-    for (const auto& [id, v] : sm) by_count[v.first].push_back(v.second);
-    std::printf("ctas %s, replay %d (set %d)%s: %d live on %zu SMs, %d short;",
-                g == 0 ? "fc1" : "fc2", rep, rep & 1, who, live, sm.size(), short_ctas);
-    for (auto& [c, ends] : by_count) {
-      std::sort(ends.begin(), ends.end());
-      std::printf(" %d/SM: %zu SMs, last end %.1f..%.1f (median %.1f);", c, ends.size(),
-                  ends.front(), ends.back(), ends[ends.size() / 2]);
-    }
-    std::printf("\n");
-  }
-}
-#endif
-
 // BENCH.md's timing: one forward per input set captured into a CUDA graph, 6 warm-up replays,
 // then `iters` replays alternating the sets, each between two events. Returns their µs.
 // `barrier` (EP > 1): enqueues a barrier of every rank before each timed replay, outside its
@@ -311,24 +268,6 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
                                       cudaStream_t st, int iters,
                                       const std::function<void()>* barrier = nullptr,
                                       int rank = -1) {
-#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-  // MOE_EP_BENCH_TIMELINE=1 in a build configured with MOE_EP_TIMELINE: the kernels record
-  // their first start and last end into `tl` (kern::set_timeline_buffer, before the capture, so
-  // the graphs carry it); 10 replays after the timed ones are read back one by one. With EP
-  // (`rank` >= 0) every rank prints its own line, the EP stages included (each GPU's clock).
-  // MOE_EP_BENCH_TIMELINE=2: one line per replay (its input set) instead of the medians; =3: that,
-  // and for the first replay of each set where fc1's and fc2's CTAs ran (per-CTA log).
-  const char* tl_env = std::getenv("MOE_EP_BENCH_TIMELINE");
-  const bool timeline = tl_env != nullptr && tl_env[0] >= '1' && tl_env[0] <= '3';
-  const bool tl_each = timeline && tl_env[0] >= '2';
-  const bool tl_ctas = timeline && tl_env[0] == '3';
-  uint64_t* tl = nullptr;
-  if (timeline) {
-    CK(cudaMalloc(&tl, kern::kTlWords * sizeof(uint64_t)));
-    CK(cudaMemset(tl, 0, kern::kTlWords * sizeof(uint64_t)));
-    kern::set_timeline_buffer(tl);
-  }
-#endif
   cudaGraphExec_t exec[2];
   for (int k = 0; k < 2; ++k) {
     cudaGraph_t g;
@@ -345,109 +284,13 @@ std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs
         if (barrier) (*barrier)();
       },
       [&](int it) { CK(cudaGraphLaunch(exec[it & 1], st)); });
-#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-  if (timeline) {
-    // Per stage: µs from the replay's first recorded start to the stage's first CTA resident
-    // and to its last CTA gone (a stage that did not run prints -).
-    constexpr int kS = kern::kTlSlots;
-    const char* names[kS] = {"prepare",  "fc1",    "fc2",    "finalize", "quantize",
-                             "dispatch", "signal", "unpack", "combine",  "comb.signal"};
-    // Printed in the forward's order.
-    const int order[kS] = {kern::kTlEpSource, kern::kTlEpDispatch, kern::kTlEpDispatchSignal,
-                           kern::kTlEpUnpack, kern::kTlPrepare,    kern::kTlFc1,
-                           kern::kTlFc2,      kern::kTlEpCombine,  kern::kTlEpCombineSignal,
-                           kern::kTlFinalize};
-    char who[24] = "";
-    if (rank >= 0) std::snprintf(who, sizeof who, " (rank %d)", rank);
-    const size_t log_words = kern::kTlWords - 2 * kS;  // the per-CTA logs after the slots
-    std::vector<double> from[kS], to[kS];
-    for (int rep = 0; rep < 10; ++rep) {
-      uint64_t h[2 * kS];
-      for (int s = 0; s < kS; ++s) h[2 * s] = ~uint64_t(0), h[2 * s + 1] = 0;
-      if (barrier) (*barrier)();  // before the reset: its own forward records too
-      CK(cudaMemcpyAsync(tl, h, sizeof h, cudaMemcpyHostToDevice, st));
-      if (tl_ctas) CK(cudaMemsetAsync(tl + 2 * kS, 0, log_words * sizeof(uint64_t), st));
-      CK(cudaGraphLaunch(exec[rep & 1], st));
-      CK(cudaMemcpyAsync(h, tl, sizeof h, cudaMemcpyDeviceToHost, st));
-      std::vector<uint64_t> log(tl_ctas && rep < 2 ? log_words : 0);
-      if (!log.empty())
-        CK(cudaMemcpyAsync(log.data(), tl + 2 * kS, log_words * sizeof(uint64_t),
-                           cudaMemcpyDeviceToHost, st));
-      CK(cudaStreamSynchronize(st));
-      uint64_t t0 = ~uint64_t(0);
-      for (int s = 0; s < kS; ++s) t0 = std::min(t0, h[2 * s]);
-      for (int s = 0; s < kS; ++s)
-        if (h[2 * s + 1] != 0) {
-          from[s].push_back((h[2 * s] - t0) * 1e-3);
-          to[s].push_back((h[2 * s + 1] - t0) * 1e-3);
-        }
-      if (tl_each) {
-        std::printf("timeline us, replay %d (set %d)%s:", rep, rep & 1, who);
-        for (int s : order)
-          if (h[2 * s + 1] != 0)
-            std::printf(" %s %.1f..%.1f", names[s], (h[2 * s] - t0) * 1e-3,
-                        (h[2 * s + 1] - t0) * 1e-3);
-        std::printf("\n");
-      }
-      if (!log.empty()) print_cta_placement(log, t0, rep, who);
-    }
-    std::printf("timeline us%s (median of 10 replays; first CTA resident .. last CTA gone):", who);
-    for (int s : order) {
-      if (from[s].empty()) {
-        std::printf(" %s -", names[s]);
-        continue;
-      }
-      std::sort(from[s].begin(), from[s].end());
-      std::sort(to[s].begin(), to[s].end());
-      std::printf(" %s %.1f..%.1f", names[s], from[s][from[s].size() / 2], to[s][to[s].size() / 2]);
-    }
-    std::printf("\n");
-    kern::set_timeline_buffer(nullptr);
-    CK(cudaFree(tl));
-  }
-#endif
-  // MOE_EP_BENCH_TRACE=1: every replay's time in order (set it & 1), to tell input-set effects
-  // from clock changes.
-  if (const char* t = std::getenv("MOE_EP_BENCH_TRACE"); t && t[0] == '1') {
-    std::printf("replays us:");
-    for (float u : us) std::printf(" %.0f", u);
-    std::printf("\n");
-  }
   for (auto& x : exec) CK(cudaGraphExecDestroy(x));
   return us;
 }
 
-// The forward as a captured model sees it: `n` forwards (the input sets alternating) captured into
-// one CUDA graph, so consecutive forwards meet at kernel boundaries (programmatic dependent
-// launch included) instead of graph launches; per replay the time divided by n. Returns the
-// median over `iters` replays (0 when n < 2). Opt-in, MOE_EP_BENCH_SEQ=N sets n (e.g. 8): its
-// seconds of sustained load engage the board's power limiter for the next case of a sweep, whose
-// replays then read slower (docs/gpu_kernels.md §6 "Session 23").
-int graph_sequence_length() {
-  const char* e = std::getenv("MOE_EP_BENCH_SEQ");
-  return e != nullptr ? std::atoi(e) : 0;
-}
-template <class MakeInputs>
-double time_graph_sequence(MegaLayer& layer, const MakeInputs& inputs, const InputSet (&sets)[2],
-                           const TensorView& out, cudaStream_t st, int iters, int n) {
-  if (n < 2) return 0;
-  cudaGraph_t g;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int j = 0; j < n; ++j) layer.forward(inputs(sets[j & 1]), out);
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&exec, g, 0));
-  CK(cudaGraphDestroy(g));
-  for (int it = 0; it < 3; ++it) CK(cudaGraphLaunch(exec, st));
-  std::vector<float> per = time_between_events(
-      st, iters, [](int) {}, [&](int) { CK(cudaGraphLaunch(exec, st)); });
-  for (float& u : per) u /= n;
-  CK(cudaGraphExecDestroy(exec));
-  return median(per);
-}
-
 // --- EP over several GPUs: one process per rank -----------------------------------------------
 constexpr int kMaxCases = 64, kMaxEp = 8;
+constexpr int kEpStageEvents = 7;  // MegaLayer::set_stage_events at W > 1
 struct EpCase {
   int recipe_index, tokens;
   double median_us, min_us, max_us, weight_bytes;
@@ -456,7 +299,7 @@ struct EpCase {
   // per token and other owner rank) and result rows back to other sources (H bf16 per pair).
   double dispatch_bytes, combine_bytes;
   int zipf;
-  double stage_us[debug::kEpStageEvents - 1];  // graph replays with captured stage events
+  double stage_us[kEpStageEvents - 1];  // graph replays with captured stage events
 };
 struct EpShared {
   SharedUniqueId uid;
@@ -479,7 +322,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
   }
   const NcclUniqueIdBytes uid = sh->uid.exchange(rank);
   auto& me = sh->rank[rank];
-  const bool use_barrier = bench_replay_barrier();
+  const bool use_barrier = kReplayBarrier;
   const Device gpu{DeviceKind::kCUDA, rank};
   const int El = s.E / world;
   cudaStream_t st;
@@ -589,10 +432,10 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         }
         // Per-stage times inside a replayed CUDA graph: the stage events are captured as event
         // nodes of a third graph (same kernels as the timed ones).
-        cudaEvent_t sev[debug::kEpStageEvents];
+        cudaEvent_t sev[kEpStageEvents];
         for (auto& e : sev) CK(cudaEventCreate(&e));
-        std::vector<float> stage[debug::kEpStageEvents - 1];
-        debug::set_ep_stage_events(sev);
+        std::vector<float> stage[kEpStageEvents - 1];
+        layer->set_stage_events(reinterpret_cast<void* const*>(sev));
         cudaGraphExec_t staged;
         {
           cudaGraph_t g;
@@ -606,13 +449,13 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
           if (use_barrier) {
             // The stage events are nodes of the staged graph: the eager barrier must not record
             // them (cudaErrorIllegalState).
-            debug::set_ep_stage_events(nullptr);
+            layer->set_stage_events(nullptr);
             barrier();
-            debug::set_ep_stage_events(sev);
+            layer->set_stage_events(reinterpret_cast<void* const*>(sev));
           }
           CK(cudaGraphLaunch(staged, st));
           CK(cudaStreamSynchronize(st));
-          for (int j = 0; j + 1 < debug::kEpStageEvents; ++j) {
+          for (int j = 0; j + 1 < kEpStageEvents; ++j) {
             float ms = 0;
             // Stage times are extra information: a driver without event nodes gives NaN.
             if (cudaEventElapsedTime(&ms, sev[j], sev[j + 1]) != cudaSuccess) {
@@ -623,10 +466,10 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
           }
         }
         cudaGraphExecDestroy(staged);
-        debug::set_ep_stage_events(nullptr);
+        layer->set_stage_events(nullptr);
         for (auto& e : sev) cudaEventDestroy(e);
         if (me.ncases > 0 && me.cases[me.ncases - 1].tokens == T)
-          for (int j = 0; j + 1 < debug::kEpStageEvents; ++j)
+          for (int j = 0; j + 1 < kEpStageEvents; ++j)
             me.cases[me.ncases - 1].stage_us[j] = median(stage[j]);
         cudaFree(out);
         for (auto& in : sets) in.release();
@@ -652,7 +495,7 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
   auto* sh = new (mem) EpShared();
   std::fflush(stdout);
   std::vector<pid_t> pids;
-  nccl_multicast_off_unless_set();  // the ranks inherit it
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink SHARP off; the ranks inherit it
   // One recipe per run: the unique id serves one communicator (one layer per rank).
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
@@ -681,13 +524,9 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
     }
   if (failed) return 1;
   const char* commit = std::getenv("MOE_EP_COMMIT");
-  // The CUDA backend's combine path (MOE_EP_FUSED_COMBINE, read by every rank at workspace
-  // creation), recorded so A/B runs are told apart.
-  const char* fc_env = std::getenv("MOE_EP_FUSED_COMBINE");
-  const std::string fc = fc_env ? fc_env : "";
-  const char* combine = fc == "0" ? "copy" : fc == "2" ? "fused+fence" : "fused";
-  std::printf("combine: %s (MOE_EP_FUSED_COMBINE=%s)\n", combine, fc_env ? fc_env : "unset");
-  const char* timing = bench_replay_barrier()
+  const char* combine = combine_mode_name(CombineMode::kFused);
+  std::printf("combine: %s\n", combine);
+  const char* timing = kReplayBarrier
                            ? "cuda graph replay after a forward of 0 tokens on every rank (a "
                              "barrier), slowest rank's median"
                            : "cuda graph replays back to back, slowest rank's median";
@@ -774,6 +613,7 @@ int main(int argc, char** argv) {
   std::vector<int> tokens = {1, 8, 32, 128, 512, 2048, 4096};
   int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0;
   std::string routing = "both";
+  bool fp8_mma = false, explain = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -797,10 +637,14 @@ int main(int argc, char** argv) {
       inter = std::stoi(next());
     else if (a == "--routing")
       routing = next();
+    else if (a == "--fp8-mma")
+      fp8_mma = true;
+    else if (a == "--explain")
+      explain = true;
     else {
       std::fprintf(stderr,
                    "bench_layer: unknown option '%s' (--json --shape --recipes --tokens --iters "
-                   "--ep --experts --hidden --inter --routing)\n",
+                   "--ep --experts --hidden --inter --routing --fp8-mma --explain)\n",
                    a.c_str());
       return 2;
     }
@@ -875,13 +719,14 @@ int main(int argc, char** argv) {
     cfg.recipe.recipe = *recipe;
     cfg.recipe.intermediate_size = s.I;
     cfg.recipe.top_k = s.K;
+    cfg.recipe.fp8_mma = fp8_mma && *recipe == Recipe::kMxfp4Mxfp8;
     Bootstrap boot;
     boot.backend = Backend::kCUDA;
     boot.device = dev;
     auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
     layer->warmup();
-    // mma_fraction against the peak of the MMA type the kernels use (BENCH.md): fp8 where the
-    // layer took the fp8 path (MOE_EP_FP8=1 with mxfp4_mxfp8), bf16 otherwise.
+    // mma_fraction against the peak of the MMA type the kernels use: fp8 where the layer takes
+    // the fp8 path (--fp8-mma with mxfp4_mxfp8), bf16 otherwise.
     const bool fp8 = layer->uses_fp8_mma();
     const double mma_peak = fp8 ? kFp8Tflops : kBf16Tflops;
     const size_t expert_bytes = dw.bytes_per_expert;
@@ -894,11 +739,6 @@ int main(int argc, char** argv) {
         for (int k = 0; k < 2; ++k) {
           InputSet& in = sets[k];
           in.host_ids = make_ids(T, s.K, s.E, zipf != 0, 1000 * T + 10 * zipf + k);
-          // MOE_EP_BENCH_LIVE=N: tokens N.. route nowhere (ids -1), so the grids sized from T
-          // carry CTAs without a tile, as an EP owner's grids sized from W x capacity do.
-          if (const char* lv = std::getenv("MOE_EP_BENCH_LIVE"))
-            for (size_t i = size_t(std::max(0, std::atoi(lv))) * s.K; i < in.host_ids.size(); ++i)
-              in.host_ids[i] = -1;
           in.upload(T, s, 77 + k);
         }
         void* out = nullptr;
@@ -909,7 +749,7 @@ int main(int argc, char** argv) {
         cudaEvent_t sev[5];
         for (auto& e : sev) CK(cudaEventCreate(&e));
         std::vector<float> stage[4];
-        debug::set_stage_events(sev);
+        layer->set_stage_events(reinterpret_cast<void* const*>(sev));
         for (int it = 0; it < 12; ++it) {
           layer->forward(inputs(sets[it & 1]), ov);
           CK(cudaStreamSynchronize(st));
@@ -920,11 +760,9 @@ int main(int argc, char** argv) {
             stage[j].push_back(ms * 1000);
           }
         }
-        debug::set_stage_events(nullptr);
+        layer->set_stage_events(nullptr);
         // Whole forward: graph replays.
         const std::vector<float> us = time_graph_replays(*layer, inputs, sets, ov, st, iters);
-        const int seq_n = graph_sequence_length();
-        const double seq = time_graph_sequence(*layer, inputs, sets, ov, st, iters, seq_n);
         const double med = median(us);
         const double mn = *std::min_element(us.begin(), us.end());
         const double mx = *std::max_element(us.begin(), us.end());
@@ -940,28 +778,16 @@ int main(int argc, char** argv) {
         const double bytes = double(n_touched) * expert_bytes;
         const double hbm = bytes / (med * 1e-6) / (kHbmTBps * 1e12);
         const double tflops = 2.0 * 3.0 * s.H * s.I * double(pairs) / (med * 1e-6) / 1e12;
-        const int tile_n = fp8 ? kern::fp8_tile_n()
-                               : kern::forward_tile_n(
-                                     *recipe, kern::choose_layer_tile_n(T, s.K, s.E, *recipe, s.I));
+        const ForwardPlan plan = layer->last_plan();
+        const int tile_n = plan.tile_n;
         std::printf(
             "%-8s %-12s %6d %-7s %10.1f %10.1f %10.1f %8.3f %8.3f %8.3f  %.1f/%.1f/%.1f/%.1f\n",
             s.name.c_str(), rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes / 1e9,
             hbm, tflops / mma_peak, median(stage[0]), median(stage[1]), median(stage[2]),
             median(stage[3]));
-        if (seq > 0)
-          std::printf("  graph of %d forwards: %.1f us per forward (median of %d replays)\n", seq_n,
-                      seq, iters);
+        if (explain) std::printf("  plan: %s\n", plan.to_string().c_str());
         std::fflush(stdout);
         if (js) {
-          // The decode GEMMs' fragments per consumer warp (fc1, fc2) of this T's last forward
-          // (kern::last_decode_fw; one-fragment warps where a grid holds one CTA per SM for
-          // nvfp4), for a 4-bit recipe on the decode kernel; null for the other kernels.
-          char decode_fw[32] = "null";
-          if (!fp8 && tile_n <= 32 && *recipe != Recipe::kBf16)
-            std::snprintf(decode_fw, sizeof decode_fw, "[%d, %d]", kern::last_decode_fw(true),
-                          kern::last_decode_fw(false));
-          char seq_json[32] = "null";
-          if (seq > 0) std::snprintf(seq_json, sizeof seq_json, "%.2f", seq);
           std::fprintf(
               js,
               "%s  {\"commit\": \"%s\", \"device\": \"%s\", \"ep\": 1, \"rank_count\": 1, "
@@ -971,19 +797,19 @@ int main(int argc, char** argv) {
               "\"weight_bytes_read\": %.0f, \"hbm_fraction\": %.4f, \"tflops\": %.2f, "
               "\"mma_fraction\": %.4f, \"mma_type\": \"%s\", \"dispatch_bytes\": 0, "
               "\"nvlink_GBps\": null, \"iterations\": %d, \"timing\": \"cuda graph replay\", "
-              "\"graph_sequence_us\": %s, \"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, "
+              "\"stages_us\": {\"prepare\": %.2f, \"fc1\": %.2f, "
               "\"fc2\": %.2f, "
               "\"finalize\": %.2f}, \"config\": {\"tile_n\": %d, \"tile_m\": %d, "
-              "\"k_chunk\": 64, \"mma\": \"%s\", \"decode_fragments_per_warp\": %s}}",
+              "\"k_chunk\": 64, \"mma\": \"%s\"}, \"plan\": \"%s\"}",
               first_record ? "" : ",\n", commit ? commit : "unknown", prop.name, s.name.c_str(),
               s.H, s.I, s.E, s.K, rname.c_str(), T, zipf ? "zipf" : "uniform", med, mn, mx, bytes,
-              hbm, tflops, tflops / mma_peak, fp8 ? "fp8" : "bf16", iters, seq_json,
-              median(stage[0]), median(stage[1]), median(stage[2]), median(stage[3]), tile_n,
+              hbm, tflops, tflops / mma_peak, fp8 ? "fp8" : "bf16", iters, median(stage[0]),
+              median(stage[1]), median(stage[2]), median(stage[3]), tile_n,
               tile_n == 256 ? 64 : 128,
               fp8            ? "wgmma.m64nNk32.e4m3 (A regs, B smem)"
               : tile_n <= 32 ? "mma.sync.m16n8k16.bf16"
                              : "wgmma.m64nNk16.bf16 (A regs, B smem)",
-              decode_fw);
+              plan.to_string().c_str());
           first_record = false;
         }
         for (auto& e : sev) cudaEventDestroy(e);

@@ -18,7 +18,6 @@
 #include <random>
 #include <thread>
 
-#include "common/env_switch.h"
 #include "device_io.h"
 #if defined(MOE_EP_HAVE_CUDA)
 #include "cuda/comm/nccl_comm.h"
@@ -288,7 +287,7 @@ RunResult run_layers_processes(const Problem& p, Backend backend, int iterations
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids;
-  nccl_multicast_off_unless_set();  // the ranks inherit it
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink SHARP off; the ranks inherit it
   for (int r = 0; r < W; ++r) {
     const pid_t pid = fork();
     if (pid < 0) throw Error(ErrorCode::kBackend, "fork failed");

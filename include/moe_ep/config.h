@@ -1,6 +1,7 @@
 // Configuration of a layer: the fleet (EP group and capacity), the recipe (numerics contract of
-// SPEC §3.1), and how ranks find each other. Validation is pure: unsupported_reasons() lists
-// every reason a configuration cannot run, and nothing is allocated before it comes back empty.
+// docs/contract.md §3.1), and how ranks find each other. Validation is pure: unsupported_reasons()
+// lists every reason a configuration cannot run, and nothing is allocated before it comes back
+// empty.
 #pragma once
 
 #include <array>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_ep/plan_options.h"
 #include "moe_ep/tensor.h"
 
 namespace moe_ep {
@@ -24,7 +26,7 @@ enum class Recipe : uint8_t {
 const char* recipe_name(Recipe r);
 std::optional<Recipe> parse_recipe(const std::string& name);  // "nvfp4", "mxfp4_mxfp8", ...
 
-// Per-recipe storage facts (SPEC §3.1 checkpoint layout).
+// Per-recipe storage facts (docs/contract.md §3.1 checkpoint layout).
 struct RecipeTraits {
   bool weights_4bit;        // w13/w2 are packed E2M1 bytes (else bf16 elements)
   int weight_block;         // elements per weight scale (16 or 32; 0 for bf16)
@@ -55,11 +57,10 @@ struct RecipeConfig {
   // mxfp4_mxfp8 on the CUDA backend: run the expert GEMMs on fp8 tensor cores (weights kept in an
   // fp8-ready layout, activations folded to one power of two per row). For prefill: faster than
   // the default path from 512 tokens per step on DeepSeek-V3 and at 2048 and 4096 on Qwen3,
-  // slower at decode sizes (H200, session 28); not bitwise equal to the CPU reference as the
-  // default path is, and not always within SPEC §7's tolerance: up to 3.8e-3 on the tests' routed
-  // inputs, 6.2e-3 where each token has one slot.
-  // Needs W = 1 and H, I multiples of 128. The CPU backend computes the recipe exactly either way.
-  // (MOE_EP_FP8=1 in the environment turns it on where it applies.) docs/gpu_kernels.md §8.
+  // slower at decode sizes; not bitwise equal to the CPU reference as the default path is, and
+  // not always within the 5e-3 tolerance: up to 3.8e-3 on the tests' routed inputs, 6.2e-3 where
+  // each token has one slot. Needs W = 1 and H, I multiples of 128. The CPU backend computes the
+  // recipe exactly either way. docs/kernels.md.
   bool fp8_mma = false;
   // Features of some checkpoints that this library does not run; listed so that
   // unsupported_reasons() can say so instead of computing something else.
@@ -87,6 +88,9 @@ struct Bootstrap {
 struct LayerConfig {
   FleetParams fleet;
   RecipeConfig recipe;
+  // The CUDA backend's kernel choices: the defaults leave every choice to the launch plan's
+  // policy (include/moe_ep/plan.h); tests and benchmarks force variants here.
+  PlanOptions plan_options;
 };
 
 // Every reason this configuration cannot run on `backend` (empty when it can).

@@ -1,6 +1,6 @@
 // Number formats of the layer: bf16, E4M3 (FP8), E2M1 (FP4), UE8M0 scale bytes, and the block
-// quantizers of SPEC §3.1 (NVFP4, MXFP4, MXFP8). One definition serves the CPU reference and the
-// CUDA kernels, so both round the same way bit for bit.
+// quantizers of docs/contract.md §3.1 (NVFP4, MXFP4, MXFP8). One definition serves the CPU
+// reference and the CUDA kernels, so both round the same way bit for bit.
 //
 // Policy (docs/quantization.md): rounding is to nearest, ties to even; E4M3 and E2M1 saturate
 // to their largest finite value (±448, ±6), Inf included; NaN of either sign becomes E4M3 0x7F
@@ -231,7 +231,8 @@ MOE_EP_HD uint8_t ue8m0_scale_for(float amax, float max_value) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Block quantizers (SPEC §3.1). Inputs come as a loader so bf16 and fp32 rows share one code.
+// Block quantizers (docs/contract.md §3.1). Inputs come as a loader so bf16 and fp32 rows share one
+// code.
 
 constexpr int kNvfp4Block = 16;  // elements per E4M3 scale
 constexpr int kMxBlock = 32;     // elements per UE8M0 scale
@@ -327,9 +328,9 @@ MOE_EP_HD void quantize_row_mxfp8(const T* x, int n, uint8_t* q, uint8_t* scales
 }
 
 // ---------------------------------------------------------------------------------------------
-// The activation of SPEC §3: g = min(g, L); u = clamp(u, -L, L); h = u * (g * sigmoid(g)).
-// `limit` < 0 means no clamp. expf differs between the host libm and CUDA by an ulp or two;
-// SPEC §7's tolerance covers that.
+// The activation of docs/contract.md §3: g = min(g, L); u = clamp(u, -L, L); h = u * (g *
+// sigmoid(g)). `limit` < 0 means no clamp. expf differs between the host libm and CUDA by an ulp or
+// two; docs/contract.md §7's tolerance covers that.
 MOE_EP_HD float swiglu(float g, float u, float limit) {
   if (limit >= 0.0f) {
     g = g < limit ? g : limit;

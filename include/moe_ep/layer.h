@@ -1,6 +1,6 @@
-// The MoE-EP layer object (SPEC §4): one per MoE layer and rank. Construction, workspaces and
-// destroy are collective over the EP group; forward is collective too (every rank calls it with
-// the same workspace, also with T = 0).
+// The MoE-EP layer object (docs/contract.md §4): one per MoE layer and rank. Construction,
+// workspaces and destroy are collective over the EP group; forward is collective too (every rank
+// calls it with the same workspace, also with T = 0).
 #pragma once
 
 #include <memory>
@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "moe_ep/config.h"
+#include "moe_ep/plan.h"
 #include "moe_ep/status.h"
 #include "moe_ep/tensor.h"
 
 namespace moe_ep {
 
-// Weights of this rank's E_local experts as the checkpoint stores them (SPEC §3.1):
+// Weights of this rank's E_local experts as the checkpoint stores them (docs/contract.md §3.1):
 //   4-bit recipes: w13 u8 [E_local, 2I, H/2], w2 u8 [E_local, H, I/2],
 //                  w13_scale u8 [E_local, 2I, H/g], w2_scale u8 [E_local, H, I/g]
 //   bf16 recipe:   w13 bf16 [E_local, 2I, H], w2 bf16 [E_local, H, I], no scales.
@@ -117,10 +118,25 @@ class MegaLayer {
   bool output_is_reduced() const { return true; }
   bool is_monolithic() const { return false; }
   bool can_overlap_shared_experts() const { return true; }
-  // Whether the expert GEMMs run on fp8 tensor cores: RecipeConfig::fp8_mma, or MOE_EP_FP8=1 at
-  // construction where that path applies (mxfp4_mxfp8 on the CUDA backend, W = 1, H and I
-  // multiples of 128); false otherwise and after destroy().
+  // Whether the expert GEMMs run on fp8 tensor cores (RecipeConfig::fp8_mma on the CUDA
+  // backend); false otherwise and after destroy().
   bool uses_fp8_mma() const;
+
+  // --- diagnostics -----------------------------------------------------------------------
+  // The launch plan a forward of `tokens` tokens (in `ws`, the default workspace when left out)
+  // runs, without running it; and the plan of the latest forward. ForwardPlan::to_string()
+  // prints either in one line. The CPU backend's plan names no kernels.
+  ForwardPlan plan(int tokens, std::optional<WorkspaceId> ws = std::nullopt) const;
+  ForwardPlan last_plan() const;
+  // Replaces LayerConfig::plan_options for the following forwards (tests and benchmarks that
+  // compare variants on one layer's weights). Checked as at construction; the combine mode
+  // applies to workspaces created afterwards. Not collective: give every rank the same options.
+  void set_plan_options(const PlanOptions& options);
+  // CUDA backend: the following forwards record per-stage events into `events` (owned by the
+  // caller, live while set): cudaEvent_t[5] at W = 1 (before prepare, fc1, fc2 and finalize,
+  // and at the end), cudaEvent_t[7] at W > 1 (before quantize, dispatch, unpack, expert compute,
+  // combine and finalize, and at the end). Null stops it.
+  void set_stage_events(void* const* events);
 
  private:
   LayerBackend& live(const char* what);

@@ -1,6 +1,6 @@
 // Weight preparation: fp32 master weights -> the packed per-expert checkpoint tensors of a
-// recipe (SPEC §3.1 layout), with the nvfp4 epilogue alphas that undo the per-expert global
-// scales. Tests, the CLI and the benchmarks build their layers with this.
+// recipe (docs/contract.md §3.1 layout), with the nvfp4 epilogue alphas that undo the per-expert
+// global scales. Tests, the CLI and the benchmarks build their layers with this.
 #pragma once
 
 #include <cstdint>

@@ -75,6 +75,79 @@ struct WorkspaceLayout {
   MOE_EP_HD size_t out_row(int token) const { return out_off + size_t(token) * hidden * 2; }
 };
 
+// A rank's local scratch of the CUDA backend (not addressed by peers): where the expert side's
+// buffers of one workspace lie, as byte offsets from the scratch allocation. On one GPU the
+// scratch follows the WorkspaceLayout in the same allocation (`base` = its total_bytes); at
+// W > 1 it is an allocation of its own beside the window (`base` = 0). The expert side sees up
+// to W * capacity rows (virtual tokens) and W * capacity * K routed pairs.
+struct ScratchLayout {
+  struct Params {
+    int world_size = 1, capacity = 0, hidden = 0, intermediate = 0, top_k = 0;
+    int local_experts = 0;
+    int act_row_bytes = 0;       // the window's activation row (W > 1: the source's copy)
+    size_t tile_list_bytes = 0;  // the routing tile list, sized for the smallest tile
+    size_t base = 0;
+    bool fused_combine = true;  // W > 1: fc2 row pointers, else a local y buffer [pairs][H]
+    bool fp8 = false;           // the fp8 path's folded x and h, references, tensor map, tickets
+  };
+  // W > 1 only.
+  size_t act_off = 0;       // [capacity][act_row_bytes] this rank's source rows
+  size_t vids_off = 0;      // int32 [W*capacity][K] the virtual tokens' local slots
+  size_t vweights_off = 0;  // f32 [W*capacity][K]
+  size_t y_dst_off = 0;     // bf16* [W*capacity*K] (fused combine)
+  size_t y_off = 0;         // bf16 [W*capacity*K][H] (copy combine)
+  // Every workspace.
+  size_t xq_off = 0;         // bf16 [W*capacity][H] x as the GEMMs see it
+  size_t h_off = 0;          // bf16 [pairs][I] fc1's output in sorted order
+  size_t pairs_off = 0;      // int32 [pairs] the expert-sorted pair list
+  size_t tiles_off = 0;      // the routing tiles
+  size_t num_tiles_off = 0;  // int32 [2] the tile count, then the narrow ones'
+  size_t counts_off = 0;     // int32 [E_local + 1] the spread route's counts and ticket
+  size_t ranks_off = 0;      // int32 [pairs] the spread route's place of each pair
+  // The fp8 path only.
+  size_t xq8_off = 0, xref_off = 0, h8_off = 0, href_off = 0;
+  size_t h8map_off = 0;      // 128 bytes: h8's tensor map
+  size_t fp8_sched_off = 0;  // int32 [2]: the fp8 kernel's item ticket and exit count
+  size_t total_bytes = 0;    // from the allocation's start (base included)
+
+  static ScratchLayout make(const Params& p) {
+    ScratchLayout l;
+    auto al = [](size_t v) { return WorkspaceLayout::align_up(v, WorkspaceLayout::kAlign); };
+    const size_t vtok = size_t(p.world_size) * p.capacity, rows = vtok * p.top_k;
+    size_t off = p.base;
+    auto take = [&](size_t& field, size_t bytes) {
+      field = off;
+      off = al(off + bytes);
+    };
+    if (p.world_size > 1) {
+      take(l.act_off, size_t(p.capacity) * p.act_row_bytes);
+      take(l.vids_off, rows * 4);
+      take(l.vweights_off, rows * 4);
+      if (p.fused_combine)
+        take(l.y_dst_off, rows * sizeof(uint16_t*));
+      else
+        take(l.y_off, rows * p.hidden * 2);
+    }
+    take(l.xq_off, vtok * p.hidden * 2);
+    take(l.h_off, rows * p.intermediate * 2);
+    take(l.pairs_off, rows * 4);
+    take(l.tiles_off, p.tile_list_bytes);
+    take(l.num_tiles_off, 8);
+    take(l.counts_off, size_t(p.local_experts + 1) * 4);
+    take(l.ranks_off, rows * 4);
+    if (p.fp8) {
+      take(l.xq8_off, vtok * p.hidden);
+      take(l.xref_off, vtok);
+      take(l.h8_off, rows * p.intermediate);
+      take(l.href_off, rows);
+      take(l.h8map_off, 128);
+      take(l.fp8_sched_off, 8);
+    }
+    l.total_bytes = off;
+    return l;
+  }
+};
+
 // Accessors for one metadata row: [int32 token][int32 ids[K]][f32 weights[K]].
 struct RecvMetaRow {
   unsigned char* base;

@@ -9,6 +9,7 @@
 
 #include "moe_ep/config.h"
 #include "moe_ep/layer.h"
+#include "moe_ep/plan.h"
 
 namespace moe_ep {
 
@@ -57,6 +58,18 @@ class LayerBackend {
   virtual void abandon_call(const std::string& why) { (void)why; }
   // The expert GEMMs run on fp8 tensor cores (the CUDA backend's fp8 MMA path of mxfp4_mxfp8).
   virtual bool fp8_mma() const { return false; }
+  // The launch plan of a forward of `tokens` tokens in workspace `ws`, and of the latest forward
+  // (diagnostics; the CPU reference has no launches).
+  virtual ForwardPlan plan(int tokens, int ws) const {
+    (void)ws;
+    ForwardPlan p;
+    p.tokens = tokens;
+    return p;
+  }
+  virtual ForwardPlan last_plan() const { return ForwardPlan{}; }
+  // Per-stage events of the following forwards (MegaLayer::set_stage_events); ignored by the CPU.
+  virtual void set_stage_events(void* const* events) { (void)events; }
+  virtual void set_plan_options(const PlanOptions& options) { (void)options; }
 };
 
 std::unique_ptr<LayerBackend> make_cpu_backend(const Bootstrap& boot, const LayerConfig& config,

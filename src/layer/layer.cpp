@@ -89,6 +89,37 @@ bool MegaLayer::destroyed() const { return !impl_; }
 
 bool MegaLayer::uses_fp8_mma() const { return impl_ && impl_->fp8_mma(); }
 
+ForwardPlan MegaLayer::plan(int tokens, std::optional<WorkspaceId> ws) const {
+  if (!impl_) throw Error(ErrorCode::kDestroyed, "moe_ep: plan() after destroy()");
+  if (tokens < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "moe_ep: plan(tokens = " + std::to_string(tokens) + "): tokens must be >= 0");
+  const int w = ws ? ws->index : 0;
+  if (w < 0 || w >= impl_->num_workspaces())
+    throw Error(ErrorCode::kInvalidArgument, "moe_ep: workspace " + std::to_string(w) +
+                                                 " does not exist (the layer has " +
+                                                 std::to_string(impl_->num_workspaces()) + ")");
+  return impl_->plan(tokens, w);
+}
+
+ForwardPlan MegaLayer::last_plan() const { return impl_ ? impl_->last_plan() : ForwardPlan{}; }
+
+void MegaLayer::set_plan_options(const PlanOptions& options) {
+  LayerBackend& b = live("set_plan_options");
+  const std::vector<std::string> why = plan_options_reasons(options, config_.recipe.recipe);
+  if (!why.empty()) {
+    std::string msg = "moe_ep: set_plan_options:";
+    for (const auto& w : why) msg += " " + w + ";";
+    throw Error(ErrorCode::kInvalidArgument, msg);
+  }
+  b.set_plan_options(options);
+  config_.plan_options = options;
+}
+
+void MegaLayer::set_stage_events(void* const* events) {
+  if (impl_) impl_->set_stage_events(events);
+}
+
 void MegaLayer::destroy() {
   if (!impl_) return;
   auto impl = std::move(impl_);

@@ -1,4 +1,4 @@
-// The expert math of the CPU reference (SPEC §3.1), shared by the CPU backend and the
+// The expert math of the CPU reference (docs/contract.md §3.1), shared by the CPU backend and the
 // benchmarks. Every dot product is accumulated in 8 fp32 lanes over i (lane = i mod 8) and the
 // lanes are summed in one fixed tree, whatever the blocking or the thread count.
 #pragma once
@@ -39,7 +39,7 @@ struct EpilogueParams {
   const float* fc1_norm_const = nullptr;
 };
 
-// Checkpoint-layout weights of the local experts (SPEC §3.1).
+// Checkpoint-layout weights of the local experts (docs/contract.md §3.1).
 struct ExpertWeights {
   const uint8_t* w13;
   const uint8_t* w2;
@@ -63,7 +63,7 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& shape, const ExpertW
                  const std::function<uint16_t*(const Pair&)>& out_row);
 
 // out = bf16(sum_k c[k] * float(y[k])) over slots with ids >= 0, in slot order, with separately
-// rounded multiply and add (SPEC §3).
+// rounded multiply and add (docs/contract.md §3).
 void finalize_token(const uint16_t* rows, const int32_t* ids, const float* weights, int K, int H,
                     bool weight_in_fc1, uint16_t* out);
 

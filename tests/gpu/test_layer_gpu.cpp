@@ -1,4 +1,4 @@
-// The CUDA backend (EP = 1) against the CPU reference (SPEC §7): every recipe on the SPEC's
+// The CUDA backend (EP = 1) against the CPU reference (contract §7): every recipe on the contract's
 // shapes (H and I real, E reduced so the CPU oracle stays quick), outputs poisoned first,
 // unfinalized == finalized, repeated runs bitwise, CUDA graph replay (also with a device-side
 // token count), an in-place EPLB expert swap through kernel_weights(), and the sticky error of
@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "edge_activations.h"
-#include "kernels/moe/moe_launch.h"
-#include "kernels/moe/moe_params.h"
+#include "kernels/common/forward_args.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
+#include "moe_ep/plan.h"
 #include "moe_ep/weight_prep.h"
 #include "unit/layer_test_util.h"
 
@@ -364,7 +364,7 @@ TEST(GpuLayer, MixtralAllRecipes) {
   compare_shape(kMixtral, Options{}, {0, 1, 7, 127, 128}, 14);
 }
 
-// T = 4096 at a capacity of 4096 for every recipe of every SPEC §7 shape: the prefill kernels
+// T = 4096 at a capacity of 4096 for every recipe of every contract §7 shape: the prefill kernels
 // on full tiles of 160 columns, several tiles per expert (E is reduced, so an expert gets
 // T * K / E rows), against the CPU; the repeated forward is compared bitwise (compare_shape
 // does that at the capacity). Qwen3 also at capacity - 1 and without the weight in fc1 (its
@@ -405,7 +405,7 @@ TEST(GpuLayer, EdgeRouting) {
     // bf16).
     for (int mode : {0, 1, 2}) {
       const int T = mode == 2 ? 810 : 200;
-      if (mode == 2 && r == Recipe::kNvfp4) ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 160);
+      if (mode == 2 && r == Recipe::kNvfp4) ASSERT_EQ(gpu->plan(T).tile_n, 160);
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 5, mode >= 1 ? 3 : -1);
       if (mode == 0) std::fill(h.ids.begin(), h.ids.end(), -1);
       DeviceInputs d(h);
@@ -424,7 +424,7 @@ TEST(GpuLayer, EdgeRouting) {
 
 // The activation quantizer's special cases in prepare (kern::quantize_n: blocks with an Inf
 // element or an overflowing amax * nc on the reference arithmetic, NaN elements, huge finite
-// values, all-zero blocks; edge_activations.h) against the CPU's quantizer: within SPEC §7, no
+// values, all-zero blocks; edge_activations.h) against the CPU's quantizer: within contract §7, no
 // NaN, every element written. nc = 2 makes the +-3e38 block overflow amax * nc.
 TEST(GpuLayer, EdgeActivationsAgainstCpu) {
   SKIP_WITHOUT_GPU();
@@ -539,8 +539,8 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
       }
       // n = 1 runs a decode kernel (tile_n 8 or 16, mma.sync) eagerly while the graph captured at
       // T = 128 runs the wgmma kernel: both accumulate in fp32 one k16 step at a time, and on the
-      // H200 they agree bit for bit (docs/gpu_kernels.md §10), so the assertion stays bitwise.
-      if (kern::choose_tile_n(n, s.K, s.E) != kern::choose_tile_n(T, s.K, s.E))
+      // H200 they agree bit for bit, so the assertion stays bitwise.
+      if (gpu->plan(n).tile_n != gpu->plan(T).tile_n)
         std::printf("[ kernels ] %s n=%d: wgmma (graph) vs mma.sync (eager) bitwise %s\n",
                     recipe_name(r), n, got == want ? "equal" : "different");
       ASSERT_TRUE(got == want) << "graph replay differs from the eager forward";
@@ -626,245 +626,28 @@ TEST(GpuLayer, WorkspaceAtDsv3Capacity4096) {
   EXPECT_LE(bytes, size_t(1) << 30);
 }
 
-// A test's override of one kernel choice for its scope: Set(v) now, Set(Clear) (the override
-// cleared) at scope end.
-template <auto Set, auto Clear>
-struct ScopedOverride {
-  template <class V>
-  explicit ScopedOverride(V v) {
-    Set(v);
+// A test's plan options on one layer for its scope: `set` edits a copy of the layer's options,
+// which apply to its forwards until the scope ends and the previous ones return.
+class PlanScope {
+ public:
+  template <class Set>
+  PlanScope(MegaLayer& layer, Set set) : layer_(layer), saved_(layer.config().plan_options) {
+    PlanOptions o = saved_;
+    set(o);
+    layer_.set_plan_options(o);
   }
-  ~ScopedOverride() { Set(Clear); }
-  ScopedOverride(const ScopedOverride&) = delete;
-  ScopedOverride& operator=(const ScopedOverride&) = delete;
+  ~PlanScope() { layer_.set_plan_options(saved_); }
+  PlanScope(const PlanScope&) = delete;
+  PlanScope& operator=(const PlanScope&) = delete;
+
+ private:
+  MegaLayer& layer_;
+  PlanOptions saved_;
 };
-
-// Decode split-K (sm90_moe_decode.cuh) forced through the test hook on DSV3 sizes with few
-// experts: the fc1 and/or fc2 K range cut over 2, 3, 4 or 8 CTAs whose fp32 partials the last
-// arriving CTA sums in split order. nvfp4 (exact products and sums): bitwise equal to no split;
-// mxfp4_mxfp8 (the order changes the fp32 rounding): within the SPEC tolerance of no split. Both:
-// repeated forwards bitwise (the arrival counters return to zero) and a CUDA graph captured with
-// the split, replayed twice with a device-side token count, bitwise equal to the eager forward.
-struct SplitKOverride {
-  SplitKOverride(int fc1, int fc2) { kern::set_decode_splitk_override(fc1, fc2); }
-  ~SplitKOverride() {
-    kern::set_decode_splitk_override(kern::kSplitKFromEnv, kern::kSplitKFromEnv);
-  }
-};
-
-TEST(GpuLayer, DecodeSplitKMatchesUnsplit) {
-  SKIP_WITHOUT_GPU();
-  // H 7168, I 2048, K 8 with 16 experts: fc1 32 M-tiles x 112 K-chunks, fc2 56 x 32; T = 7 is
-  // 3.5 rows per expert (tile 8, the decode kernel).
-  const Shape s{"dsv3-e16", 7168, 2048, 16, 8};
-  const kern::ResidentShape rs = kern::resident_shape(Recipe::kNvfp4, s.H, s.I);
-  Master m(s, 25);
-  cudaStream_t st;
-  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  int32_t* n_dev = nullptr;
-  CUDA_OK(cudaMalloc(&n_dev, 4));
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8}) {
-    SCOPED_TRACE(recipe_name(r));
-    const PackedExperts p = pack(s, r, m, Options{});
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 8, true, Options{}), p);
-    gpu->warmup();
-    for (int T : {1, 7}) {
-      SCOPED_TRACE("T = " + std::to_string(T));
-      ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 8) << "not the decode kernel";
-      // The splits a forced count gets: at most one per K-chunk, fewer where the grid bound's
-      // slots would not fit.
-      const int tiles = kern::max_tiles(T * s.K, s.E, 8);
-      auto expect = [&](int mode, int mtiles, int chunks) {
-        int n = std::min(mode, chunks);
-        while (n > 1 && tiles * mtiles * n > kern::kSplitKSlots) --n;
-        return n;
-      };
-      HostInputs h = make_inputs(T, s.H, s.K, s.E, 60 + T);
-      DeviceInputs d(h);
-      const Device dev{DeviceKind::kCUDA, 0};
-      auto eager = [&] { return forward_bits(*gpu, d, h); };
-      std::vector<uint16_t> ref;
-      {
-        SplitKOverride off(1, 1);
-        ref = eager();
-        EXPECT_EQ(kern::last_decode_splits(true), 1);
-        EXPECT_EQ(kern::last_decode_splits(false), 1);
-      }
-      for (const auto [m1, m2] : {std::pair{2, 2}, {3, 3}, {4, 1}, {1, 4}, {8, 8}}) {
-        SCOPED_TRACE("splits " + std::to_string(m1) + "," + std::to_string(m2));
-        SplitKOverride on(m1, m2);
-        const std::vector<uint16_t> a = eager();
-        EXPECT_EQ(kern::last_decode_splits(true), expect(m1, rs.fc1_mtiles, rs.fc1_chunks));
-        EXPECT_EQ(kern::last_decode_splits(false), expect(m2, rs.fc2_mtiles, rs.fc2_chunks));
-        EXPECT_GT(kern::last_decode_splits(true) * kern::last_decode_splits(false), 1);
-        std::string why;
-        const double err = rel_l2(a, ref, &why);
-        if (r == Recipe::kNvfp4) {
-          EXPECT_TRUE(a == ref) << "split-K changed the nvfp4 output (rel L2 " << err << ")";
-        } else {
-          EXPECT_LE(err, 5e-3) << why;
-        }
-        EXPECT_TRUE(eager() == a) << "repeated split-K forward is not bitwise identical";
-        std::printf("[ split-k ] %-12s T=%d splits fc1 %d fc2 %d: rel_l2 vs unsplit %.3e\n",
-                    recipe_name(r), T, kern::last_decode_splits(true),
-                    kern::last_decode_splits(false), err);
-        // Graph captured with the split, replayed twice with n = T from the device.
-        PoisonedOut out(size_t(T) * s.H);
-        ForwardInputs f = device_view(d, h);
-        f.stream = st;
-        f.num_tokens = n_dev;
-        CUDA_OK(cudaMemcpy(n_dev, &T, 4, cudaMemcpyHostToDevice));
-        const CapturedGraph g(st, [&] {
-          gpu->forward(f, TensorView::contiguous(out.p, DType::kBF16, {T, s.H}, dev));
-        });
-        ASSERT_TRUE(g.ok());
-        for (int rep = 0; rep < 2; ++rep) {
-          CUDA_OK(cudaMemset(out.p, 0xff, out.n * 2));
-          CUDA_OK(cudaGraphLaunch(g.exec, st));
-          CUDA_OK(cudaStreamSynchronize(st));
-          EXPECT_TRUE(out.host() == a) << "graph replay " << rep << " differs from eager";
-        }
-      }
-      // The default: no split, so every recipe gives the unsplit bits.
-      {
-        SplitKOverride def(kern::kSplitKDefault, kern::kSplitKDefault);
-        EXPECT_TRUE(eager() == ref) << "the default differs from the unsplit forward";
-        EXPECT_EQ(kern::last_decode_splits(true), 1);
-        EXPECT_EQ(kern::last_decode_splits(false), 1);
-      }
-      // MOE_EP_DECODE_SPLITK=auto: fc1 split where the unsplit grid already has 4 CTAs per SM (on
-      // an H200's 132 SMs T = 7's 16 tiles x 32 M-tiles get 4 splits, T = 1's 8 x 32 none), for
-      // every 4-bit recipe; fc2 never.
-      {
-        SplitKOverride aut(kern::kSplitKAuto, kern::kSplitKAuto);
-        const std::vector<uint16_t> a = eager();
-        std::printf("[ split-k ] %-12s T=%d auto: fc1 %d, fc2 %d splits\n", recipe_name(r), T,
-                    kern::last_decode_splits(true), kern::last_decode_splits(false));
-        EXPECT_EQ(kern::last_decode_splits(false), 1);
-        int sms = 0;
-        CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-        const int ctas = std::max(std::min(T * s.K, s.E), (T * s.K + 7) / 8) * rs.fc1_mtiles;
-        int want = 1;
-        if (ctas > 3 * sms)
-          while (want < 4 && ctas * want * 2 <= 16 * sms) want *= 2;
-        EXPECT_EQ(kern::last_decode_splits(true), expect(want, rs.fc1_mtiles, rs.fc1_chunks));
-        if (r == Recipe::kNvfp4) {
-          EXPECT_TRUE(a == ref) << "auto split-K changed the nvfp4 output";
-        } else {
-          std::string why;
-          EXPECT_LE(rel_l2(a, ref, &why), 5e-3) << why;
-        }
-      }
-    }
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  }
-  cudaFree(n_dev);
-  cudaStreamDestroy(st);
-}
-
-// The decode GEMM's ring slots of 1, 2 or 4 K-chunks (docs/gpu_kernels.md §6, session 6) give
-// the same bits: each column sums its k in the same order. gpt-oss's H = I = 2880 are 45
-// K-chunks, so 2- and 4-chunk slots end on a partly filled slot, and 3 forced splits (15 chunks
-// each) end the 4-chunk loop after two of a slot's four chunks.
-using CpsOverride = ScopedOverride<kern::set_decode_cps_override, 0>;
-// A test's fragments per consumer warp of the tile-8 decode launches (1 or 2; 0: the policy).
-using FwOverride = ScopedOverride<kern::set_decode_fw_override, 0>;
-
-TEST(GpuLayer, DecodeSlotChunksSameBits) {
-  SKIP_WITHOUT_GPU();
-  const Shape s = kGptOss;
-  const kern::ResidentShape rs = kern::resident_shape(Recipe::kNvfp4, s.H, s.I);
-  ASSERT_EQ(rs.fc1_chunks, 45);
-  ASSERT_EQ(rs.fc2_chunks, 45);
-  Master m(s, 27);
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
-    SCOPED_TRACE(recipe_name(r));
-    const PackedExperts p = pack(s, r, m, Options{});
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 8, true, Options{}), p);
-    gpu->warmup();
-    for (int T : {1, 7}) {
-      ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 8) << "not the decode kernel";
-      HostInputs h = make_inputs(T, s.H, s.K, s.E, 80 + T);
-      DeviceInputs d(h);
-      for (int splits : {1, 3}) {
-        SplitKOverride split(splits, splits);
-        std::vector<uint16_t> ref;
-        for (int cps : {1, 2, 4}) {
-          SCOPED_TRACE("T = " + std::to_string(T) + ", splits " + std::to_string(splits) +
-                       ", chunks per slot " + std::to_string(cps));
-          CpsOverride c(cps);
-          const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
-          EXPECT_EQ(kern::last_decode_cps(), cps);
-          EXPECT_EQ(kern::last_decode_splits(true), splits);
-          if (cps == 1) {
-            ref = got;
-          } else {
-            EXPECT_TRUE(got == ref) << "differs from one chunk per slot";
-          }
-        }
-      }
-    }
-  }
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
-// Every shape of the m64 wgmma kernel (warpgroups per CTA sharing each B stage x CTAs per SM,
-// MOE_EP_M64) computes the same fragments in the same K order, so the same bits. GPT-OSS has
-// H = 2880 (fc2's last 64-row half is padding: a warpgroup of the 2x2 and 4x1 shapes has no
-// rows) and I = 2880 (90 fc1 halves: the 4x1 shape's last CTA has two warpgroups without rows);
-// T = 128 and 400 give tiles of 160 rows and of every N class below it.
-using M64ShapeOverride = ScopedOverride<kern::set_m64_shapes_override, nullptr>;
-
-// The override the test below uses (host state only: runs without a GPU).
-TEST(GpuLayerHost, M64ShapeOverrideRoundTrip) {
-  const kern::M64Shapes before = kern::m64_shapes();
-  {
-    M64ShapeOverride o("4x1,1x3");
-    EXPECT_EQ(kern::m64_shapes(), kern::parse_m64_shapes("4x1,1x3"));
-    kern::set_m64_shapes_override("2x1");
-    EXPECT_EQ(kern::m64_shapes(), kern::parse_m64_shapes("2x1"));
-  }
-  EXPECT_EQ(kern::m64_shapes(), before);  // cleared: MOE_EP_M64 or the default again
-}
-
-TEST(GpuLayer, M64ShapesSameBits) {
-  SKIP_WITHOUT_GPU();
-  const Shape s = kGptOss;
-  Master m(s, 31);
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
-    SCOPED_TRACE(recipe_name(r));
-    const PackedExperts p = pack(s, r, m, Options{});
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 512, true, Options{}), p);
-    gpu->warmup();
-    for (int T : {128, 400}) {
-      ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), kern::kM64TileN) << "not the m64 kernel";
-      HostInputs h = make_inputs(T, s.H, s.K, s.E, 90 + T);
-      DeviceInputs d(h);
-      std::vector<uint16_t> ref;
-      for (const char* knob : {"1x3", "2x2", "2x1", "3x1", "4x1", "4x1,2x2"}) {
-        SCOPED_TRACE("T = " + std::to_string(T) + ", MOE_EP_M64 " + knob);
-        M64ShapeOverride o(knob);
-        const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
-        const kern::M64Shapes want = kern::parse_m64_shapes(knob);
-        EXPECT_EQ(kern::last_m64_shape(true), want[1]);
-        EXPECT_EQ(kern::last_m64_shape(false), want[0]);
-        if (ref.empty()) {
-          ref = got;
-        } else {
-          EXPECT_TRUE(got == ref) << "differs from the 1x3 shape";
-        }
-      }
-    }
-  }
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
-// A test's tile width for the next forwards (kern::set_tile_n_override), cleared at scope end.
-using TileOverride = ScopedOverride<kern::set_tile_n_override, 0>;
 
 // Every N class of the m64 kernel (its K loop runs at the narrowest class that holds the tile's
 // rows): one expert with T rows, T at and one past each class bound, tile 160 forced, against
-// the CPU (nvfp4 bit for bit; mxfp4_mxfp8 within SPEC §7). A class that covered too few columns
+// the CPU (nvfp4 bit for bit; mxfp4_mxfp8 within contract §7). A class that covered too few columns
 // would leave rows of the expert's output wrong.
 TEST(GpuLayer, M64EveryNClassAgainstCpu) {
   SKIP_WITHOUT_GPU();
@@ -873,11 +656,11 @@ TEST(GpuLayer, M64EveryNClassAgainstCpu) {
   for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8}) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
-    const LayerConfig cfg = make_config(s, r, kern::kM64TileN, true, Options{});
+    LayerConfig cfg = make_config(s, r, 160, true, Options{});
+    cfg.plan_options.tile_n = 160;
     auto cpu = make_layer(Backend::kCPU, cfg, p);
     auto gpu = make_layer(Backend::kCUDA, cfg, p);
     gpu->warmup();
-    TileOverride o(kern::kM64TileN);
     for (int T : {1,  32, 33,  40,  41,  48,  49,  56,  57,  64,  65,  72,  73,  80,  81,
                   96, 97, 112, 113, 120, 121, 128, 129, 136, 137, 144, 145, 152, 153, 160}) {
       SCOPED_TRACE("T = " + std::to_string(T));
@@ -894,55 +677,6 @@ TEST(GpuLayer, M64EveryNClassAgainstCpu) {
     }
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
-// The override the test below uses (host state only: runs without a GPU).
-TEST(GpuLayerHost, TileOverrideRoundTrip) {
-  const int before = kern::forward_tile_n(Recipe::kNvfp4, 8);
-  {
-    TileOverride o(16);
-    EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), 16);
-    EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, kern::kM64TileN), 16);
-  }
-  EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);  // cleared
-  {
-    TileOverride o(32);  // the decode kernel's widest tile; bf16 weights run 128 instead
-    EXPECT_EQ(kern::forward_tile_n(Recipe::kMxfp4Bf16, 8), 32);
-    EXPECT_EQ(kern::forward_tile_n(Recipe::kBf16, 8), 128);
-  }
-  TileOverride bad(7);  // not a tile width: ignored
-  EXPECT_EQ(kern::forward_tile_n(Recipe::kNvfp4, 8), before);
-}
-
-// A test's choice of tile 16's row split (kern::set_decode16_split_override), cleared at scope
-// end.
-using Split16Override = ScopedOverride<kern::set_decode16_split_override, -1>;
-
-// The override the test below uses and the default policy (host state only: runs without a GPU).
-TEST(GpuLayerHost, Split16OverrideAndPolicy) {
-  const int before = kern::decode16_split_mode();
-  {
-    Split16Override on(true);
-    EXPECT_EQ(kern::decode16_split_mode(), 1);
-    EXPECT_TRUE(kern::decode16_split_for(100000, 1));  // forced: whatever the rows
-  }
-  {
-    Split16Override off(false);
-    EXPECT_EQ(kern::decode16_split_mode(), 0);
-    EXPECT_FALSE(kern::decode16_split_for(8, 8));
-  }
-  EXPECT_EQ(kern::decode16_split_mode(), before);  // back to the knob
-  kern::set_decode16_split_override(2);            // any other value: on
-  EXPECT_EQ(kern::decode16_split_mode(), 1);
-  kern::set_decode16_split_override(-1);
-  if (before == -1) {  // the default: by the expected rows per expert
-    const int E = 128;
-    EXPECT_TRUE(kern::decode16_split_for(8 * E, E));  // 8 rows
-    EXPECT_TRUE(kern::decode16_split_for(int64_t(kern::kSplit16MaxMeanRows * E), E));
-    EXPECT_FALSE(kern::decode16_split_for(int64_t(kern::kSplit16MaxMeanRows * E) + 1, E));
-    EXPECT_FALSE(kern::decode16_split_for(16 * E, E));  // 16 rows
-    EXPECT_FALSE(kern::decode16_split_for(8, 0));       // no experts
-  }
 }
 
 // A forward of T tokens captured in a CUDA graph that reads its token count on the device
@@ -969,7 +703,7 @@ void expect_replays_equal_eager_tile8(MegaLayer& gpu, const Shape& s, const Devi
     const std::vector<uint16_t> got = out.host();
     const HostInputs hn = first_tokens(h, n);
     DeviceInputs dn(hn);
-    TileOverride o(8);
+    PlanScope o(gpu, [](PlanOptions& p) { p.tile_n = 8; });
     const std::vector<uint16_t> want = forward_bits(gpu, dn, hn);
     EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()))
         << "graph replay differs from the eager tile-8 forward";
@@ -1013,8 +747,10 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
       s, m, 64, {3, 12, 24, 40}, 70,
       [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
         auto run = [&](int tile, bool split) {
-          TileOverride o(tile);
-          Split16Override so(split);
+          PlanScope o(gpu, [&](PlanOptions& p) {
+            p.tile_n = tile;
+            p.tile16_row_split = split;
+          });
           return forward_bits(gpu, d, h);
         };
         const std::vector<uint16_t> t8 = run(8, false), t16 = run(16, false);
@@ -1025,8 +761,10 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
         // each replay's tiles on the device) against eager tile-8 forwards of the first n tokens.
         expect_replays_equal_eager_tile8(gpu, s, d, h, T, {40, 12, 3},
                                          [&](const ForwardInputs& f, const TensorView& out) {
-                                           TileOverride o(16);
-                                           Split16Override so(true);
+                                           PlanScope o(gpu, [](PlanOptions& p) {
+                                             p.tile_n = 16;
+                                             p.tile16_row_split = 1;
+                                           });
                                            gpu.forward(f, out);
                                          });
         EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
@@ -1034,8 +772,8 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// The decode kernel's tile of 32 (MOE_EP_TILE_N=32): each tile on the narrowest of its 8-, 16-
-// and 32-column consumers that holds its live rows. Every column gets the same MMAs in the same
+// The decode kernel's tile of 32 (PlanOptions::tile_n = 32): each tile on the narrowest of its 8-,
+// 16- and 32-column consumers that holds its live rows. Every column gets the same MMAs in the same
 // k order as in a tile of 8, so forcing tile 32 gives tile 8's bits, on either 32-column
 // consumer (lean on 2-chunk slots, 136 registers on 4). Qwen3 (E 16, K 8): T = 3 (1.5 rows per
 // expert: the 8-column consumer), 24 (12: 8- and 16-column), 48 (24: mostly 32), 100 (50: a full
@@ -1053,8 +791,10 @@ TEST(GpuLayer, Decode32SameBitsAsTile8) {
         s, m, 128, {3, 24, 48, 100}, 90,
         [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
           auto run = [&](int tile, int cps) {
-            TileOverride o(tile);
-            CpsOverride c(cps);
+            PlanScope o(gpu, [&](PlanOptions& p) {
+              p.tile_n = tile;
+              p.tile32_chunks_per_slot = cps;
+            });
             return forward_bits(gpu, d, h);
           };
           const std::vector<uint16_t> t8 = run(8, 0);
@@ -1062,23 +802,24 @@ TEST(GpuLayer, Decode32SameBitsAsTile8) {
           EXPECT_TRUE(run(32, 0) == t8) << "tile 32 (the default consumers) differs from tile 8";
           for (int cps : {2, 4}) {
             EXPECT_TRUE(run(32, cps) == t8) << "tile 32 on " << cps << "-chunk slots differs";
-            EXPECT_EQ(kern::last_decode_cps(), cps);
+            EXPECT_EQ(gpu.last_plan().fc1.decode[0].chunks_per_slot, cps);
+            EXPECT_EQ(gpu.last_plan().fc2.decode[0].chunks_per_slot, cps);
           }
           if (T != 100) return;
-          expect_replays_equal_eager_tile8(gpu, s, d, h, T, {100, 40, 5},
-                                           [&](const ForwardInputs& f, const TensorView& out) {
-                                             TileOverride o(32);
-                                             gpu.forward(f, out);
-                                           });
+          expect_replays_equal_eager_tile8(
+              gpu, s, d, h, T, {100, 40, 5}, [&](const ForwardInputs& f, const TensorView& out) {
+                PlanScope o(gpu, [](PlanOptions& p) { p.tile_n = 32; });
+                gpu.forward(f, out);
+              });
         });
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // The tile-8 decode kernel with one fragment per consumer warp (8 consumer warps; nvfp4's default
-// where a GEMM's grid holds at most one CTA per SM, MOE_EP_DECODE_FW=1 forces it): each warp sums
-// its fragment's columns over K in the same order as a warp of two fragments, so the same bits,
-// on Qwen3 (E 16: fc1 12 M-tiles x 32 K-chunks, fc2 16 x 12) and gpt-oss (E 8, K 4: 45
+// where a GEMM's grid holds at most one CTA per SM, PlanOptions::tile8_frags_per_warp forces it):
+// each warp sums its fragment's columns over K in the same order as a warp of two fragments, so the
+// same bits, on Qwen3 (E 16: fc1 12 M-tiles x 32 K-chunks, fc2 16 x 12) and gpt-oss (E 8, K 4: 45
 // K-chunks, the last 4-chunk slot partly filled) at T = 1, 3, 7; the policy's choice at each T
 // (nvfp4 where the expected grid fits the SMs once); then a CUDA graph captured at T = 7 with it
 // forced, replayed with device counts, against eager tile-8 forwards.
@@ -1093,16 +834,20 @@ TEST(GpuLayer, DecodeOneFragmentWarpsSameBits) {
     for_each_4bit_layer_and_tokens(
         s, m, 64, {1, 3, 7}, 110,
         [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
-          ASSERT_EQ(kern::choose_tile_n(T, s.K, s.E), 8) << "not the decode kernel";
+          ASSERT_EQ(gpu.plan(T).tile_n, 8) << "not the decode kernel";
+          auto fw_of = [&](bool fc1) {
+            const ForwardPlan p = gpu.last_plan();
+            return (fc1 ? p.fc1 : p.fc2).decode[0].frags_per_warp;
+          };
           auto run = [&](int fw) {
-            FwOverride o(fw);
+            PlanScope o(gpu, [&](PlanOptions& p) { p.tile8_frags_per_warp = fw; });
             return forward_bits(gpu, d, h);
           };
           const std::vector<uint16_t> two = run(2);
-          EXPECT_EQ(kern::last_decode_fw(true), 2);
+          EXPECT_EQ(fw_of(true), 2);
           const std::vector<uint16_t> one = run(1);
-          EXPECT_EQ(kern::last_decode_fw(true), 1) << "fc1 did not run one-fragment warps";
-          EXPECT_EQ(kern::last_decode_fw(false), 1) << "fc2 did not run one-fragment warps";
+          EXPECT_EQ(fw_of(true), 1) << "fc1 did not run one-fragment warps";
+          EXPECT_EQ(fw_of(false), 1) << "fc2 did not run one-fragment warps";
           EXPECT_TRUE(one == two) << "one fragment per warp differs from two";
           EXPECT_TRUE(run(1) == one) << "repeated forward is not bitwise identical";
           EXPECT_TRUE(any_nonzero(two)) << "every output is zero";
@@ -1112,111 +857,40 @@ TEST(GpuLayer, DecodeOneFragmentWarpsSameBits) {
           const bool nv = gpu.config().recipe.recipe == Recipe::kNvfp4;
           for (const bool fc1 : {true, false}) {
             const int ctas = tiles * (fc1 ? rs.fc1_mtiles : rs.fc2_mtiles);
-            EXPECT_EQ(kern::last_decode_fw(fc1), nv && ctas <= sms ? 1 : 2)
+            EXPECT_EQ(fw_of(fc1), nv && ctas <= sms ? 1 : 2)
                 << (fc1 ? "fc1" : "fc2") << ": " << ctas << " CTAs on " << sms << " SMs";
           }
           if (T != 7) return;
-          expect_replays_equal_eager_tile8(gpu, s, d, h, T, {7, 3, 1},
-                                           [&](const ForwardInputs& f, const TensorView& out) {
-                                             FwOverride o(1);
-                                             gpu.forward(f, out);
-                                           });
+          expect_replays_equal_eager_tile8(
+              gpu, s, d, h, T, {7, 3, 1}, [&](const ForwardInputs& f, const TensorView& out) {
+                PlanScope o(gpu, [](PlanOptions& p) { p.tile8_frags_per_warp = 1; });
+                gpu.forward(f, out);
+              });
         });
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// The decode kernel's weight stream under an L2 evict_first policy (the default since session
-// 31) or the normal one: a cache hint, so the same bits. Qwen3 (E 16, K 8) at T = 1 (tile 8),
-// 24 (12 rows per expert: tile 16) and 72 (36 rows: the wgmma kernel, which ignores the switch),
-// every 4-bit recipe; and the default is on.
-using EvictOverride = ScopedOverride<kern::set_weight_evict_override, 0>;
-
-// A switch that changes no bit: run(1) (on, the default), run(2) (off) and run(1) again give the
-// same nonzero outputs; `off_differs` says which switch failed.
-template <class Run>
-void expect_switch_same_bits(Run run, const char* off_differs) {
-  const std::vector<uint16_t> first = run(1);
-  EXPECT_TRUE(any_nonzero(first)) << "every output is zero";
-  EXPECT_TRUE(run(2) == first) << off_differs;
-  EXPECT_TRUE(run(1) == first) << "repeated forward is not bitwise identical";
-}
-
-TEST(GpuLayer, WeightEvictFirstSameBits) {
-  SKIP_WITHOUT_GPU();
-  EXPECT_TRUE(kern::weight_evict_first());
-  const Shape s = kQwen3;
-  const Master m(s, 59);
-  for_each_4bit_layer_and_tokens(
-      s, m, 80, {1, 24, 72}, 130,
-      [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int) {
-        auto run = [&](int mode) {
-          EvictOverride o(mode);
-          EXPECT_EQ(kern::weight_evict_first(), mode == 1);
-          return forward_bits(gpu, d, h);
-        };
-        expect_switch_same_bits(run, "evict_normal differs from evict_first");
-      });
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
-// fc1's room for an fc2 CTA (docs/gpu_kernels.md §6 "Session 32"): where fc1's tile-8 grid is
-// sized for 2 CTAs per SM on one GPU its ring is 3 slots in a third of the SM instead of 4, which
-// changes no bit. Qwen3 (E 16, K 8, 12 fc1 M-tiles): T = 2, 5, 8 touch 16 experts (192 CTAs, 2 per
-// SM on an H100 / H200) and take the path; T = 1 touches 8 (96 CTAs, 1 per SM) and does not.
-using RoomOverride = ScopedOverride<kern::set_fc1_room_override, 0>;
-
-TEST(GpuLayer, Fc1RoomForFc2SameBits) {
-  SKIP_WITHOUT_GPU();
-  EXPECT_TRUE(kern::fc1_room_for_fc2());
-  const Shape s = kQwen3;
-  const Master m(s, 61);
-  int sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int mtiles = kern::resident_shape(Recipe::kNvfp4, s.H, s.I).fc1_mtiles;
-  for_each_4bit_layer_and_tokens(
-      s, m, 80, {1, 2, 5, 8}, 131,
-      [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
-        const int ctas = kern::expected_tiles(T * s.K, s.E, 8) * mtiles;  // fc1's expected grid
-        const bool two_per_sm = (ctas + sms - 1) / sms == 2;
-        auto run = [&](int mode) {
-          RoomOverride o(mode);
-          EXPECT_EQ(kern::fc1_room_for_fc2(), mode == 1);
-          std::vector<uint16_t> bits = forward_bits(gpu, d, h);
-          EXPECT_EQ(kern::last_fc1_room(), mode == 1 && two_per_sm) << "fc1's ring policy";
-          return bits;
-        };
-        expect_switch_same_bits(run, "fc1's ring of 4 slots differs from the ring of 3");
-      });
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
-// The fp8 MMA path of mxfp4_mxfp8 (fp8_mma or MOE_EP_FP8=1; docs/gpu_kernels.md §8): within
-// SPEC §7's tolerance of the CPU reference, repeated forwards bitwise, on DSV3 and Qwen3 (H and I
-// multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give
+// The fp8 MMA path of mxfp4_mxfp8 (RecipeConfig::fp8_mma; docs/kernels.md): within
+// the contract's tolerance of the CPU reference, repeated forwards bitwise, on DSV3 and Qwen3 (H
+// and I multiples of 128). The test shapes have 8 / 16 experts and K = 8, so the token counts give
 // tiles of most MMA widths the kernel picks: DSV3 1, 7, 40, 128, 160 rows per expert (widths 8,
 // 64, 128, 160), Qwen3 about half of each and 200 (8, 32, 64, 96; 160 + 40 -> 64).
-// DSV3 turns the path on through RecipeConfig::fp8_mma, Qwen3 through MOE_EP_FP8=1; the default
-// path of this recipe is bitwise equal to the CPU, so a nonzero error shows the fp8 path ran.
+// The default path of this recipe is bitwise equal to the CPU, so a nonzero error shows the fp8
+// path ran.
 TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
   SKIP_WITHOUT_GPU();
   for (const Shape& s : {kDsv3, kQwen3}) {
     SCOPED_TRACE(s.name);
-    const bool by_env = s.E == kQwen3.E;
     const Recipe r = Recipe::kMxfp4Mxfp8;
     std::vector<int> tokens = {1, 7, 40, 128, 160};
     if (s.E == kQwen3.E) tokens.push_back(400);
     Master m(s, 21);
     const PackedExperts p = pack(s, r, m, Options{});
     LayerConfig cfg = make_config(s, r, tokens.back(), true, Options{});
-    cfg.recipe.fp8_mma = !by_env;
+    cfg.recipe.fp8_mma = true;
     auto cpu = make_layer(Backend::kCPU, cfg, p);
-    const char* before = std::getenv("MOE_EP_FP8");
-    const std::string saved = before ? before : "";
-    if (by_env) setenv("MOE_EP_FP8", "1", 1);
-    auto gpu = make_layer(Backend::kCUDA, cfg, p);                 // the switch is read here
-    if (by_env && before) setenv("MOE_EP_FP8", saved.c_str(), 1);  // as the caller had it
-    if (by_env && !before) unsetenv("MOE_EP_FP8");
+    auto gpu = make_layer(Backend::kCUDA, cfg, p);
     EXPECT_TRUE(gpu->uses_fp8_mma());
     gpu->warmup();
     for (int T : tokens) {
@@ -1239,10 +913,6 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
 }
-
-// A test's choice of the fp8 kernel's MMA widths (kern::set_fp8_widths_override), cleared at
-// scope end.
-using Fp8WidthsOverride = ScopedOverride<kern::set_fp8_widths_override, -1>;
 
 // The fp8 path's tests on shape s: the CPU reference and the GPU layer with fp8_mma (warmed
 // up), both of capacity `capacity`, on the weights of `seed`; with `with_default` also the
@@ -1269,15 +939,15 @@ Fp8Layers make_fp8_layers(const Shape& s, int capacity, uint64_t seed, bool with
   return l;
 }
 
-// The fp8 path's MMA widths (sm90_moe_fp8.cuh: the fine list, steps of 8 from 48, which GEMMs of
-// at least kFp8FineMinMTiles M-tiles take by default, or the coarse list of sessions 5-26, each
+// The fp8 path's MMA widths (sm90_fp8.cuh: the fine list, steps of 8 from 48, which GEMMs of
+// at least kFp8FineMinMTiles M-tiles take by default, or the coarse list of the others, each
 // forced here): one expert with T rows, T at and one past each class bound. Both lists give
 // the same bits (a column's sums do not depend on the width it ran at). Against the CPU the bound
-// is 1e-2, not SPEC §7's 5e-3: with one slot per token nothing averages the fp8 MMA's error over
-// slots, and the opt-in path measured 5.6e-3 and 6.2e-3 at T = 81 and 128 (session 27, either
-// width list; docs/gpu_kernels.md §8). A class that covered too few columns would leave rows of
+// is 1e-2, not contract §7's 5e-3: with one slot per token nothing averages the fp8 MMA's error
+// over slots, and the opt-in path measured 5.6e-3 and 6.2e-3 at T = 81 and 128 (either width list;
+// docs/kernels.md). A class that covered too few columns would leave rows of
 // the expert's output wrong, an error near 1. The recipe's default path (bf16 MMA) on the same
-// weights and inputs is held to 5e-3 and printed beside it (at most 6e-5 in session 29): the
+// weights and inputs is held to 5e-3 and printed beside it (at most 6e-5 measured): the
 // fp8 path's excess is its own.
 TEST(GpuLayer, Fp8EveryNClassSameBits) {
   SKIP_WITHOUT_GPU();
@@ -1292,11 +962,11 @@ TEST(GpuLayer, Fp8EveryNClassSameBits) {
     const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
     std::vector<uint16_t> fine, coarse;
     {
-      Fp8WidthsOverride o(kern::kFp8WidthsFine);
+      PlanScope o(*gpu, [](PlanOptions& p) { p.fp8_fine_widths = 1; });
       fine = forward_bits(*gpu, d, h);
     }
     {
-      Fp8WidthsOverride o(kern::kFp8WidthsCoarse);
+      PlanScope o(*gpu, [](PlanOptions& p) { p.fp8_fine_widths = 0; });
       coarse = forward_bits(*gpu, d, h);
     }
     std::string why;
@@ -1313,28 +983,13 @@ TEST(GpuLayer, Fp8EveryNClassSameBits) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// The override the test above uses (host state only: runs without a GPU).
-TEST(GpuLayerHost, Fp8WidthsOverrideRoundTrip) {
-  const int before = kern::fp8_widths();
-  for (int w : {kern::kFp8WidthsCoarse, kern::kFp8WidthsFine, kern::kFp8WidthsPolicy}) {
-    Fp8WidthsOverride o(w);
-    EXPECT_EQ(kern::fp8_widths(), w);
-  }
-  EXPECT_EQ(kern::fp8_widths(), before);  // cleared
-  Fp8WidthsOverride bad(7);               // not a width list: ignored
-  EXPECT_EQ(kern::fp8_widths(), before);
-}
-
-// A test's fp8 grid (kern::set_fp8_grid_override), cleared at scope end.
-using Fp8GridOverride = ScopedOverride<kern::set_fp8_grid_override, 0>;
-
-// The fp8 kernel's persistent grid (session 28): a CTA runs item blockIdx.x and then those of
+// The fp8 kernel's persistent grid: a CTA runs item blockIdx.x and then those of
 // the tickets it takes, each at its own MMA width, the ring restarting at slot 0 per item with
 // every slot's barrier parities carried over, the producer filling an item's first slots during the
 // previous item's epilogue. Zipf-skewed routing gives the 16 experts from 45 to 299 rows, so
 // a CTA's consecutive items change width (and slot size) often. 1, 2, 7 and 61 CTAs and one CTA per
-// item (the grid of sessions 5-27) give the default grid's bits under both width lists, and the
-// outputs are within SPEC §7's 5e-3 of the CPU; graph replays at fewer tokens equal eager
+// item give the default grid's bits under both width lists, and the
+// outputs are within contract §7's 5e-3 of the CPU; graph replays at fewer tokens equal eager
 // forwards.
 TEST(GpuLayer, Fp8PersistentGridSameBits) {
   SKIP_WITHOUT_GPU();
@@ -1353,9 +1008,9 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
   DeviceInputs d(h);
   const std::vector<uint16_t> ref = cpu_bits(cpu, h);
   std::vector<uint16_t> first;
-  for (int widths : {kern::kFp8WidthsFine, kern::kFp8WidthsCoarse}) {
-    SCOPED_TRACE(widths == kern::kFp8WidthsFine ? "fine widths" : "coarse widths");
-    Fp8WidthsOverride w(widths);
+  for (int fine : {1, 0}) {
+    SCOPED_TRACE(fine ? "fine widths" : "coarse widths");
+    PlanScope w(gpu, [&](PlanOptions& p) { p.fp8_fine_widths = fine; });
     const std::vector<uint16_t> def = forward_bits(gpu, d, h);
     if (first.empty()) {
       first = def;
@@ -1367,7 +1022,7 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
     }
     EXPECT_TRUE(def == first) << "the width lists differ";
     for (int ctas : {1, 2, 7, 61, 1 << 30}) {
-      Fp8GridOverride g(ctas);
+      PlanScope g(gpu, [&](PlanOptions& p) { p.fp8_grid_ctas = ctas; });
       EXPECT_TRUE(forward_bits(gpu, d, h) == def) << ctas << " CTAs differ from the default grid";
     }
   }
@@ -1380,20 +1035,7 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// The grid override the test above uses (host state only: runs without a GPU).
-TEST(GpuLayerHost, Fp8GridOverrideRoundTrip) {
-  const int before = kern::fp8_grid(100000, 132);
-  EXPECT_EQ(before, 132);  // one CTA per SM
-  {
-    Fp8GridOverride o(7);
-    EXPECT_EQ(kern::fp8_grid(100000, 132), 7);
-    EXPECT_EQ(kern::fp8_grid(5, 132), 5);  // never more CTAs than items
-  }
-  EXPECT_EQ(kern::fp8_grid(100000, 132), before);  // cleared
-  EXPECT_EQ(kern::fp8_grid(3, 132), 3);
-}
-
-// hidden_states with a row stride past H (SPEC §4 allows any stride >= H): prepare loads a
+// hidden_states with a row stride past H (contract §4 allows any stride >= H): prepare loads a
 // thread's 4 (T < 256) or 8 elements (T >= 256) with one 8- or 16-byte load where base and
 // stride allow it, else smaller loads, else element by element. Strides H + 8 / + 4 / + 1 (and
 // a base offset of one element) give the contiguous input's bits.
@@ -1447,7 +1089,7 @@ TEST(GpuLayer, StridedHiddenStatesSameBits) {
 // Up to 32 routed pairs (T * K) one warp routes (route_warp), above it the block (route): the
 // first T tokens of a forward of T + 1 tokens (block route) equal a forward of T tokens (warp
 // route) bit for bit, with the tile list split into narrow and wide tiles or not, with empty
-// slots, repeated experts in a token and all pairs on one expert; and each stays within SPEC §7
+// slots, repeated experts in a token and all pairs on one expert; and each stays within contract §7
 // of the CPU.
 TEST(GpuLayer, WarpRouteMatchesBlockRoute) {
   SKIP_WITHOUT_GPU();
@@ -1464,8 +1106,10 @@ TEST(GpuLayer, WarpRouteMatchesBlockRoute) {
         for (int split : {0, 1}) {
           SCOPED_TRACE(std::string(recipe_name(r)) + " mode " + std::to_string(mode) + " tile " +
                        std::to_string(tile) + " split " + std::to_string(split));
-          TileOverride to(tile);
-          Split16Override so(split == 1);
+          PlanScope o(*gpu, [&](PlanOptions& p) {
+            p.tile_n = tile;
+            p.tile16_row_split = split;
+          });
           // mode 0: random distinct experts (every 5th token loses its last slot); 1: token 1
           // repeats expert 3 in every slot, token 2 has none; 2: every pair on expert 5.
           HostInputs h5 = make_inputs(5, s.H, s.K, s.E, 50 + mode, mode == 2 ? 5 : -1);
@@ -1491,8 +1135,6 @@ TEST(GpuLayer, WarpRouteMatchesBlockRoute) {
   }
 }
 
-using SpreadOverride = ScopedOverride<kern::set_route_spread_override, -1>;
-
 // Prepare's route spread over blocks (route_spread: global counts, the last block lays out and
 // scatters; by default an EP owner's from 256 tokens, forced here on one GPU). Against the CPU:
 // random routing, empty slots, every pair on one expert and every slot of a token on one expert;
@@ -1503,11 +1145,11 @@ TEST(GpuLayer, SpreadRouteAgainstCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;  // E = 16, K = 8
   Master m(s, 53);
-  SpreadOverride spread(1);
   for (Recipe r : {Recipe::kNvfp4, Recipe::kBf16}) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
-    const LayerConfig cfg = make_config(s, r, 1024, true, Options{});
+    LayerConfig cfg = make_config(s, r, 1024, true, Options{});
+    cfg.plan_options.route_spread = 1;
     auto cpu = make_layer(Backend::kCPU, cfg, p);
     auto gpu = make_layer(Backend::kCUDA, cfg, p);
     gpu->warmup();
@@ -1582,14 +1224,10 @@ TEST(GpuLayer, SpreadRouteAgainstCpu) {
   }
 }
 
-// A test's first-wave size for the decode launches (kern::set_decode_wave_override), cleared
-// at scope end.
-using WaveOverride = ScopedOverride<kern::set_decode_wave_override, 0>;
-
 // Decode CTAs past the launch's first wave read their tile before they set up the scale table
-// and ring barriers (sm90_moe_decode.cuh); with a first wave of one CTA every other CTA does,
-// and the outputs are the same bits: tile 8 (T = 1, 7; 3 K-splits forced at T = 7) and tile 16
-// split by rows (T = 12) and unsplit (T = 40) on Qwen3 (E 16, K 8).
+// and ring barriers (sm90_decode.cuh); with a first wave of one CTA every other CTA does,
+// and the outputs are the same bits: tile 8 (T = 1, 7) and tile 16 split by rows (T = 12) and
+// unsplit (T = 40) on Qwen3 (E 16, K 8).
 TEST(GpuLayer, DecodeLateSetupSameBits) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
@@ -1598,10 +1236,11 @@ TEST(GpuLayer, DecodeLateSetupSameBits) {
       s, m, 64, {1, 7, 12, 40}, 60,
       [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
         auto run = [&](int wave) {
-          WaveOverride w(wave);
-          TileOverride to(T <= 7 ? 8 : 16);
-          Split16Override so(T == 12);
-          SplitKOverride sk(T == 7 ? 3 : kern::kSplitKDefault, T == 7 ? 3 : kern::kSplitKDefault);
+          PlanScope o(gpu, [&](PlanOptions& p) {
+            p.decode_first_wave = wave;
+            p.tile_n = T <= 7 ? 8 : 16;
+            p.tile16_row_split = T == 12;
+          });
           return forward_bits(gpu, d, h);
         };
         const std::vector<uint16_t> ref = run(0);
@@ -1620,15 +1259,18 @@ TEST(GpuLayer, SmallForSanitizer) {
   Master m(s, 23);
   for (Recipe r : kRecipes) {
     const PackedExperts p = pack(s, r, m, Options{});
-    auto cpu = make_layer(Backend::kCPU, make_config(s, r, 1100, true, Options{}), p);
-    auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 1100, true, Options{}), p);
-    auto unf = make_layer(Backend::kCUDA, make_config(s, r, 1100, false, Options{}), p);
+    LayerConfig cfg = make_config(s, r, 1100, true, Options{});
+    cfg.plan_options.route_spread = 1;
+    LayerConfig unf_cfg = make_config(s, r, 1100, false, Options{});
+    unf_cfg.plan_options.route_spread = 1;
+    auto cpu = make_layer(Backend::kCPU, cfg, p);
+    auto gpu = make_layer(Backend::kCUDA, cfg, p);
+    auto unf = make_layer(Backend::kCUDA, unf_cfg, p);
     // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16 (T = 5 also with
     // one fragment per consumer warp forced, nvfp4's default on this grid of a few CTAs); T = 72
     // (18 rows): tile 32 on its lean consumer (this K's default) and, forced, on 4-chunk slots;
     // T = 120: 30 rows per expert, the wgmma kernel; T = 1100 (2200 pairs): prepare's spread
     // route.
-    SpreadOverride spread(1);
     struct Case {
       int T, cps, fw;  // 0: the default
     };
@@ -1645,9 +1287,12 @@ TEST(GpuLayer, SmallForSanitizer) {
       HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
       DeviceInputs d(h);
       const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
-      WaveOverride wave(1);
-      CpsOverride slots(c.cps);
-      FwOverride fw(c.fw);
+      auto set = [&](PlanOptions& o) {
+        o.decode_first_wave = 1;
+        o.tile32_chunks_per_slot = c.cps;
+        o.tile8_frags_per_warp = c.fw;
+      };
+      PlanScope plan_gpu(*gpu, set), plan_unf(*unf, set);
       const std::vector<uint16_t> got = to_host_bf16(gpu->forward(device_view(d, h)).view());
       std::string why;
       EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;
@@ -1665,7 +1310,7 @@ TEST(GpuLayer, SmallForSanitizer) {
     HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
     DeviceInputs d(h);
     const std::vector<uint16_t> ref = cpu_bits(*fp8.cpu, h);
-    Fp8GridOverride grid(2);
+    PlanScope grid(*fp8.gpu, [](PlanOptions& o) { o.fp8_grid_ctas = 2; });
     const std::vector<uint16_t> got = forward_bits(*fp8.gpu, d, h);
     std::string why;
     const double err = rel_l2(got, ref, &why);

@@ -21,7 +21,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/env_switch.h"
 #include "cuda/comm/nccl_comm.h"
 
 namespace moe_ep::mgtest {
@@ -74,7 +73,7 @@ inline RanksResult run_ranks(int world, double timeout_s, const RankBody& fn) {
   if (mem == MAP_FAILED) throw std::runtime_error("mmap failed");
   auto* sh = new (mem) RankShared();
   std::vector<pid_t> pids;
-  nccl_multicast_off_unless_set();  // the ranks inherit it
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink SHARP off; the ranks inherit it
   const auto t0 = Clock::now();
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();

@@ -1,15 +1,14 @@
 // The CUDA backend at W = MOE_EP_TEST_WORLD ranks (2, 4 or 8; default 2; one forked process per
 // GPU) through the public MegaLayer API:
-// every recipe against the CPU backend (W = 1, SPEC §7 tolerance) and bit for bit against the
-// single-GPU CUDA layer on the same inputs; T = 0 on one and both ranks, unequal / shrinking /
+// every recipe against the CPU backend (W = 1, the contract's §7 tolerance) and bit for bit against
+// the single-GPU CUDA layer on the same inputs; T = 0 on one and both ranks, unequal / shrinking /
 // growing T, all slots -1, all tokens to the next rank, a second workspace picked by
 // select_workspace_collective, unfinalized outputs, CUDA graph replay with a device-side token
 // count, an EPLB expert swap across ranks (bytes moved with ncclSend / ncclRecv), and a rank
 // that skips a call. Outputs are poisoned (NaN) before every call. The EpLayer tests run the
-// combine path the environment selects (default: fc2 stores into the sources' combine areas);
-// Combine/EpLayerForced.*/Fused|Copy and EpLayerMixed repeat the main cases with
-// MOE_EP_FUSED_COMBINE=1 / =0 on every rank / 1 on rank 0 and 0 on the others. Skips without W
-// GPUs.
+// default combine path (fc2 stores into the sources' combine areas); Combine/EpLayerForced.*/
+// Fused|Copy and EpLayerMixed repeat the main cases with PlanOptions::combine fused / copy on
+// every rank / fused on rank 0 and copy on the others. Skips without W GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
@@ -68,6 +67,7 @@ float urand(uint64_t seed, uint64_t i) {
 struct Options {
   bool apply_topk_in_fc1 = false, random_fc1_norm = false, finalize = true;
   std::optional<float> limit;
+  CombineMode combine = CombineMode::kFused;  // the layer's PlanOptions::combine
 };
 
 Options recipe_options(Recipe r) {
@@ -89,6 +89,7 @@ LayerConfig make_config(Recipe r, int capacity, const Options& o) {
   c.recipe.swiglu_limit = o.limit;
   c.recipe.apply_topk_in_fc1 = o.apply_topk_in_fc1;
   c.recipe.do_finalize = o.finalize;
+  c.plan_options.combine = o.combine;
   return c;
 }
 
@@ -278,32 +279,31 @@ double check_call(MegaLayer& ep, MegaLayer& one, MegaLayer& cpu, Inputs& h, int 
 
 // ---------------------------------------------------------------------------------------------
 
-// The combine path of the CUDA backend is read from MOE_EP_FUSED_COMBINE when a workspace is
-// created (docs/protocol.md §8; unset = fused). The EpLayer tests keep the environment as it is
-// (so the suite can run in either mode); the EpLayerForced / EpLayerMixed tests set it in each
-// forked rank.
-enum class CombineMode { kEnv, kFused, kCopy, kRank0Fused };
-const char* combine_mode_name(CombineMode m) {
-  return m == CombineMode::kFused  ? "Fused"
-         : m == CombineMode::kCopy ? "Copy"
-         : m == CombineMode::kEnv  ? "Env"
-                                   : "Rank0Fused";
+// The combine path of the CUDA backend (PlanOptions::combine, fixed per workspace at its
+// creation; docs/protocol.md). The EpLayer tests run the default (fused); the EpLayerForced /
+// EpLayerMixed tests choose it per rank.
+enum class CombineCase { kFused, kCopy, kRank0Fused };
+const char* combine_case_name(CombineCase m) {
+  return m == CombineCase::kFused ? "Fused" : m == CombineCase::kCopy ? "Copy" : "Rank0Fused";
 }
-void PrintTo(CombineMode m, std::ostream* os) { *os << combine_mode_name(m); }
+void PrintTo(CombineCase m, std::ostream* os) { *os << combine_case_name(m); }
 
-RankBody in_mode(CombineMode m, RankBody body) {
+// A rank's body with the combine path it runs.
+using CombineBody = void (*)(int, int, const NcclUniqueIdBytes&, RankReport&, CombineMode);
+RankBody in_mode(CombineCase m, CombineBody body) {
   return [m, body](int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
-    const bool fused = m == CombineMode::kFused || (m == CombineMode::kRank0Fused && rank == 0);
-    if (m != CombineMode::kEnv) setenv("MOE_EP_FUSED_COMBINE", fused ? "1" : "0", 1);
-    // kCopy: fused stays false, so the rank runs the copying combine kernel.
-    body(rank, world, id, rep);
+    const bool fused = m == CombineCase::kFused || (m == CombineCase::kRank0Fused && rank == 0);
+    body(rank, world, id, rep, fused ? CombineMode::kFused : CombineMode::kCopy);
   };
 }
+RankBody fused(CombineBody body) { return in_mode(CombineCase::kFused, body); }
 
-void every_recipe_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
+void every_recipe_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep,
+                       CombineMode combine) {
   ncclComm_t comm = make_nccl(id, rank, world);
   for (Recipe r : kRecipes) {
-    const Options o = recipe_options(r);
+    Options o = recipe_options(r);
+    o.combine = combine;
     const PackedExperts p = make_pack(r, o, 11);
     const LayerConfig c = make_config(r, 64, o);
     MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
@@ -321,6 +321,7 @@ void every_recipe_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
   }
   // Unfinalized outputs (nvfp4): rows / weights / indices equal to the single-GPU layer's.
   Options o = recipe_options(Recipe::kNvfp4);
+  o.combine = combine;
   o.finalize = false;
   const PackedExperts p = make_pack(Recipe::kNvfp4, o, 11);
   const LayerConfig c = make_config(Recipe::kNvfp4, 64, o);
@@ -346,7 +347,7 @@ void every_recipe_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
 
 TEST(EpLayer, EveryRecipeAgainstCpuAndSingleGpu) {
   SKIP_UNLESS_WORLD_GPUS();
-  auto res = run_ranks(kWorld, 600, every_recipe_body);
+  auto res = run_ranks(kWorld, 600, fused(every_recipe_body));
   expect_ranks_passed(res);
   for (int r = 0; r < kWorld; ++r) {
     std::printf("rank %d rel L2 vs CPU per recipe:", r);
@@ -358,9 +359,11 @@ TEST(EpLayer, EveryRecipeAgainstCpuAndSingleGpu) {
 // Token counts over one layer (unique-id bootstrap): T = 0 on one rank and on both, unequal,
 // shrinking then growing, all slots -1, all tokens to the other rank; then a second workspace
 // chosen by select_workspace_collective.
-void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
+void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep,
+                       CombineMode combine) {
   const Recipe r = Recipe::kNvfp4;
-  const Options o = recipe_options(r);
+  Options o = recipe_options(r);
+  o.combine = combine;
   const PackedExperts p = make_pack(r, o, 23);
   const LayerConfig c = make_config(r, 128, o);
   MegaLayer ep(ep_boot(rank, nullptr, &id), c, p.view(rank * kEl, kEl),
@@ -431,11 +434,12 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
   // A workspace created with the other combine path (the mode is per workspace) holds the y
   // buffer [W*cap*K][H] bf16 exactly when it is unfused; the fused one holds a row pointer per
   // pair instead. Both serve calls on the same layer, bit for bit.
-  const char* env = std::getenv("MOE_EP_FUSED_COMBINE");
-  const bool fused = env == nullptr || std::string(env) != "0";  // the default is fused
-  setenv("MOE_EP_FUSED_COMBINE", fused ? "0" : "1", 1);
+  const bool fused = combine != CombineMode::kCopy;
+  PlanOptions other_path = c.plan_options;
+  other_path.combine = fused ? CombineMode::kCopy : CombineMode::kFused;
+  ep.set_plan_options(other_path);
   const WorkspaceId other = ep.create_workspace(8);
-  setenv("MOE_EP_FUSED_COMBINE", fused ? "1" : "0", 1);
+  ep.set_plan_options(c.plan_options);
   auto al = [](size_t v) { return (v + 255) / 256 * 256; };
   const size_t pairs = size_t(kWorld) * 8 * kK;
   const size_t y_bytes = al(pairs * kH * 2), ptr_bytes = al(pairs * sizeof(void*));
@@ -452,15 +456,17 @@ void token_counts_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
 
 TEST(EpLayer, TokenCountsRoutingAndWorkspaces) {
   SKIP_UNLESS_WORLD_GPUS();
-  auto res = run_ranks(kWorld, 600, token_counts_body);
+  auto res = run_ranks(kWorld, 600, fused(token_counts_body));
   expect_ranks_passed(res);
 }
 
 // A CUDA graph captured at T = 64 replays with device-side token counts (different per rank).
-void graph_replay_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep) {
+void graph_replay_body(int rank, int world, const NcclUniqueIdBytes& id, RankReport& rep,
+                       CombineMode combine) {
   ncclComm_t comm = make_nccl(id, rank, world);
   const Recipe r = Recipe::kMxfp4Mxfp8;
-  const Options o = recipe_options(r);
+  Options o = recipe_options(r);
+  o.combine = combine;
   const PackedExperts p = make_pack(r, o, 31);
   const LayerConfig c = make_config(r, 64, o);
   MegaLayer ep(ep_boot(rank, comm, nullptr), c, p.view(rank * kEl, kEl),
@@ -512,16 +518,16 @@ void graph_replay_body(int rank, int world, const NcclUniqueIdBytes& id, RankRep
 
 TEST(EpLayer, GraphReplayWithVaryingTokenCounts) {
   SKIP_UNLESS_WORLD_GPUS();
-  auto res = run_ranks(kWorld, 600, graph_replay_body);
+  auto res = run_ranks(kWorld, 600, fused(graph_replay_body));
   expect_ranks_passed(res);
 }
 
 // The same checks with the combine path forced in every rank: fc2 storing straight into the
-// sources' combine areas (Fused, MOE_EP_FUSED_COMBINE=1) or the copying combine kernel (Copy, =0:
+// sources' combine areas (Fused) or the copying combine kernel (Copy:
 // fc2 writes the local y buffer and ep_combine_kernel moves the rows). Every recipe and the
 // unfinalized output (wgmma tile 128), every token-count case (decode tile 8, mma.sync tile 16,
 // wgmma; T = 0 on one and both ranks) and a graph replay with device-side counts.
-class EpLayerForced : public ::testing::TestWithParam<CombineMode> {};
+class EpLayerForced : public ::testing::TestWithParam<CombineCase> {};
 
 TEST_P(EpLayerForced, EveryRecipeAgainstCpuAndSingleGpu) {
   SKIP_UNLESS_WORLD_GPUS();
@@ -539,9 +545,9 @@ TEST_P(EpLayerForced, GraphReplayWithVaryingTokenCounts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Combine, EpLayerForced,
-                         ::testing::Values(CombineMode::kFused, CombineMode::kCopy),
-                         [](const ::testing::TestParamInfo<CombineMode>& i) {
-                           return std::string(combine_mode_name(i.param));
+                         ::testing::Values(CombineCase::kFused, CombineCase::kCopy),
+                         [](const ::testing::TestParamInfo<CombineCase>& i) {
+                           return std::string(combine_case_name(i.param));
                          });
 
 // Rank 0 fused, rank 1 unfused: both paths store the same rows into the same combine rows and
@@ -549,7 +555,7 @@ INSTANTIATE_TEST_SUITE_P(Combine, EpLayerForced,
 // the other's signal).
 TEST(EpLayerMixed, TokenCountsRoutingAndWorkspaces) {
   SKIP_UNLESS_WORLD_GPUS();
-  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineMode::kRank0Fused, token_counts_body)));
+  expect_ranks_passed(run_ranks(kWorld, 600, in_mode(CombineCase::kRank0Fused, token_counts_body)));
 }
 
 // EPLB across ranks: local expert 1 of rank 0 (global 1) and local expert 2 of rank 1 (global

@@ -1,4 +1,4 @@
-// The fp8 path's weight decode (src/kernels/moe/fp8_fragments.h), checked on the host with the
+// The fp8 path's weight decode (src/kernels/gemm/fp8/fp8_fragments.h), checked on the host with the
 // same functions the device would run (the byte permute emulated).
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/moe/fp8_fragments.h"
+#include "kernels/gemm/fp8/fp8_fragments.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {

@@ -7,7 +7,6 @@
 #include <string>
 #include <thread>
 
-#include "common/env_switch.h"
 #include "cuda/comm/nccl_dev_comm.h"
 #include "kernels/ep/ep_launch.h"
 #include "moe_ep/status.h"
@@ -231,10 +230,6 @@ struct EpComm::Impl {
     tp.world_size = world;
     tp.error = error_dev;
     tp.timeout_ns = uint64_t(warmup ? opt.warmup_timeout_ms : opt.timeout_ms) * 1000000ull;
-    // MOE_EP_RELEASE_EACH=1 (benchmark knob, read once per process): a system fence per signal,
-    // the protocol before session 13 (docs/protocol.md §5).
-    static const bool release_each = env_switch("MOE_EP_RELEASE_EACH", false);
-    tp.release_each = release_each;
     return tp;
   }
 

@@ -43,14 +43,10 @@ __device__ __forceinline__ void fence_release_sys() {
   asm volatile("fence.acq_rel.sys;" ::: "memory");
 }
 
-// A signal or announce word into a peer's memory: the release reduction of each signal
-// (EpTransport::release_each, the protocol before session 13), else relaxed, after
-// publish_signals' one fence.
+// A signal or announce word into a peer's memory: relaxed, after publish_signals' one fence.
 __device__ __forceinline__ void signal_sys(const EpTransport& tp, uint64_t* p, uint64_t v) {
-  if (tp.release_each)
-    signal_release_sys(p, v);
-  else
-    signal_relaxed_sys(p, v);
+  (void)tp;
+  signal_relaxed_sys(p, v);
 }
 
 __device__ __forceinline__ uint64_t* signal_slot(uint8_t* base, const WorkspaceLayout& l,
@@ -146,7 +142,7 @@ __device__ __forceinline__ void announce_call(const EpTransport& tp) {
 // (every store this thread made or synchronized with before it: its block's and, through
 // grid_arrive_last, every other block's) and then a relaxed reduction per rank.
 __device__ __forceinline__ void publish_signals(const EpTransport& tp, uint64_t v) {
-  if (!tp.release_each) fence_release_sys();
+  fence_release_sys();
   for (int r = 0; r < tp.world_size; ++r)
     signal_sys(tp, signal_slot(tp.peer_base[r], tp.layout, tp.rank), v);
 }
@@ -162,12 +158,12 @@ __device__ __forceinline__ void wait_all_peers(const EpTransport& tp, EpStage st
 // to arrive; that thread may then publish signals (its stores are ordered after every block's
 // data stores). `counter` is reset by the last block, so the next launch starts at 0.
 // `s_last` (shared) tells the whole block whether it is the last one (for fused waits).
-// `release_each` (EpTransport): the acquire side as a system fence, as before session 13.
 // The one-block path of a dispatch or combine grid: the caller allows it (`allowed`, the params'
-// `solo`), the grid is one block, and the transport does not ask for the old fence sequence
-// (`release_each`). grid_arrive_last's `solo` and the dispatch's shared-memory row counts take it.
+// `solo`) and the grid is one block. grid_arrive_last's `solo` and the dispatch's shared-memory
+// row counts take it.
 __device__ __forceinline__ bool one_block_path(bool allowed, const EpTransport& tp) {
-  return allowed && !tp.release_each && gridDim.x * gridDim.y * gridDim.z == 1;
+  (void)tp;
+  return allowed && gridDim.x * gridDim.y * gridDim.z == 1;
 }
 
 // `solo` (one_block_path): no other block to wait for, so no fence and no arrival; thread 0 is
@@ -175,7 +171,7 @@ __device__ __forceinline__ bool one_block_path(bool allowed, const EpTransport& 
 // the barrier, orders them before the signals (docs/protocol.md §5: one system fence and no
 // global atomic on the path of a decode-size call).
 __device__ __forceinline__ bool grid_arrive_last(uint32_t* counter, int* s_last = nullptr,
-                                                 bool release_each = false, bool solo = false) {
+                                                 bool solo = false) {
   __syncthreads();  // every thread of this block finished its stores (CTA-scope order)
   bool last = false;
   if (solo) {
@@ -187,20 +183,14 @@ __device__ __forceinline__ bool grid_arrive_last(uint32_t* counter, int* s_last 
     // Cumulative system fence: the block's peer stores (made visible to thread 0 by the barrier
     // above) are ordered before the arrival below, so before the last block's signal. A release
     // fence is all this needs (with the relaxed arrival it is a release pattern).
-    if (release_each)
-      __threadfence_system();
-    else
-      fence_release_sys();
+    fence_release_sys();
     const uint32_t prev = atomicAdd(counter, 1u);
     last = prev == gridDim.x - 1;
     if (last) {
       // Acquire side of the arrivals: every block's system fence + arrival synchronizes with
       // this fence (same GPU, so GPU scope is enough), which orders their stores before the
       // signals' release (publish_signals) cumulatively.
-      if (release_each)
-        __threadfence_system();
-      else
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
       *counter = 0u;
     }
     if (s_last != nullptr) *s_last = last;

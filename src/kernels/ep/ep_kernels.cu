@@ -3,10 +3,9 @@
 // and a reference finalize. docs/protocol.md is the protocol; ep_device.cuh the primitives.
 #include <algorithm>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/ep/ep_device.cuh"
 #include "kernels/ep/ep_launch.h"
-#include "kernels/moe/timeline.cuh"
-#include "kernels/pdl.cuh"
 #include "moe_ep/formats.h"
 
 namespace moe_ep {
@@ -140,7 +139,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // of each warp's token row is prefetched into shared memory (cp.async) first, so it lands
 // meanwhile; the row is read once and stored to every owner rank of the token (itself included).
 __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParams p) {
-  MOE_EP_TIMELINE_SCOPE(p, kern::kTlEpDispatch);
   extern __shared__ int4 s_rows[];  // [nwarps][head16]: the head of each warp's current row
   __shared__ int s_base[kEpMaxRanks];
   __shared__ int s_total[kEpMaxRanks];  // solo: rows per owner so far (no global counter)
@@ -194,7 +192,8 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
     bounds();
     load_meta(start + warp, start + warp < end, meta_first, part_first);
   }
-  // The activation rows are the quantize kernel's output (launched with PDL: kernels/pdl.cuh).
+  // The activation rows are the quantize kernel's output (launched with PDL:
+  // kernels/common/pdl.cuh).
   pdl_wait();
   pdl_launch_dependents();
   // A rank with a sticky error stops moving data (its peers time out and report it, too).
@@ -308,7 +307,7 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
 
   // 3. The last block to finish publishes epoch 2n-1 to every owner (release after all rows),
   //    and with fused_wait waits for every source's epoch 2n-1 before the kernel ends.
-  if (grid_arrive_last(&tp.state->dispatch_arrived, &s_last, tp.release_each, solo)) {
+  if (grid_arrive_last(&tp.state->dispatch_arrived, &s_last, solo)) {
     const uint64_t n = tp.state->call + 1;
     tp.state->call = n;
     if (!ordered) {
@@ -320,7 +319,6 @@ __global__ void __launch_bounds__(1024) ep_dispatch_kernel(const EpDispatchParam
     }
     announce_call(tp);
     publish_signals(tp, ep_dispatch_signal(n));
-    MOE_EP_TIMELINE_POINT(p, kern::kTlEpDispatchSignal);
   }
   if (p.fused_wait) {
     __syncthreads();
@@ -358,7 +356,6 @@ __global__ void ep_abandon_kernel(const EpTransport tp) {
 // token*K + slot. Many rows: one warp per received row (its slots in turn). Few rows (decode):
 // one warp per (row, slot, 4 KB piece), so a handful of rows still spreads over many warps.
 __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams p) {
-  MOE_EP_TIMELINE_SCOPE(p, kern::kTlEpCombine);
   __shared__ int s_off[kEpMaxRanks + 1];
   __shared__ int s_last;
   const EpTransport& tp = p.tp;
@@ -425,10 +422,8 @@ __global__ void __launch_bounds__(1024) ep_combine_kernel(const EpCombineParams 
   }
   // The last block publishes epoch 2n to every source (release after all result rows), and
   // with fused_wait waits for every owner's epoch 2n.
-  if (grid_arrive_last(&tp.state->combine_arrived, &s_last, tp.release_each,
-                       one_block_path(p.solo, tp))) {
+  if (grid_arrive_last(&tp.state->combine_arrived, &s_last, one_block_path(p.solo, tp))) {
     publish_signals(tp, ep_combine_signal(tp.state->call));
-    MOE_EP_TIMELINE_POINT(p, kern::kTlEpCombineSignal);
   }
   if (p.fused_wait) {
     __syncthreads();
@@ -512,8 +507,7 @@ cudaError_t launch_ep_dispatch(const EpDispatchParams& p, cudaStream_t stream) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;
   }
-  return launch_kernel(transport_pdl(), ep::ep_dispatch_kernel, dim3(blocks), dim3(p.num_threads),
-                       smem, stream, p);
+  return launch_pdl(ep::ep_dispatch_kernel, dim3(blocks), dim3(p.num_threads), smem, stream, p);
 }
 
 cudaError_t launch_ep_wait(const EpWaitParams& p, cudaStream_t stream) {
@@ -532,8 +526,7 @@ cudaError_t launch_ep_combine(const EpCombineParams& p, cudaStream_t stream) {
   if (!p.signal_only && (p.y == nullptr || p.y_stride < p.tp.layout.hidden || p.y_stride % 8 != 0))
     return cudaErrorInvalidValue;
   const int blocks = p.num_blocks > 0 ? p.num_blocks : ep_default_blocks(sm_count());
-  return launch_kernel(transport_pdl(), ep::ep_combine_kernel, dim3(blocks), dim3(p.num_threads), 0,
-                       stream, p);
+  return launch_pdl(ep::ep_combine_kernel, dim3(blocks), dim3(p.num_threads), 0, stream, p);
 }
 
 cudaError_t launch_ep_abandon(const EpTransport& tp, cudaStream_t stream) {

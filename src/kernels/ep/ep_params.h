@@ -114,11 +114,6 @@ struct EpTransport {
   int workspace = -1;
   uint64_t* calls = nullptr;
   uint64_t* announce[kEpMaxRanks] = {};
-  // How the last block of dispatch / combine publishes (ep_device.cuh, publish_signals): false,
-  // one system fence before all of its signal (and announce) reductions; true, a release
-  // reduction per signal (a system fence each: the protocol until session 13, kept as the
-  // benchmark knob MOE_EP_RELEASE_EACH=1 for A/B runs).
-  bool release_each = false;
 };
 
 // dispatch: every source token row goes once to each owner rank that holds one of its experts.
@@ -148,9 +143,6 @@ struct EpDispatchParams {
   // the stream is a plain launch that started after them, as the layer's quantize kernel): they
   // are read before the wait for the predecessor's grid. False: after it (any predecessor).
   bool early_inputs = false;
-#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-  uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
-#endif
 };
 
 // combine: every (source, received row, local slot) result row goes back to the source's
@@ -172,9 +164,6 @@ struct EpCombineParams {
   // with fused_wait, waits for every owner, exactly as after its own copies. One block suffices.
   bool signal_only = false;
   bool solo = true;  // one block: publish with one system fence (as EpDispatchParams::solo)
-#if defined(MOE_EP_TIMELINE) && MOE_EP_TIMELINE
-  uint64_t* timeline = nullptr;  // kernels/moe/timeline.cuh (debug builds only)
-#endif
 };
 
 // wait: this rank waits for every peer's signal of the current call and stage.

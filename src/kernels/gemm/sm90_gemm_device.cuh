@@ -1,0 +1,591 @@
+// Device code of the single-GPU MoE forward: PTX helpers, the 4-bit weight decode, and the
+// grouped GEMM kernels (fc1 with the SwiGLU/requantize epilogue, fc2 writing y rows). Included
+// by the per-recipe instantiation files only.
+//
+// GEMM shape ("swap AB"): weights are the MMA's M side (16-row fragments decoded from 4 bits to
+// bf16 in registers), the tokens routed to one expert are the N side (8 per n-fragment), K is
+// H (fc1) or I (fc2). One CTA = 4 warps = 128 weight rows x tile_n tokens; K advances in chunks
+// of 64 through a cp.async pipeline. mma.sync m16n8k16 bf16 with fp32 accumulation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/common/forward_args.h"
+#include "kernels/gemm/decode/decode_config.h"
+#include "kernels/quantize/quantize_math.h"
+#include "moe_ep/formats.h"
+
+namespace moe_ep::kern {
+
+// ---------------------------------------------------------------------------------------------
+// PTX helpers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy to a shared-memory address; src_size 16 copies, 0 fills zeros and reads
+// nothing.
+__device__ __forceinline__ void cp_async16_sz(uint32_t smem, const void* gmem, uint32_t src_size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_size));
+}
+// The same to a generic shared-memory pointer; `pred` false fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  cp_async16_sz(smem_addr(smem), gmem, pred ? 16u : 0u);
+}
+// ... issued only where `issue` holds (a PTX predicate: no branch around it).
+__device__ __forceinline__ void cp_async16_if(uint32_t smem, const void* gmem, uint32_t src_size,
+                                              bool issue) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n"
+      " @p cp.async.cg.shared.global [%0], [%1], 16, %2;\n}\n" ::"r"(smem),
+      "l"(gmem), "r"(src_size), "r"(uint32_t(issue)));
+}
+// An L2 evict_first policy for all of a copy's lines: the decode kernel's weights and scales,
+// each byte read once per forward.
+__device__ __forceinline__ uint64_t make_l2_evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// E2M1 -> bf16 without a table. Placing an E2M1 code's bits (e1 e0 m) at bf16 bits 8..6 and its
+// sign at bit 15 gives value * 2^-126 exactly (code 1 = 0.5 lands on the bf16 subnormal 2^-127,
+// the others on normals). The 2^126 comes back partly through the scale multiplier (scale *
+// 2^63, a table built per CTA) and partly through the fp32 accumulator (* 2^63 in the
+// epilogue): both exact powers of two.
+//
+// One 32-bit word holds the 8 codes of one k16 step of a lane (registers j = 0..3, a low and a
+// high element each). The preprocessing scatters their bits so that registers 0..2 come out
+// with one shift and one AND (pattern 0x81C081C0 = bits 6,7,8,15 of each half); register 3 takes
+// the 4 bits left per half. Bit positions (low half; the high half is +16), as {m, e0, e1, s}:
+//   reg 0: {6, 7, 8, 15}   reg 1: {0, 1, 2, 9}   reg 2: {3, 4, 5, 12}   reg 3: {13, 14, 11, 10}
+constexpr uint32_t kBf16E2m1Mask = 0x81C081C0u;
+
+__device__ __forceinline__ void decode_e2m1x8(uint32_t w, uint32_t (&r)[4]) {
+  r[0] = w & kBf16E2m1Mask;
+  r[1] = (w << 6) & kBf16E2m1Mask;
+  r[2] = (w << 3) & kBf16E2m1Mask;
+  r[3] = ((w >> 7) & 0x00C000C0u) | ((w >> 3) & 0x01000100u) | ((w << 5) & 0x80008000u);
+}
+
+// Bit positions of register j's low element {m, e0, e1, s} (the preprocessing's side).
+__host__ __device__ __forceinline__ int e2m1_bit_pos(int reg, int bit) {
+  constexpr int kPos[4][4] = {{6, 7, 8, 15}, {0, 1, 2, 9}, {3, 4, 5, 12}, {13, 14, 11, 10}};
+  return kPos[reg][bit];
+}
+
+constexpr float kTwo63 = 9223372036854775808.0f;  // 2^63
+
+template <Recipe R>
+struct RecipeKernelTraits {
+  static constexpr bool kFourBit = R != Recipe::kBf16;
+  static constexpr bool kNvScale = R == Recipe::kNvfp4;  // E4M3 per 16, else UE8M0 per 32
+  static constexpr int kFragBytes = kFourBit ? 512 : 2048;
+  static constexpr int kScaleBytes = R == Recipe::kNvfp4 ? 64 : (kFourBit ? 32 : 0);
+  static constexpr float kAccScale = kFourBit ? kTwo63 : 1.0f;
+};
+
+// A GEMM accumulator as the epilogue uses it: the 4-bit decode's 2^63 taken out, then nvfp4's
+// alpha (fc1 and fc2) or mxfp4_mxfp8's bf16 rounding of g and u (fc1), as the CPU does.
+template <Recipe R, bool kFc1>
+__device__ __forceinline__ float epilogue_value(float acc, float alpha) {
+  const float v = acc * RecipeKernelTraits<R>::kAccScale;
+  if constexpr (R == Recipe::kNvfp4) return fmt::mul_rn(alpha, v);
+  if constexpr (kFc1 && R == Recipe::kMxfp4Mxfp8) return fmt::round_to_bf16(v);
+  return v;
+}
+
+// bf16x2 {s, s} with s = scale(b) * 2^63 for every scale byte b (UE8M0 bytes above 191 are
+// rejected at construction; below 65 the block is too small to matter and becomes 0).
+template <Recipe R>
+__device__ __forceinline__ uint32_t scale_multiplier(int b) {
+  float s;
+  if constexpr (R == Recipe::kNvfp4) {
+    s = fmt::e4m3_to_float(uint8_t(b)) * kTwo63;
+  } else {
+    s = b >= 65 && b <= 191 ? fmt::exp2i(b - 64) : 0.0f;
+  }
+  const uint32_t h = fmt::float_to_bf16(s);
+  return h | (h << 16);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-CTA setup shared by the three grouped GEMMs (mma.sync below, sm90_decode.cuh,
+// sm90_wgmma.cuh).
+
+// M-tile `mtile` of an expert's resident fc1/fc2 matrix (forward_args.h): its weights and scales
+// are two contiguous streams of `chunks` K-chunks of kTileFrags fragments each.
+struct MTileStream {
+  const uint8_t* w;  // chunk c at w + c * kTileFrags * kFragBytes
+  const uint8_t* s;  // chunk c at s + c * kTileFrags * kScaleBytes; null for bf16 weights
+  int chunks;
+};
+
+template <Recipe R, bool kFc1>
+__device__ __forceinline__ MTileStream mtile_stream(const ForwardArgs& a, int expert, int mtile) {
+  using RT = RecipeKernelTraits<R>;
+  MTileStream m;
+  m.chunks = (kFc1 ? a.H : a.I) / kKChunk;
+  const size_t w_expert = kFc1 ? a.rs.fc1_bytes : a.rs.fc2_bytes;
+  m.w = (kFc1 ? a.w1 : a.w2) + size_t(expert) * w_expert +
+        size_t(mtile) * m.chunks * (kTileFrags * RT::kFragBytes);
+  m.s = nullptr;
+  if constexpr (RT::kFourBit) {
+    const size_t s_expert = kFc1 ? a.rs.fc1_scale_bytes : a.rs.fc2_scale_bytes;
+    m.s = (kFc1 ? a.s1 : a.s2) + size_t(expert) * s_expert +
+          size_t(mtile) * m.chunks * (kTileFrags * RT::kScaleBytes);
+  }
+  return m;
+}
+
+// The routing tile and M-tile of a CTA of a (tile, M-tile) grid. The grid is sized for the host's
+// bound on the tiles (max_tiles), the device knows how many there are. Item blockIdx.y *
+// gridDim.x + blockIdx.x runs tile item % n, M-tile item / n for the n live tiles: the same
+// tile-fastest order as (blockIdx.x, blockIdx.y) had, but every CTA without a tile comes after
+// the live ones instead of between them (at 128 tokens a quarter to a half of the grid), so
+// those start and exit in the grid's tail. With a split tile list (ForwardArgs::tile_part) the
+// grid covers its part only: the first num_tiles[1] tiles (1) or the rest (2). False: no tile
+// for this CTA.
+__device__ __forceinline__ bool tile_item(const ForwardArgs& a, int& tile_idx, int& mtile) {
+  unsigned lo = 0, n = unsigned(a.num_tiles[0]);
+  if (a.tile_part != 0) {
+    const unsigned narrow = unsigned(a.num_tiles[1]);
+    if (a.tile_part == 1) {
+      n = narrow;
+    } else {
+      lo = narrow;
+      n -= narrow;
+    }
+  }
+  const unsigned item = blockIdx.y * gridDim.x + blockIdx.x;
+  if (item >= n * gridDim.y) return false;  // n = 0 included
+  tile_idx = int(lo + item % n);
+  mtile = int(item / n);
+  return true;
+}
+
+// Column n of a routing tile: its pair t*K+k (-1 past the tile's rows), the element offset of
+// its B row (fc1: token t's row of xq; fc2: the tile's own row of h, sorted order) and its top-k
+// weight (fc1; 0 otherwise).
+struct TileColumn {
+  int pair;
+  int64_t brow;
+  float tw;
+};
+
+template <bool kFc1>
+__device__ __forceinline__ TileColumn tile_column(const ForwardArgs& a, const TileInfo& tile,
+                                                  int n) {
+  TileColumn c{-1, 0, 0.0f};
+  if (n < tile.rows) {
+    c.pair = a.sorted_pairs[tile.start + n];
+    if constexpr (kFc1) {
+      c.brow = int64_t(c.pair / a.K) * a.H;
+      c.tw = a.topk_weights[c.pair];
+    } else {
+      c.brow = int64_t(tile.start + n) * a.I;
+    }
+  }
+  return c;
+}
+
+// Columns 0 .. n - 1 of a routing tile into a CTA's tables (the wgmma kernels'), threads tid of
+// nthreads sharing them: the first element of each column's B row in bsrc (xq or h), its pair
+// and its top-k weight (tile_column). (The fp8 kernel's loop fills a fold-factor table too.)
+template <bool kFc1>
+__device__ __forceinline__ void tile_columns(const ForwardArgs& a, const TileInfo& tile, int n,
+                                             const uint16_t* bsrc, const uint16_t** brow_ptr,
+                                             int* pair_of, float* tw_of, int tid, int nthreads) {
+  for (int c = tid; c < n; c += nthreads) {
+    const TileColumn col = tile_column<kFc1>(a, tile, c);
+    brow_ptr[c] = bsrc + col.brow;
+    pair_of[c] = col.pair;
+    tw_of[c] = col.tw;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grouped GEMM. kFc1: B rows are xq rows gathered by token; epilogue = scale, SwiGLU,
+// top-k weight, the recipe's requantization of h (written in sorted order). Otherwise (fc2):
+// B rows are consecutive h rows; epilogue = alpha, bf16, y rows scattered to t*K+k.
+
+template <Recipe R, int kN>
+struct GemmConfig {
+  using RT = RecipeKernelTraits<R>;
+  static constexpr int kNF = kN / 8;         // n-fragments per warp
+  static constexpr int kBRow = kKChunk + 8;  // bf16 per smem B row (16 bytes of padding)
+  static constexpr int kWBytes = kTileFrags * RT::kFragBytes;
+  static constexpr int kSBytes = kTileFrags * RT::kScaleBytes;
+  static constexpr int kBBytes = kN * kBRow * 2;
+  static constexpr int kStageBytes = kWBytes + kSBytes + kBBytes;
+  static constexpr int kStages = RT::kFourBit ? (kN <= 16 ? 8 : 5) : (kN <= 16 ? 5 : 4);
+  static constexpr int kEpiBytes = kN * (kFc1TileH + 4) * 4 > kN*(kTileRows + 8) * 2
+                                       ? kN*(kFc1TileH + 4) * 4
+                                       : kN*(kTileRows + 8) * 2;
+  static constexpr int kPipeBytes = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+};
+
+// One scale block of h requantized and stored as the bf16 q * s the fc2 GEMM reads (nvfp4 16
+// values with fc1_norm_const nc, mxfp8 32 values, bf16 8 values unquantized): the quantize
+// kernels' exact element math (qmath::nvfp4_block_bf16 / mxfp8_block_bf16, bit for bit
+// fmt::quantize_block_* and the dequantization, checked on the host), not the reference's
+// division per element: this runs in every fc1 CTA's epilogue, and at two m64 CTAs per SM an
+// epilogue's time is tensor-pipe time lost (docs/kernels.md).
+__device__ __forceinline__ void store_h_block_nvfp4(const float* v, float nc, uint16_t* dst) {
+  uint32_t o[8];
+  kernels::qmath::nvfp4_block_bf16(v, nc, o);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+__device__ __forceinline__ void store_h_block_mxfp8(const float* v, uint16_t* dst) {
+  uint32_t o[16];
+  kernels::qmath::mxfp8_block_bf16(v, o);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) d[j] = make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+}
+
+__device__ __forceinline__ void store_h_bf16x8(const float* v, uint16_t* dst) {
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = fmt::bf16x2(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// The recipe's blocks of kCols h columns starting at column hcol0 of the tile's h rows: hs
+// [col][kHS] fp32 (blocks of 16 / 32 along I lie inside the kCols columns), threads tid of
+// nthreads share the work.
+template <Recipe R, int kCols, int kHS>
+__device__ __forceinline__ void store_h_rows(const ForwardArgs& a, const float* hs,
+                                             const TileInfo& tile, int hcol0, int tid,
+                                             int nthreads) {
+  constexpr int kBlk = R == Recipe::kNvfp4 ? 16 : (R == Recipe::kMxfp4Mxfp8 ? 32 : 8);
+  constexpr int kPerCol = kCols / kBlk;
+  uint16_t* hdst = a.h + size_t(tile.start) * a.I + hcol0;
+  const float nc = R == Recipe::kNvfp4 ? a.fc1_norm_const[tile.expert] : 0.0f;
+  for (int it = tid; it < tile.rows * kPerCol; it += nthreads) {
+    const int col = it / kPerCol, blk = it % kPerCol;
+    const float* v = hs + col * kHS + blk * kBlk;
+    uint16_t* dst = hdst + size_t(col) * a.I + blk * kBlk;
+    if constexpr (R == Recipe::kNvfp4)
+      store_h_block_nvfp4(v, nc, dst);
+    else if constexpr (R == Recipe::kMxfp4Mxfp8)
+      store_h_block_mxfp8(v, dst);
+    else
+      store_h_bf16x8(v, dst);
+  }
+}
+
+// The fc1 epilogue's last step for an M-tile's kFc1TileH h columns: h tile hs [col][64 (+4)]
+// fp32 (column = token slot) requantized and written as bf16 q*s rows in sorted order.
+template <Recipe R>
+__device__ __forceinline__ void store_h_tile(const ForwardArgs& a, const float* hs,
+                                             const TileInfo& tile, int mtile, int tid,
+                                             int nthreads) {
+  store_h_rows<R, kFc1TileH, kFc1TileH + 4>(a, hs, tile, mtile * kFc1TileH, tid, nthreads);
+}
+
+// The fc2 epilogue's last step: y tile ys [kN][128 (+8)] bf16, 16-byte row stores to
+// y_rows[t*K+k] (pair_of[col]), or with a.y_dst (EP fused combine) straight into the source
+// rank's combine area over NVLink. Those remote stores are made visible by the end of this
+// kernel; the signal kernel after it (ep_combine_kernel, signal_only) fences and publishes them.
+template <int kN>
+__device__ __forceinline__ void store_y_tile(const ForwardArgs& a, const uint16_t* ys,
+                                             const TileInfo& tile, const int* pair_of, int mtile,
+                                             int tid, int nthreads) {
+  constexpr int kYS = kTileRows + 8;
+  const int row0 = mtile * kTileRows;
+  for (int it = tid; it < kN * 16; it += nthreads) {
+    const int col = it >> 4, p = it & 15;
+    if (col >= tile.rows || row0 + p * 8 >= a.H) continue;
+    const int pair = pair_of[col];
+    uint16_t* dst = a.y_dst != nullptr ? a.y_dst[pair] : a.y_rows + size_t(pair) * a.H;
+    *reinterpret_cast<uint4*>(dst + row0 + p * 8) =
+        *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
+  }
+  if (a.y_dst_fence) __threadfence_system();
+}
+
+// The epilogue of both grouped GEMMs (mma.sync below, wgmma in sm90_wgmma.cuh): acc[f][nf][i]
+// is fragment 2*warp+f's mma.sync m16n8 accumulator for n-fragment nf, i.e. weight row
+// (2*warp+f)*16 + g + (i>>1)*8 of the M-tile and token column nf*8 + 2*t4 + (i&1). Scales it,
+// stages the tile in the (free) pipeline smem and stores it with store_h_tile / store_y_tile.
+template <Recipe R, int kN, bool kFc1>
+__device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
+                                              const float (&acc)[2][kN / 8][4], unsigned char* smem,
+                                              const int* pair_of, const float* tw_of) {
+  using RT = RecipeKernelTraits<R>;
+  constexpr int kNF = kN / 8;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int e = tile.expert;
+  if constexpr (kFc1) {
+    // h tile [kN][64 (+4)] fp32: column n = token slot, row = h index within this M-tile.
+    float* hs = reinterpret_cast<float*>(smem);
+    constexpr int kHS = kFc1TileH + 4;
+    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nf * 8 + 2 * t4 + (i & 1);
+        const int row = warp * 16 + g + (i >> 1) * 8;
+        const float gv = epilogue_value<R, true>(acc[0][nf][i], alpha);
+        const float uv = epilogue_value<R, true>(acc[1][nf][i], alpha);
+        float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
+        if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+        hs[col * kHS + row] = hv;
+      }
+    __syncthreads();
+    store_h_tile<R>(a, hs, tile, mtile, tid, kThreads);
+  } else {
+    // y tile [kN][128 (+8)] bf16, then 16-byte row stores to y_rows[t*K+k].
+    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
+    constexpr int kYS = kTileRows + 8;
+    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
+#pragma unroll
+    for (int f = 0; f < 2; ++f)
+#pragma unroll
+      for (int nf = 0; nf < kNF; ++nf)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = nf * 8 + 2 * t4 + (i & 1);
+          const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
+          // The CPU's rounding, not the conversion instruction: for bf16 weights the value is
+          // the accumulator itself, and ptxas (nvcc 13.0) scheduled the F2FP reading it above the
+          // wgmma kernel's final WARPGROUP.DEPBAR (wrong, changing outputs).
+          ys[col * kYS + row] =
+              fmt::float_to_bf16_rne(epilogue_value<R, false>(acc[f][nf][i], alpha));
+        }
+    __syncthreads();
+    store_y_tile<kN>(a, ys, tile, pair_of, mtile, tid, kThreads);
+  }
+}
+
+template <Recipe R, int kN, bool kFc1>
+__global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardArgs a) {
+  using C = GemmConfig<R, kN>;
+  using RT = typename C::RT;
+  constexpr int kNF = C::kNF;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ uint32_t scale_lut[RT::kFourBit ? 256 : 1];
+  __shared__ int64_t brow_off[kN];  // element offset of each B row
+  __shared__ int pair_of[kN];       // t*K+k of each column
+  __shared__ float tw_of[kN];
+
+  int tile_idx, mtile;
+  if (!tile_item(a, tile_idx, mtile)) return;
+  const TileInfo tile = a.tiles[tile_idx];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2;
+
+  const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
+  const int chunks = ms.chunks;
+  const uint8_t *wbase = ms.w, *sbase = ms.s;
+
+  if constexpr (RT::kFourBit) {
+    for (int b = tid; b < 256; b += kThreads) scale_lut[b] = scale_multiplier<R>(b);
+  }
+  for (int n = tid; n < kN; n += kThreads) {
+    const TileColumn c = tile_column<kFc1>(a, tile, n);
+    brow_off[n] = c.brow;
+    pair_of[n] = c.pair;
+    tw_of[n] = c.tw;
+  }
+  __syncthreads();
+
+  const uint16_t* bsrc = kFc1 ? a.xq : a.h;
+  auto stage_w = [&](int s) { return smem + s * C::kStageBytes; };
+  auto stage_s = [&](int s) { return smem + s * C::kStageBytes + C::kWBytes; };
+  auto stage_b = [&](int s) {
+    return reinterpret_cast<uint16_t*>(smem + s * C::kStageBytes + C::kWBytes + C::kSBytes);
+  };
+
+  auto load_stage = [&](int slot, int chunk) {
+    const uint8_t* wsrc = wbase + size_t(chunk) * C::kWBytes;
+    unsigned char* wdst = stage_w(slot);
+#pragma unroll
+    for (int i = 0; i < C::kWBytes / 16 / kThreads; ++i) {
+      const int p = tid + i * kThreads;
+      cp_async16(wdst + p * 16, wsrc + p * 16, true);
+    }
+    if constexpr (RT::kFourBit) {
+      if (tid < C::kSBytes / 16)
+        cp_async16(stage_s(slot) + tid * 16, sbase + size_t(chunk) * C::kSBytes + tid * 16, true);
+    }
+    uint16_t* bdst = stage_b(slot);
+#pragma unroll
+    for (int i = 0; i < (kN * 8 + kThreads - 1) / kThreads; ++i) {
+      const int p = tid + i * kThreads;
+      if (p < kN * 8) {
+        const int row = p >> 3, c16 = p & 7;
+        const bool live = row < tile.rows;
+        const uint16_t* src = bsrc + (live ? brow_off[row] : 0) + chunk * kKChunk + c16 * 8;
+        cp_async16(bdst + row * C::kBRow + c16 * 8, src, live);
+      }
+    }
+  };
+
+  float acc[2][kNF][4];
+#pragma unroll
+  for (int f = 0; f < 2; ++f)
+#pragma unroll
+    for (int n = 0; n < kNF; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][n][i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < chunks) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  // ldmatrix row address of this lane within a B stage: matrices (nf, k 0-7), (nf, k 8-15),
+  // (nf+1, k 0-7), (nf+1, k 8-15).
+  const int lm_row = (lane & 7) + ((lane >> 4) << 3);
+  const int lm_col = ((lane >> 3) & 1) * 8;
+
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    {
+      const int next = chunk + C::kStages - 1;
+      if (next < chunks) load_stage(next % C::kStages, next);
+      cp_async_commit();
+    }
+    const int slot = chunk % C::kStages;
+    const unsigned char* ws = stage_w(slot);
+    const uint16_t* bs = stage_b(slot);
+
+    // This warp's two fragments: 2*warp and 2*warp+1.
+    uint4 wq[2];
+    uint32_t sc_lo[2][4], sc_hi[2][4];
+    if constexpr (RT::kFourBit) {
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        const int frag = 2 * warp + f;
+        wq[f] = *reinterpret_cast<const uint4*>(ws + frag * RT::kFragBytes + lane * 16);
+        const unsigned char* ss = stage_s(slot) + frag * RT::kScaleBytes;
+        if constexpr (RT::kNvScale) {
+          const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
+          const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            sc_lo[f][s] = scale_lut[(lo >> (8 * s)) & 0xff];
+            sc_hi[f][s] = scale_lut[(hi >> (8 * s)) & 0xff];
+          }
+        } else {
+          const uint32_t lo = *reinterpret_cast<const uint16_t*>(ss + g * 2);
+          const uint32_t hi = *reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2);
+          const uint32_t l0 = scale_lut[lo & 0xff], l1 = scale_lut[lo >> 8];
+          const uint32_t h0 = scale_lut[hi & 0xff], h1 = scale_lut[hi >> 8];
+          sc_lo[f][0] = sc_lo[f][1] = l0;
+          sc_lo[f][2] = sc_lo[f][3] = l1;
+          sc_hi[f][0] = sc_hi[f][1] = h0;
+          sc_hi[f][2] = sc_hi[f][3] = h1;
+        }
+      }
+    }
+
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t b[kNF][2];
+#pragma unroll
+      for (int nf = 0; nf < kNF; nf += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, bs + (nf * 8 + lm_row) * C::kBRow + s * 16 + lm_col);
+        b[nf][0] = r[0];
+        b[nf][1] = r[1];
+        b[nf + 1][0] = r[2];
+        b[nf + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        uint32_t af[4];
+        if constexpr (RT::kFourBit) {
+          const uint32_t word = s == 0 ? wq[f].x : s == 1 ? wq[f].y : s == 2 ? wq[f].z : wq[f].w;
+          uint32_t bits[4];
+          decode_e2m1x8(word, bits);
+          af[0] = mul_bf16x2(bits[0], sc_lo[f][s]);
+          af[1] = mul_bf16x2(bits[1], sc_hi[f][s]);
+          af[2] = mul_bf16x2(bits[2], sc_lo[f][s]);
+          af[3] = mul_bf16x2(bits[3], sc_hi[f][s]);
+        } else {
+          const uint4 v = *reinterpret_cast<const uint4*>(ws + (2 * warp + f) * RT::kFragBytes +
+                                                          lane * 64 + s * 16);
+          af[0] = v.x;
+          af[1] = v.y;
+          af[2] = v.z;
+          af[3] = v.w;
+        }
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, b[nf][0], b[nf][1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
+
+  gemm_epilogue<R, kN, kFc1>(a, tile, mtile, acc, smem, pair_of, tw_of);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host helpers shared by the GEMM launchers.
+
+// fc1 then fc2 of one forward, with the benchmark's stage event between them (ev may be null).
+template <class Fc1, class Fc2>
+cudaError_t launch_fc1_fc2(Fc1 fc1, Fc2 fc2, cudaStream_t s, cudaEvent_t* ev) {
+  if (const cudaError_t err = fc1(); err != cudaSuccess) return err;
+  if (ev) cudaEventRecord(ev[0], s);
+  return fc2();
+}
+
+// The dynamic shared memory a kernel may use.
+template <class Kernel>
+cudaError_t set_max_smem(Kernel k, int bytes) {
+  return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// The first error of several calls (all of them made), or cudaSuccess.
+inline cudaError_t first_error(std::initializer_list<cudaError_t> errs) {
+  for (const cudaError_t e : errs)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+}  // namespace moe_ep::kern

@@ -1,0 +1,113 @@
+#include "moe_ep/config.h"
+
+#include <cmath>
+#include <string>
+
+#include "layer/backend.h"
+#include "moe_ep/plan.h"
+
+namespace moe_ep {
+
+const char* recipe_name(Recipe r) {
+  switch (r) {
+    case Recipe::kNvfp4:
+      return "nvfp4";
+    case Recipe::kMxfp4Mxfp8:
+      return "mxfp4_mxfp8";
+    case Recipe::kMxfp4Bf16:
+      return "mxfp4_bf16";
+    case Recipe::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+std::optional<Recipe> parse_recipe(const std::string& name) {
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16})
+    if (name == recipe_name(r)) return r;
+  return std::nullopt;
+}
+
+RecipeTraits recipe_traits(Recipe r) {
+  switch (r) {
+    case Recipe::kNvfp4:
+      return {true, 16, true, false};
+    case Recipe::kMxfp4Mxfp8:
+      return {true, 32, false, true};
+    case Recipe::kMxfp4Bf16:
+      return {true, 32, false, false};
+    case Recipe::kBf16:
+      return {false, 0, false, false};
+  }
+  return {};
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kCPU:
+      return "cpu";
+    case Backend::kCUDA:
+      return "cuda";
+  }
+  return "?";
+}
+
+std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_size,
+                                             Backend backend) {
+  std::vector<std::string> r;
+  const auto& f = c.fleet;
+  const auto& rc = c.recipe;
+  auto s = [](auto v) { return std::to_string(v); };
+  if (world_size < 1) r.push_back("world size W = " + s(world_size) + " must be >= 1");
+  if (f.num_experts < 1) r.push_back("num_experts E = " + s(f.num_experts) + " must be >= 1");
+  if (world_size >= 1 && f.num_experts >= 1 && f.num_experts % world_size != 0)
+    r.push_back("num_experts E = " + s(f.num_experts) +
+                " is not divisible by the EP world size W = " + s(world_size));
+  if (f.max_tokens_per_rank < 1)
+    r.push_back("max_tokens_per_rank = " + s(f.max_tokens_per_rank) + " must be >= 1");
+  if (f.hidden_size < 64 || f.hidden_size % 64 != 0)
+    r.push_back("hidden size H = " + s(f.hidden_size) + " is not a positive multiple of 64");
+  if (rc.intermediate_size < 64 || rc.intermediate_size % 64 != 0)
+    r.push_back("intermediate size I = " + s(rc.intermediate_size) +
+                " is not a positive multiple of 64");
+  if (rc.top_k < 1 || (f.num_experts >= 1 && rc.top_k > f.num_experts))
+    r.push_back("top_k K = " + s(rc.top_k) + " must be in [1, E = " + s(f.num_experts) + "]");
+  if (rc.top_k > kMaxTopK)
+    r.push_back("top_k K = " + s(rc.top_k) + " exceeds the supported maximum " + s(kMaxTopK));
+  if (rc.swiglu_limit && !(*rc.swiglu_limit > 0.0f && std::isfinite(*rc.swiglu_limit)))
+    r.push_back("swiglu_limit = " + std::to_string(*rc.swiglu_limit) + " must be finite and > 0");
+  if (!(rc.input_norm_const > 0.0f && std::isfinite(rc.input_norm_const)))
+    r.push_back("input_norm_const = " + std::to_string(rc.input_norm_const) +
+                " must be finite and > 0");
+  if (rc.activation_dtype != DType::kBF16)
+    r.push_back(std::string("activation dtype ") + dtype_name(rc.activation_dtype) +
+                " is not supported (only bfloat16)");
+  if (rc.combine_dtype != DType::kBF16)
+    r.push_back(std::string("combine dtype ") + dtype_name(rc.combine_dtype) +
+                " is not supported (only bfloat16)");
+  if (rc.has_expert_bias) r.push_back("expert bias is not supported");
+  if (rc.has_custom_swiglu_alpha_beta)
+    r.push_back(
+        "custom SwiGLU alpha/beta is not supported (only the docs/contract.md §3 activation)");
+  for (auto& why : plan_options_reasons(c.plan_options, rc.recipe)) r.push_back(std::move(why));
+  if (rc.fp8_mma && rc.recipe != Recipe::kMxfp4Mxfp8)
+    r.push_back(std::string("fp8_mma is for the mxfp4_mxfp8 recipe, not ") +
+                recipe_name(rc.recipe));
+  const RecipeTraits t = recipe_traits(rc.recipe);
+  if (t.weight_block && f.hidden_size % t.weight_block == 0 &&
+      rc.intermediate_size % t.weight_block != 0)
+    r.push_back("intermediate size I is not a multiple of the scale block " + s(t.weight_block));
+  if (backend == Backend::kCUDA) {
+    for (auto& why : cuda_backend_unsupported_reasons(c, world_size)) r.push_back(why);
+  }
+  return r;
+}
+
+Backend resolve_backend(Backend requested) {
+  if (requested != Backend::kAuto) return requested;
+  return cuda_backend_usable() ? Backend::kCUDA : Backend::kCPU;
+}
+
+}  // namespace moe_ep

@@ -1,0 +1,62 @@
+// The launch plan as a pure function (include/moe_ep/plan.h says what a plan holds). Every kernel
+// choice of the CUDA backend's forward is made here, from the inputs below and nothing else: no
+// environment, no process state. The policy's thresholds are named constants, each with the
+// measurement that set it (docs/kernels.md), and tests/unit/test_forward_plan.cpp pins them.
+#pragma once
+
+#include <cstdint>
+
+#include "moe_ep/config.h"
+#include "moe_ep/plan.h"
+
+namespace moe_ep::plan {
+
+struct PlanInputs {
+  Recipe recipe = Recipe::kBf16;
+  int H = 0, I = 0, K = 0;
+  int local_experts = 0;  // E_local
+  int world = 1;          // W
+  bool fp8 = false;       // mxfp4_mxfp8 on fp8 tensor cores (RecipeConfig::fp8_mma)
+  int num_sms = 132;      // multiprocessors of the device
+  int tokens = 0;         // T of this rank (an upper bound where the device holds the count)
+  int capacity = 0;       // the workspace's capacity (W > 1: the owner's grid covers W of them)
+};
+
+// Mean routed rows per expert up to which a forward takes each tile (single GPU).
+// Tile 8 while experts see few rows (a weight stream: the few experts with more than 8 rows
+// stream twice, but no MMA work goes to empty columns).
+constexpr double kTile8MaxMeanRows = 4.0;
+// Tile 16 up to 17 rows, or 14 where tile 32's fc2 runs the lean consumer (4-bit weights,
+// I <= kLeanMaxK): measured faster than tile 32 below those bounds (DSV3, Qwen3, gpt-oss).
+constexpr double kTile16MaxMeanRows = 17.0, kTile16MaxMeanRowsLeanFc2 = 14.0;
+// Tile 32 up to 21 rows; above, the m64 wgmma kernel's tiles of up to 160 rows.
+constexpr double kTile32MaxMeanRows = 21.0;
+constexpr int kM64TileN = 160;
+constexpr int kWgmmaTileN = 128;  // the bf16 recipe's prefill tile
+constexpr int kFp8TileN = 160;    // the fp8 path's tile (its MMA width follows each tile's rows)
+
+// Tile 32's K-chunks per ring slot for a GEMM of k_total inner values (H for fc1, I for fc2):
+// 2, the lean consumer (96 registers, 4 CTAs per SM), up to kLeanMaxK; else 4 (136 registers,
+// 3 CTAs per SM, a deeper ring). Lean was faster where a CTA streams at most 32 K-chunks.
+constexpr int kLeanMaxK = 2048;
+constexpr int tile32_chunks_per_slot(int k_total) { return k_total <= kLeanMaxK ? 2 : 4; }
+
+// Tile 16 runs an expert's narrow last tile (at most 8 rows) on the tile-8 kernel up to this
+// many expected rows per expert: 3-11 % faster at 8 rows, 3 % slower at 16.
+constexpr double kTile16SplitMaxMeanRows = 10.0;
+
+// From this many token rows on, prepare quantizes 8 elements per thread and routes in batches.
+constexpr int kPrepWideTokens = 256;
+// Route spread over blocks needs K at most one block's pairs.
+constexpr int kSpreadMaxTopK = 512;
+
+// The tile of a single-GPU forward of `tokens` tokens (before the bf16 mapping).
+int choose_tile_n(int tokens, int top_k, int local_experts, Recipe recipe, int intermediate);
+// An EP owner's tile: from twice its mean rows per expert (every rank's T about ours; measured
+// faster at W = 2 for 32 to 4096 tokens per rank), never tile 32 (slower at 128 / 160 tokens per
+// rank on DSV3 at W = 2).
+int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts);
+
+ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& options);
+
+}  // namespace moe_ep::plan
