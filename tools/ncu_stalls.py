@@ -5,7 +5,7 @@ Reads the ncu_<kernel>_<tokens>_sass.csv.gz files that `PROFILE_SOURCE=1 scripts
 profile` writes (ncu --page source --csv --print-source sass) and prints, per profiled kernel,
 the share of warp-state samples in each stall reason and the opcodes that collect the most.
 
-  scripts/ncu_stalls.py FILE.csv.gz [FILE.csv.gz ...] [--top N]
+  tools/ncu_stalls.py FILE.csv.gz [FILE.csv.gz ...] [--top N]
 """
 import argparse
 import collections

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""One line per profiled kernel of Nsight Compute `--csv` metric exports (ncu_evict_probe.sh):
-time, DRAM bytes read, L2 hit rate, L2 read bytes and read hits, L2 write bytes."""
+"""One line per profiled kernel of Nsight Compute `--csv` metric exports
+(tools/ncu_evict_probe.sh): time, DRAM bytes read, L2 hit rate, L2 read bytes and read hits,
+L2 write bytes."""
 import csv
 import re
 import sys

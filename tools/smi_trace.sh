@@ -3,9 +3,9 @@
 # power, temperature, active throttle reasons) into TRACE; prints the command's output, then one
 # line per GPU: SM clock min / median / max, the highest power reading, the samples with the
 # software power cap active (throttle reason 0x4; the board's 700 W cap lowers the SM clock
-# partway through decode runs, docs/gpu_kernels.md §6 "Session 18"), the samples per set of
-# active throttle reasons, and the highest temperature. Exits with the command's status.
-#   scripts/smi_trace.sh TRACE command [args...]
+# partway through long runs), the samples per set of active throttle reasons, and the highest
+# temperature. Exits with the command's status.
+#   tools/smi_trace.sh TRACE command [args...]
 set -uo pipefail
 trace=$1
 shift
