@@ -65,8 +65,8 @@ def dequant(recipe, w, s):
 
 
 def reference(ckpt, recipe, x_bits, ids, weights):
-    """The unquantized model (SPEC §3 without activation quantization) on the dequantized
-    checkpoint weights: gate/up order, SwiGLU, the top-k weighted sum."""
+    """The unquantized model (docs/contract.md §3 without activation quantization) on the
+    dequantized checkpoint weights: gate/up order, SwiGLU, the top-k weighted sum."""
     x = (x_bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     W13 = dequant(recipe, ckpt["w13"], ckpt["w13_scale"])
     W2 = dequant(recipe, ckpt["w2"], ckpt["w2_scale"])

@@ -1,61 +1,50 @@
 #!/usr/bin/env bash
 # The whole GPU round on the H200 machine in one go: build there, run the GPU tests and the
 # benchmarks, write logs and JSON to $OUT (or ./gpu-out).
-#   scripts/gpu_round.sh [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
-#                        [benchall] [profile] [epab] [probe] [fp8] [stream] [ab] [timeline]
-#                        (default: all but benchall, profile, epab, probe, fp8, stream, ab,
-#                        timeline)
-#   benchall = every BENCH.md case: bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at
-#   EP = 1, EP = 2 / 4 / 8 where that many GPUs are present (BENCH_EP="8" narrows it; the
-#   shapes of BENCH_EP_SHAPES, default all three), the
-#   PyTorch baseline of each shape and the plots, packed into $OUT/bench.tar.gz (the device
-#   returns few files); give the tree's commit for the records as MOE_EP_COMMIT=<hash> in the
-#   call. profile = Nsight Compute of the
-#   decode GEMM at 1 and 128 tokens and the wgmma GEMM at 4096 tokens (PROFILE_CASES="kernel
-#   tokens" pairs, e.g. "wgmma3 4096"; PROFILE_SOURCE=1 adds per-instruction stall samples).
-#   multigpu = the multi-GPU suite at W = 2, and at 4 / 8 where that many GPUs are present.
-#   epab = the EP combine A/B on 2 GPUs (docs/protocol.md §8): the multi-GPU suite with
-#   MOE_EP_FUSED_COMBINE=0, the layer tests again with =1, bench_layer --ep 2 (dsv3 nvfp4,
-#   1/128/4096 tokens) with =0, =1 and =2 (fused + fence) and the EP = 1 reference of the same
-#   per-rank work.
-#   ab = an A/B of this tree against another revision, both built in the same call (machines
-#   differ between calls by 5-15 %, docs/gpu_kernels.md §5): `scripts/ab_base.sh REV` first,
-#   on the development machine, writes that revision's tree to ab_base/ (git-ignored: carry
-#   [".deps", "ab_base"]); the step builds bench_layer there and runs AB_ARGS (default: DSV3,
-#   nvfp4 and mxfp4_mxfp8, both routings, 1024-4096 tokens) AB_REPS times (default 2),
-#   alternating base and this tree, with AB_ENV (e.g. "MOE_EP_M64=4x1") set for this tree's
-#   runs only; AB_VARIANTS="base;this;base:MOE_EP_M64=4x1;..." names every run of a repetition
-#   (tree and environment) instead; AB_ARGS with --ep takes one recipe (bench_layer's rule).
-#   The table goes to $OUT/ab.log, each run followed by a "# clocks GPU n:" line per GPU
-#   (scripts/smi_trace.sh: SM clock and power cap during it; the 700 W cap lowers the clock
-#   partway through runs).
-#   timeline = a second build (build-timeline, configured with MOE_EP_TIMELINE=ON: the kernels
-#   record their first start and last end, src/kernels/moe/timeline.cuh) and bench_layer with
-#   MOE_EP_BENCH_TIMELINE=1: where each kernel of a graph replay runs (TIMELINE_ARGS, default
-#   DSV3 nvfp4 and mxfp4_mxfp8 at 1, 8, 128 and 4096 tokens; with "--ep 2 ..." every rank prints
-#   its line, the transport's stages included).
-#   pack = last: everything under $OUT into $OUT/all.tgz (the device tool returns at most 8
-#   files, two folders down; run `scripts/gpu_round.sh pack` once at the end of a call that ran
-#   several steps or several OUT=$OUT/sub invocations).
-#   carried = first, instead of build: the binaries that scripts/pack_carry.sh built on the
+#   scripts/gpu_round.sh [carried] [build] [test] [sanitize] [multigpu] [cli] [python] [bench]
+#                        [benchall] [profile] [ab] [pack]
+#                        (default: build test sanitize multigpu cli python bench)
+#   carried = first, instead of build: the binaries that tools/pack_carry.sh built on the
 #   development machine (build-carry/bins.tar.xz, carry ["build-carry"]) unpacked into
-#   build-carried, which the later steps use (the python, timeline and ab steps still build).
-#   GTEST_FILTER=... narrows the GPU tests; BENCH_ARGS=... is passed to every benchmark.
+#   build-carried, which the later steps use (the python and ab steps still build).
+#   test = the GPU tests (GTEST_FILTER=... narrows them); sanitize = compute-sanitizer memcheck
+#   and racecheck on a small case of every recipe.
+#   multigpu = the multi-GPU suite at W = 2, and at 4 / 8 where that many GPUs are present.
+#   cli = `moe-ep run` and `moe-ep check` on the GPU(s); python = the Python package's tests.
+#   bench = every benchmark program once with its defaults (BENCH_ARGS=... is passed to each).
+#   benchall = every case of the record set in bench/results (its README maps the files):
+#   bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at EP = 1, EP = 2 / 4 / 8 where that
+#   many GPUs are present (BENCH_EP="8" narrows it; the shapes of BENCH_EP_SHAPES, default all
+#   three) with the single-GPU reference of the same per-rank work, the PyTorch baseline of each
+#   shape (TORCH_SHAPES) and the plots, packed into $OUT/bench.tar.gz; give the tree's commit for
+#   the records as MOE_EP_COMMIT=<hash> in the call.
+#   profile = Nsight Compute of the decode GEMM at 1 and 128 tokens and the wgmma GEMM at 4096
+#   tokens (PROFILE_CASES="kernel tokens" pairs, e.g. "wgmma 4096"; PROFILE_ARGS adds
+#   bench_layer arguments; PROFILE_SOURCE=1 adds per-instruction stall samples, which
+#   tools/ncu_stalls.py summarizes).
+#   ab = this tree against another revision, both built in the same call (machines differ
+#   between calls by several percent): `tools/ab_base.sh REV` first, on the development machine,
+#   writes that revision's tree to ab_base/ (git-ignored: carry [".deps", "ab_base"]); the step
+#   builds bench_layer there and runs AB_ARGS (default: DSV3, nvfp4 and mxfp4_mxfp8, both
+#   routings, 1024-4096 tokens) AB_REPS times (default 2), alternating base and this tree. The
+#   table goes to $OUT/ab.log, each run followed by a "# clocks GPU n:" line per GPU
+#   (tools/smi_trace.sh: SM clock and power cap during the run).
+#   pack = last: everything under $OUT into $OUT/all.tgz (the device tool returns few files).
 # Call it through the device tool with carry [".deps"] (CUTLASS + GoogleTest headers), or
 # ["build-carry"] for `carried`.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 steps="${*:-build test sanitize multigpu cli python bench}"
 has() { [[ " $steps " == *" $1 "* ]]; }
 
-# NVLink multicast stays off on these machines (DEVICE.md).
+# NVLink multicast stays off: the layer's transport does not use it and these machines lack it.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
-# The builds link the wheel's NCCL and name its folder in their run path (docs/protocol.md §1),
-# so every step runs as a user's shell would, without LD_LIBRARY_PATH; only the ab step's base
-# tree gets it (a revision older than that links the image's own NCCL, another release).
+# The builds link the wheel's NCCL and name its folder in their run path (docs/protocol.md), so
+# every step runs as a user's shell would, without LD_LIBRARY_PATH; only the ab step's base tree
+# gets it (a revision older than that linked the image's own NCCL, another release).
 BUILD=${BUILD_DIR:-build-gpu}
 JOBS=$(nproc)
 status=0
@@ -75,7 +64,7 @@ configure() {
 if has carried; then
   # The development machine's build links the toolkit's libnccl (the same release) by a run
   # path that does not exist here: the wheel's lib folder stands in for it.
-  echo "== carried binaries (build-carry/bins.tar.xz) -> build-carried"
+  echo "== carried binaries (build-carry/bins.tar.xz, tools/pack_carry.sh) -> build-carried"
   BUILD=build-carried
   mkdir -p "$BUILD" && tar -xJf build-carry/bins.tar.xz -C "$BUILD" || exit 1
   [ -n "$NCCL_DIR" ] && export LD_LIBRARY_PATH="$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -127,29 +116,6 @@ if has multigpu; then
   done
 fi
 
-if has epab; then
-  echo "== EP combine A/B: copy kernel (0) vs fc2 storing at the sources (1)"
-  MT="$BUILD/tests/multigpu/moe_ep_multigpu_tests"
-  MOE_EP_FUSED_COMBINE=0 "$MT" --gtest_filter="${EPAB_FILTER:-*}" \
-    >"$OUT/epab_tests_fc0.log" 2>&1 || status=1
-  MOE_EP_FUSED_COMBINE=1 "$MT" --gtest_filter='EpLayer.*:*EpLayerForced*:EpLayerMixed.*' \
-    >"$OUT/epab_tests_fc1.log" 2>&1 || status=1
-  for m in 0 1; do
-    grep -E "^\[ +(OK|FAILED|SKIPPED) |tests ran|Failure" "$OUT/epab_tests_fc$m.log" | head -40
-  done
-  for m in 0 1 2; do
-    MOE_EP_FUSED_COMBINE=$m "$BUILD/bench/bench_layer" --ep 2 --shape dsv3 --recipes nvfp4 \
-      --tokens 1,128,4096 --json "$OUT/epab_bench_fc$m.json" >"$OUT/epab_bench_fc$m.log" 2>&1 ||
-      status=1
-    tail -8 "$OUT/epab_bench_fc$m.log"
-  done
-  "$BUILD/bench/bench_layer" --shape dsv3 --experts 128 --recipes nvfp4 --routing uniform \
-    --tokens 1,128,4096 >"$OUT/epab_bench_ep1_e128.log" 2>&1 || status=1
-  tail -4 "$OUT/epab_bench_ep1_e128.log"
-  # The device returns few files: one archive.
-  (cd "$OUT" && tar -czf epab.tar.gz epab_* && rm -f epab_*)
-fi
-
 if has cli; then
   echo "== moe-ep command on the GPU(s)"
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -173,57 +139,9 @@ if has bench; then
   for b in "$BUILD"/bench/*; do
     [ -x "$b" ] && [ -f "$b" ] || continue
     name=$(basename "$b")
-    [[ $name == *_probe ]] && continue  # probes have their own step
     "$b" --json "$OUT/$name.json" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1 || status=1
     tail -25 "$OUT/$name.log"
   done
-fi
-
-if has timeline; then
-  echo "== kernel timeline (build-timeline, MOE_EP_TIMELINE=ON) -> $OUT/timeline.log"
-  TL=build-timeline
-  configure . "$TL" "$OUT/timeline_configure.log" -DMOE_EP_TIMELINE=ON &&
-    cmake --build "$TL" -j "$JOBS" --target bench_layer >"$OUT/timeline_build.log" 2>&1 ||
-    { tail -20 "$OUT/timeline_build.log"; status=1; }
-  # shellcheck disable=SC2206
-  targs=(${TIMELINE_ARGS:---shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing uniform --tokens 1,8,128,4096})
-  MOE_EP_BENCH_TIMELINE=1 timeout 300 "$TL/bench/bench_layer" "${targs[@]}" --iters 20 2>&1 |
-    grep -E "uniform|zipf|timeline|rror" | tee "$OUT/timeline.log" || status=1
-fi
-
-if has probe; then
-  # The fp8 MMA path's standalone probe (docs/gpu_kernels.md §8): DSV3 fc1-sized experts with
-  # a 128-token tile each; exact weights (span 4) and rounded shifts (span 20); exit 1 when the
-  # rel L2 against the MXFP8 values is above 5e-3.
-  echo "== fp8 GEMM probe"
-  for sp in 4 20; do
-    "$BUILD/bench/fp8_gemm_probe" --span $sp >>"$OUT/fp8_probe.log" 2>&1 || status=1
-  done
-  cat "$OUT/fp8_probe.log"
-fi
-
-if has stream; then
-  # The decode GEMM's weight stream alone (bench/stream_probe.cu, docs/gpu_kernels.md §6) and
-  # the layer at the same token counts for comparison.
-  echo "== weight stream probe"
-  "$BUILD/bench/stream_probe" >"$OUT/stream_probe.log" 2>&1 || status=1
-  "$BUILD/bench/bench_layer" --shape dsv3 --recipes nvfp4 --routing uniform --tokens 1,128 \
-    >>"$OUT/stream_probe.log" 2>&1 || status=1
-  grep -vE "^\[moe-ep\]" "$OUT/stream_probe.log"
-fi
-
-if has fp8; then
-  # The opt-in fp8 MMA path of mxfp4_mxfp8 (MOE_EP_FP8=1, docs/gpu_kernels.md §8) against the
-  # default bf16 path, DSV3 and Qwen3, 128 to 4096 tokens, into one log.
-  echo "== fp8 path A/B -> $OUT/fp8_ab.log"
-  for f in 0 1; do
-    for shape in dsv3 qwen3; do
-      echo "# MOE_EP_FP8=$f $shape" >>"$OUT/fp8_ab.log"
-      MOE_EP_FP8=$f "$BUILD/bench/bench_layer" --shape $shape --recipes mxfp4_mxfp8 \
-        --routing uniform --tokens 128,512,2048,4096 >>"$OUT/fp8_ab.log" 2>&1 || status=1
-    done
-  done
-  grep -E "^#|uniform" "$OUT/fp8_ab.log"
 fi
 
 if has profile; then
@@ -261,12 +179,12 @@ if has profile; then
 fi
 
 if has benchall; then
-  echo "== all BENCH.md cases -> $OUT/bench.tar.gz"
+  echo "== the record set of bench/results -> $OUT/bench.tar.gz"
   B="$OUT/bench"
   mkdir -p "$B"
   # The records' commit: MOE_EP_COMMIT as the caller gives it (the device's copy of the tree can
-  # carry the git metadata of an older commit: session 22's records read the session's first
-  # commit), else git describe, which marks a tree that differs from that metadata "-dirty".
+  # carry the git metadata of an older commit), else git describe, which marks a tree that
+  # differs from that metadata "-dirty".
   export MOE_EP_COMMIT=${MOE_EP_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   "$BUILD/bench/bench_quantize" --json "$B/quantize.json" >"$B/quantize.log" 2>&1 || status=1
@@ -297,7 +215,7 @@ if has benchall; then
       done
       j=$(ls "$B"/layer-$shape-ep"$w"-*.json | paste -sd, -)
       torch=""
-      [ "$w" = 2 ] && [ "$shape" = dsv3 ] && torch=bench/results/h200x2-devicemd-torch-ep2.json
+      [ "$w" = 2 ] && [ "$shape" = dsv3 ] && torch=bench/results/h200x2-ep2-dsv3-torch.json
       python3 bench/plot_results.py "$j" $torch "$B/layer-$shape-ep$w.png" >>"$B/plot.log" 2>&1 ||
         true
       # The single-GPU time of the same per-rank work (E / W experts, the same T): the EP target.
@@ -312,40 +230,29 @@ if has benchall; then
 fi
 if has ab; then
   echo "== A/B -> $OUT/ab.log"
-  # AB_VARIANTS: runs per repetition, ';'-separated "base" or "this", each optionally with
-  # ":VAR=value ..." (environment for that run); default "base;this:$AB_ENV". Without a "base"
-  # run (environments of this tree only) no ab_base/ is needed.
-  IFS=';' read -ra variants <<<"${AB_VARIANTS:-base;this:${AB_ENV:-}}"
-  need_base=0
-  for v in "${variants[@]}"; do [ "${v%%:*}" = base ] && need_base=1; done
-  if [ $need_base = 1 ] && [ ! -f ab_base/CMakeLists.txt ]; then
-    echo "ab: no ab_base/ (run scripts/ab_base.sh REV first)"
+  if [ ! -f ab_base/CMakeLists.txt ]; then
+    echo "ab: no ab_base/ (run tools/ab_base.sh REV first)"
     status=1
   else
-    if [ $need_base = 1 ]; then
-      configure ab_base build-ab-base "$OUT/ab_configure.log" &&
-        cmake --build build-ab-base -j "$JOBS" --target bench_layer >"$OUT/ab_build.log" 2>&1 ||
-        { grep -E "error|Error" "$OUT/ab_build.log" | head -20; status=1; }
-    fi
+    configure ab_base build-ab-base "$OUT/ab_configure.log" &&
+      cmake --build build-ab-base -j "$JOBS" --target bench_layer >"$OUT/ab_build.log" 2>&1 ||
+      { grep -E "error|Error" "$OUT/ab_build.log" | head -20; status=1; }
     # shellcheck disable=SC2206
     args=(${AB_ARGS:---shape dsv3 --recipes nvfp4,mxfp4_mxfp8 --routing both --tokens 1024,2048,4096})
     for rep in $(seq "${AB_REPS:-2}"); do
-      for v in "${variants[@]}"; do
-        side=${v%%:*}
-        venv=""
-        [[ $v == *:* ]] && venv=${v#*:}
-        echo "# $side (run $rep)${venv:+, $venv}"
+      for side in base this; do
+        echo "# $side (run $rep)"
         bin="$BUILD/bench/bench_layer"
         libs=""
         if [ "$side" = base ]; then
           bin=build-ab-base/bench/bench_layer
           [ -n "$NCCL_DIR" ] && libs="LD_LIBRARY_PATH=$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}"
         fi
-        # Each run under scripts/smi_trace.sh: its "# clocks GPU n:" lines say which SM clocks and
+        # Each run under tools/smi_trace.sh: its "# clocks GPU n:" lines say which SM clocks and
         # power state it ran at (the board's 700 W cap lowers the clock partway through runs).
         trace=$(mktemp)
         # shellcheck disable=SC2086
-        scripts/smi_trace.sh "$trace" env $libs $venv timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
+        tools/smi_trace.sh "$trace" env $libs timeout 200 "$bin" "${args[@]}" --iters 20 2>&1 |
           grep -E "uniform|zipf|rror|failed|--ep|stages|NVLink|replays|graph of|# clocks|^(dsv3|qwen3|gpt-oss) "
         rm -f "$trace"
       done

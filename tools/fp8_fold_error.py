@@ -1,4 +1,4 @@
-# Design check for the fp8 MMA path of mxfp4_mxfp8 (docs/gpu_kernels.md §8): the error of
+# Design check for the fp8 MMA path of mxfp4_mxfp8 (docs/kernels.md): the error of
 # folding the per-32 UE8M0 scales into one power of two per row. Needs numpy and ml_dtypes
 # (pip install numpy==2.1.3 ml_dtypes==0.5.1); not part of the tests.
 import numpy as np, ml_dtypes

@@ -107,7 +107,7 @@ def unsupported_reasons(
 
 
 class MoeEpLayer:
-    """One MoE layer of one EP rank (SPEC §4).
+    """One MoE layer of one EP rank (docs/contract.md §4).
 
     Construction is collective over the EP group: every rank constructs its layer with the
     same configuration (on the CPU backend with W > 1, each rank on its own Python thread,
@@ -272,7 +272,7 @@ class MoeEpLayer:
         num_tokens=None,
     ):
         """Only on a layer built with do_finalize=False: UnfinalizedOutput(rows, weights,
-        indices); summing them as in SPEC §3 gives bitwise the finalized output."""
+        indices); summing them as in docs/contract.md §3 gives bitwise the finalized output."""
         x = T.to_extension
         rows, weights, indices = self._impl.forward_unfinalized(
             x(hidden_states), x(topk_ids), x(topk_weights), x(fc1_alpha), x(fc2_alpha),

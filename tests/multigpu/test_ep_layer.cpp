@@ -1,8 +1,8 @@
 // The CUDA backend at W = MOE_EP_TEST_WORLD ranks (2, 4 or 8; default 2; one forked process per
 // GPU) through the public MegaLayer API:
-// every recipe against the CPU backend (W = 1, the contract's §7 tolerance) and bit for bit against
-// the single-GPU CUDA layer on the same inputs; T = 0 on one and both ranks, unequal / shrinking /
-// growing T, all slots -1, all tokens to the next rank, a second workspace picked by
+// every recipe against the CPU backend (W = 1, the tolerance of docs/contract.md §7) and bit for
+// bit against the single-GPU CUDA layer on the same inputs; T = 0 on one and both ranks, unequal /
+// shrinking / growing T, all slots -1, all tokens to the next rank, a second workspace picked by
 // select_workspace_collective, unfinalized outputs, CUDA graph replay with a device-side token
 // count, an EPLB expert swap across ranks (bytes moved with ncclSend / ncclRecv), and a rank
 // that skips a call. Outputs are poisoned (NaN) before every call. The EpLayer tests run the
@@ -253,8 +253,8 @@ Bootstrap single_boot(int dev, Backend backend) {
   return b;
 }
 
-// One call on every layer: EP output bitwise equal to the single-GPU CUDA layer, within SPEC
-// §7 of the CPU backend, no NaN. Returns rel L2 vs CPU (0 for T = 0).
+// One call on every layer: EP output bitwise equal to the single-GPU CUDA layer, within
+// docs/contract.md §7 of the CPU backend, no NaN. Returns rel L2 vs CPU (0 for T = 0).
 double check_call(MegaLayer& ep, MegaLayer& one, MegaLayer& cpu, Inputs& h, int rank,
                   const std::string& what, std::optional<WorkspaceId> ws = std::nullopt,
                   std::optional<WorkspaceId> one_ws = std::nullopt,
@@ -742,8 +742,8 @@ TEST(EpLayer, RejectedCallReleasesPeersAtOnce) {
     EXPECT_LT(res.rep[0].val[1], 2.0) << "rank 0 waited " << res.rep[0].val[1] << " s";
 }
 
-// SPEC §4: every rank runs a call with the same workspace. Rank 1 runs a call with its small
-// workspace while the others use the default one: each rank's dispatch wait sees a peer's
+// docs/contract.md §4: every rank runs a call with the same workspace. Rank 1 runs a call with its
+// small workspace while the others use the default one: each rank's dispatch wait sees a peer's
 // announce of that call naming the other workspace (docs/protocol.md §3), records the sticky
 // error at once instead of waiting for the 20 s timeout, and the next host call of both ranks
 // throws kPeer naming the peer, both workspaces and the stage. As after any peer error (§6) the

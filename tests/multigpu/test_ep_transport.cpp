@@ -721,7 +721,7 @@ TEST(MultiGpu, FaultPeerSkipsCombine) {
 // DeepSeek-V3 transfer sizes: H 7168, 4096 tokens per rank, K 8 of E 256, NVFP4 rows of 4032
 // bytes (3584 data + 448 scales), bf16 combine rows of 14336 bytes. Checks the bytes of one call,
 // then times dispatch (+ its wait) and combine (+ its wait) per grid size and prints NVLink GB/s
-// against the 367 GB/s per direction measured for SM stores (DEVICE.md).
+// against the 367 GB/s per direction measured for SM stores on the H200s.
 TEST(MultiGpu, DsV3TransferBandwidth) {
   SKIP_UNLESS_WORLD_GPUS();
   constexpr double kCeilingGBps = 367.0;
@@ -833,8 +833,8 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
     rep.val[nv++] = combine_bytes;
     rep.val[nv++] = double(configs.size());
     for (const TransferConfig& cf : configs) {
-      // start 0: the host barrier returns, then the launches (what the last session measured:
-      // includes the launch latency and the ranks' host skew). start 1: an LSA barrier kernel
+      // start 0: the host barrier returns, then the launches (includes the launch latency and
+      // the ranks' host skew). start 1: an LSA barrier kernel
       // enqueued right before, so both GPUs enter the stage together with the kernel already
       // queued, as inside a forward.
       std::vector<float> t[2][2];
@@ -930,7 +930,7 @@ TEST(MultiGpu, DsV3TransferBandwidth) {
     }
     // Decode: one token per rank, dispatch + wait + combine + wait, launched one by one and as
     // a replayed CUDA graph (what a captured forward sees). Mode 0: 16 blocks each and separate
-    // wait kernels (the last session's layout); mode 1: what the layer launches now (fused
+    // wait kernels (for comparison); mode 1: what the layer launches now (fused
     // waits, ep_blocks_for grids).
     for (int mode = 0; mode < 2; ++mode) {
       const int db = mode == 0 ? 16 : ep_blocks_for(264, 1, 16);

@@ -1,7 +1,7 @@
-"""An independent numpy model of SPEC §3 (one forward of the MoE layer, every recipe), written
-from the spec text: GEMMs in float64, the spec's roundings (bf16, E4M3, E2M1, UE8M0) where it
-names them, and the fixed-order fp32 finalize. The tests compare the library against it with
-the spec's tolerance (relative L2 <= 5e-3)."""
+"""An independent numpy model of docs/contract.md §3 (one forward of the MoE layer, every
+recipe), written from the contract's text: GEMMs in float64, the contract's roundings (bf16,
+E4M3, E2M1, UE8M0) where it names them, and the fixed-order fp32 finalize. The tests compare the
+library against it with the contract's tolerance (relative L2 <= 5e-3)."""
 
 import numpy as np
 

@@ -1,6 +1,7 @@
 """moe_ep from Python on the CPU backend, with numpy only (runs in CI).
 
-The oracle is numpy_reference.py, written from SPEC §3 independently of the C++ code."""
+The oracle is numpy_reference.py, written from docs/contract.md §3 independently of the C++
+code."""
 
 import threading
 
@@ -11,7 +12,7 @@ import moe_ep
 import numpy_reference as R
 
 E, H, I, K, CAP = 8, 128, 64, 2, 16
-TOL = 5e-3  # SPEC §7: relative L2
+TOL = 5e-3  # docs/contract.md §7: relative L2
 
 
 def master_weights(seed=0, e=E, h=H, i=I):
@@ -139,7 +140,7 @@ def test_finalized_equals_sum_of_unfinalized(recipe):
         assert (weights == 1).all()
     else:
         assert np.array_equal(weights, w)
-    # SPEC §3: fp32 sum in slot order, empty slots skipped, then bf16.
+    # docs/contract.md §3: fp32 sum in slot order, empty slots skipped, then bf16.
     acc = np.zeros((13, H), np.float32)
     for k in range(K):
         live = indices[:, k] >= 0

@@ -132,8 +132,8 @@ def test_cuda_matches_torch_reference(recipe, t):
 @needs_backend
 def test_cuda_fp8_mma_path():
     # mxfp4_mxfp8 on fp8 tensor cores (opt-in; H and I are multiples of 128 here): the layer says
-    # which path it took, and the fp8 path's outputs stay within SPEC §7's tolerance of the torch
-    # model on routed inputs (the K slots of a token average the path's own error).
+    # which path it took, and the fp8 path's outputs stay within the tolerance of docs/contract.md
+    # §7 of the torch model on routed inputs (the K slots of a token average the path's own error).
     p = packed("mxfp4_mxfp8", "cuda")
     x, ids, w = inputs(CAP, "cuda", seed=3)
     with make_layer(p, "mxfp4_mxfp8") as plain, \

@@ -1,5 +1,6 @@
-"""The SPEC §3 forward in torch (float64 GEMMs, the spec's roundings), written from the spec text;
-runs on whatever device its inputs are on. Mirrors numpy_reference.py for torch callers."""
+"""The forward of docs/contract.md §3 in torch (float64 GEMMs, the contract's roundings), written
+from the contract's text; runs on whatever device its inputs are on. Mirrors numpy_reference.py
+for torch callers."""
 
 import torch
 

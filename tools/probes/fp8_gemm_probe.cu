@@ -1,4 +1,4 @@
-// Probe of the fp8 MMA path for mxfp4_mxfp8 (docs/gpu_kernels.md §8), outside the layer: E
+// Probe of the fp8 MMA path for mxfp4_mxfp8 (docs/kernels.md), outside the layer: E
 // experts x M weight rows x K against N = 128 tokens each (a prefill expert tile), MXFP4 weights
 // in the fp8 resident layout (fp8_resident_piece), activations folded to one power of two per
 // token row (fp8_fold), wgmma m64n128k32 e4m3 with A decoded in registers (fp8_decode_word) and
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(128 * kWG, 3 - kWG) fp8_probe_kernel(const Pro
 }
 
 // ---------------------------------------------------------------------------------------------
-// Warp-specialized skeleton (timing and correctness, session 5): one CTA per SM of 3 warpgroups.
+// Warp-specialized skeleton (timing and correctness): one CTA per SM of 3 warpgroups.
 // Warpgroup 0 produces (per-thread cp.async of the stage's B rows and the M-tile's weights,
 // completion published on a "full" mbarrier D stages later, after its own cp.async.wait_group
 // and a proxy fence), warpgroups 1 and 2 consume (each the 64 rows of one half of the M-tile

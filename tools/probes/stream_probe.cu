@@ -1,4 +1,4 @@
-// Probe of the decode GEMM's weight stream (docs/gpu_kernels.md §6), outside the layer: the
+// Probe of the decode GEMM's weight stream (docs/kernels.md), outside the layer: the
 // same producer (one warp: per ring slot one bulk copy of the M-tile's weights, one of its
 // scales, one per live B row, completing on the slot's full mbarrier) and consumers that only
 // wait, optionally read the slot and spend a fixed number of integer instructions per chunk,
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Args a) {
 // of a CTA reads its share of every chunk (kWarps = 4: 1 KB of weights, two 16-byte loads per
 // lane, and 128 scale bytes; kWarps = 8: half that) with ld.global.nc, keeping kDepth chunks in
 // flight in registers, then spends `work` dependent iterations per chunk on them. Says whether a
-// decode kernel without the ring could stream faster than the ring's producer (session 17).
+// decode kernel without the ring could stream faster than the ring's producer.
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
