@@ -3,11 +3,11 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -171,13 +171,14 @@ int cmd_bench(const BenchOptions& o) {
     const std::string text = json.str();
     std::ofstream f(o.json, std::ios::trunc);
     if (!f)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "--json " + o.json + ": cannot open the file for writing (" +
-                      std::strerror(errno) + ")");
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          "--json " + o.json + ": cannot open the file for writing (" + std::strerror(errno) + ")");
     f << text;
     f.close();
     if (!f) throw Error(ErrorCode::kBackend, "--json " + o.json + ": writing failed (disk full?)");
-    std::printf("\nwrote %s: %zu records, %zu bytes\n", o.json.c_str(), size_t(recipes.size() * tokens.size()), text.size());
+    std::printf("\nwrote %s: %zu records, %zu bytes\n", o.json.c_str(),
+                size_t(recipes.size() * tokens.size()), text.size());
   }
   return 0;
 }

@@ -129,8 +129,8 @@ uint64_t seed_of(const std::string& v) {
   errno = 0;
   char* end = nullptr;
   const unsigned long long r = v.empty() ? 0 : std::strtoull(v.c_str(), &end, 10);
-  if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])) ||
-      end != v.c_str() + v.size() || errno == ERANGE)
+  if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])) || end != v.c_str() + v.size() ||
+      errno == ERANGE)
     throw Error(ErrorCode::kInvalidArgument,
                 "--seed wants an integer in [0, 18446744073709551615], got '" + v + "'");
   return r;
@@ -153,7 +153,9 @@ float positive_float(const std::string& flag, const std::string& v) {
 void check_writable(const std::string& flag, const std::string& path) {
   if (path.empty()) throw Error(ErrorCode::kInvalidArgument, flag + " needs a file name");
   const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   if (access(dir.c_str(), W_OK) != 0)
     throw Error(ErrorCode::kInvalidArgument, flag + " " + path + ": the folder " + dir +
                                                  " is not writable (" + std::strerror(errno) + ")");
@@ -215,8 +217,9 @@ Options parse(const std::vector<std::string>& a) {
                           "--seed", "--swiglu-limit", "--topk-in-fc1"})
       if (given(f))
         throw Error(ErrorCode::kInvalidArgument,
-                    std::string(f) + " cannot be combined with --load: the file defines the "
-                                     "problem (its shape, recipe, ranks, tokens and routing)");
+                    std::string(f) +
+                        " cannot be combined with --load: the file defines the "
+                        "problem (its shape, recipe, ranks, tokens and routing)");
   }
   if (o.command == "bench") {
     for (const char* f : {"--load", "--save"})
@@ -224,8 +227,8 @@ Options parse(const std::vector<std::string>& a) {
         throw Error(ErrorCode::kInvalidArgument,
                     std::string(f) + " is for run and check, not bench");
   } else if (given("--json")) {
-    throw Error(ErrorCode::kInvalidArgument, "--json is for bench, not " +
-                                                 (o.command.empty() ? "this command" : o.command));
+    throw Error(ErrorCode::kInvalidArgument,
+                "--json is for bench, not " + (o.command.empty() ? "this command" : o.command));
   }
   if (!o.json.empty()) check_writable("--json", o.json);
   if (!o.save.empty()) check_writable("--save", o.save);
@@ -270,17 +273,17 @@ ModelShape shape_of(const Options& o) {
     if (o.experts < s->K)
       throw Error(ErrorCode::kInvalidArgument,
                   "--experts " + std::to_string(o.experts) + " is outside the allowed range " +
-                      range_str(s->K, kMaxExperts) + ": shape " + s->name + " routes each token to K = " +
-                      std::to_string(s->K) + " experts");
+                      range_str(s->K, kMaxExperts) + ": shape " + s->name +
+                      " routes each token to K = " + std::to_string(s->K) + " experts");
     s->E = o.experts;
   }
   const int W = o.gpus > 0 ? o.gpus : o.ranks;
   if (s->E % W != 0)
     throw Error(ErrorCode::kInvalidArgument,
                 "E = " + std::to_string(s->E) + " experts (" +
-                    (o.experts > 0 ? "--experts" : "shape " + s->name) +
-                    ") is not divisible by " + (o.gpus > 0 ? "--gpus " : "--ranks ") +
-                    std::to_string(W) + ": every rank holds E / W experts");
+                    (o.experts > 0 ? "--experts" : "shape " + s->name) + ") is not divisible by " +
+                    (o.gpus > 0 ? "--gpus " : "--ranks ") + std::to_string(W) +
+                    ": every rank holds E / W experts");
   return *s;
 }
 
@@ -304,14 +307,14 @@ struct Row {
 };
 
 // What PASS means (printed under the table).
-constexpr double kTolRef = 5e-3;         // SPEC §7: rel. L2 vs the CPU reference
-constexpr double kTolFp64Bf16 = 0.02;    // bf16 weights vs float64 math
+constexpr double kTolRef = 5e-3;          // SPEC §7: rel. L2 vs the CPU reference
+constexpr double kTolFp64Bf16 = 0.02;     // bf16 weights vs float64 math
 constexpr double kTolFp64FourBit = 0.35;  // 4-bit weights vs float64 math (gross-error bound)
 
 void print_table(const std::vector<Row>& rows) {
   std::printf("\n%-7s %-14s %-12s %4s %5s %5s %2s %5s %8s %9s %10s %11s %-6s %s\n", "backend",
-              "shape", "recipe", "E", "H", "I", "K", "ranks", "tok/rank", "time(ms)",
-              "err_vs_ref", "err_vs_fp64", "result", "note");
+              "shape", "recipe", "E", "H", "I", "K", "ranks", "tok/rank", "time(ms)", "err_vs_ref",
+              "err_vs_fp64", "result", "note");
   bool four_bit = false;
   for (auto& r : rows) {
     char e1[32], e2[32];
@@ -468,8 +471,8 @@ int cmd_run(const Options& o, bool check_only) {
     const bool several = recipes.size() * token_list.size() > 1;
     for (Recipe r : recipes) {
       for (int T : token_list) {
-        Problem p = make_random_problem(shape, r, W, std::vector<int>(W, T), o.seed, o.routing,
-                                        true);
+        Problem p =
+            make_random_problem(shape, r, W, std::vector<int>(W, T), o.seed, o.routing, true);
         p.swiglu_limit = o.swiglu_limit;
         p.apply_topk_in_fc1 = o.topk_in_fc1;
         RunResult res;
@@ -490,8 +493,9 @@ int cmd_run(const Options& o, bool check_only) {
   size_t failed = 0;
   for (auto& r : rows) failed += r.pass ? 0 : 1;
   if (failed)
-    std::printf("\n%zu of %zu results FAIL (NaN/Inf, missing or outside tolerance): exit status 1\n",
-                failed, rows.size());
+    std::printf(
+        "\n%zu of %zu results FAIL (NaN/Inf, missing or outside tolerance): exit status 1\n",
+        failed, rows.size());
   return failed ? 1 : 0;
 }
 

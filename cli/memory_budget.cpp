@@ -59,8 +59,8 @@ MemoryNeed memory_need(const ModelShape& s, Recipe recipe, int ranks, int tokens
   // Per token and rank: activations, outputs and their copies, the float64 reference, the
   // workspaces (receive areas of every rank, the K combine rows).
   const uint64_t n = uint64_t(ranks) * uint64_t(tokens);
-  m.tokens = n * uint64_t(s.H) * (26 + 4 * uint64_t(s.K) + 2 * uint64_t(ranks)) +
-             n * uint64_t(s.K) * 16;
+  m.tokens =
+      n * uint64_t(s.H) * (26 + 4 * uint64_t(s.K) + 2 * uint64_t(ranks)) + n * uint64_t(s.K) * 16;
   m.total = uint64_t(s.E) * m.per_expert + m.tokens;
   return m;
 }
@@ -72,8 +72,8 @@ void check_memory_for(const ModelShape& s, Recipe recipe, int ranks, int tokens,
   if (m.total <= avail) return;
   std::ostringstream o;
   o << "shape " << s.name << " (E " << s.E << ", H " << s.H << ", I " << s.I << ", K " << s.K
-    << ") with recipe " << recipe_name(recipe) << ", " << tokens << " tokens per rank on "
-    << ranks << " rank(s) needs about " << gigabytes(m.total) << " of host memory (";
+    << ") with recipe " << recipe_name(recipe) << ", " << tokens << " tokens per rank on " << ranks
+    << " rank(s) needs about " << gigabytes(m.total) << " of host memory (";
   if (master) o << "fp32 master weights " << gigabytes(m.master) << ", ";
   o << "packed weights 3 x " << gigabytes(m.packed) << ", tokens and workspaces "
     << gigabytes(m.tokens) << "); this machine has " << gigabytes(avail) << " available";

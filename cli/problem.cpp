@@ -138,8 +138,8 @@ Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_si
                 "make_random_problem: " + std::to_string(tokens.size()) +
                     " token counts for W = " + std::to_string(world_size) + " ranks");
   if (shape.E < 1 || shape.H < 1 || shape.I < 1 || shape.K < 1)
-    throw Error(ErrorCode::kInvalidArgument, "make_random_problem: shape " + shape.name +
-                                                 " has a dimension < 1");
+    throw Error(ErrorCode::kInvalidArgument,
+                "make_random_problem: shape " + shape.name + " has a dimension < 1");
   Problem p;
   p.shape = shape;
   p.recipe = recipe;

@@ -65,9 +65,17 @@ struct Check {
 };
 
 const std::set<std::string>& known_tensors() {
-  static const std::set<std::string> k = {
-      "w13",    "w2",         "w13_scale",    "w2_scale",     "fc1_alpha", "fc2_alpha",
-      "fc1_norm_const", "hidden_states", "topk_ids", "topk_weights", "out"};
+  static const std::set<std::string> k = {"w13",
+                                          "w2",
+                                          "w13_scale",
+                                          "w2_scale",
+                                          "fc1_alpha",
+                                          "fc2_alpha",
+                                          "fc1_norm_const",
+                                          "hidden_states",
+                                          "topk_ids",
+                                          "topk_weights",
+                                          "out"};
   return k;
 }
 
@@ -127,10 +135,14 @@ ProblemLayout check_problem_header(const StFile& f) {
   const int pack = q4 ? 2 : 1;  // elements per stored element along the reduction dimension
   const StTensor& w13 = c.need("w13", "fc1 weights [E, 2I, H]");
   const StTensor& w2 = c.need("w2", "fc2 weights [E, H, I]");
-  c.dtype("w13", w13, q4 ? std::initializer_list<const char*>{"U8"} : std::initializer_list<const char*>{"BF16"},
-          "recipe " + rname);
-  c.dtype("w2", w2, q4 ? std::initializer_list<const char*>{"U8"} : std::initializer_list<const char*>{"BF16"},
-          "recipe " + rname);
+  c.dtype(
+      "w13", w13,
+      q4 ? std::initializer_list<const char*>{"U8"} : std::initializer_list<const char*>{"BF16"},
+      "recipe " + rname);
+  c.dtype(
+      "w2", w2,
+      q4 ? std::initializer_list<const char*>{"U8"} : std::initializer_list<const char*>{"BF16"},
+      "recipe " + rname);
   const std::string w13_layout = q4 ? "[E, 2I, H/2] (packed E2M1)" : "[E, 2I, H]";
   const std::string w2_layout = q4 ? "[E, H, I/2] (packed E2M1)" : "[E, H, I]";
   c.ndim("w13", w13, 3, w13_layout);
@@ -152,8 +164,9 @@ ProblemLayout check_problem_header(const StFile& f) {
     for (const char* n : {"w13_scale", "w2_scale"}) {
       const StTensor& s = c.need(n, std::string("block scales of recipe ") + rname);
       c.dtype(n, s, {sdt, "U8"}, why);
-      c.ndim(n, s, 3, std::string(n) == "w13_scale" ? "[E, 2I, H/" + std::to_string(blk) + "]"
-                                                      : "[E, H, I/" + std::to_string(blk) + "]");
+      c.ndim(n, s, 3,
+             std::string(n) == "w13_scale" ? "[E, 2I, H/" + std::to_string(blk) + "]"
+                                           : "[E, H, I/" + std::to_string(blk) + "]");
     }
     if (L.H % blk != 0)
       c.fail("H (hidden size) = " + std::to_string(L.H) + " (" + from13 +
@@ -171,7 +184,8 @@ ProblemLayout check_problem_header(const StFile& f) {
     c.dim("w2_scale", s2, 2, L.I / blk, "I/" + std::to_string(blk), from13);
   } else {
     for (const char* n : {"w13_scale", "w2_scale"})
-      if (c.maybe(n)) c.fail("tensor '" + std::string(n) + "' is present, but recipe bf16 has no scales");
+      if (c.maybe(n))
+        c.fail("tensor '" + std::string(n) + "' is present, but recipe bf16 has no scales");
   }
   for (const char* n : {"fc1_alpha", "fc2_alpha", "fc1_norm_const"})
     if (const StTensor* v = c.maybe(n)) {
@@ -197,7 +211,8 @@ ProblemLayout check_problem_header(const StFile& f) {
   const std::string fromids = "from topk_ids " + shape_str(ids.shape) + " = [W, T, K]";
   c.dim("topk_ids", ids, 0, L.W, "W", fromx);
   c.dim("topk_ids", ids, 1, L.T, "T", fromx);
-  L.K = c.range("K (top-k)", ids.shape[2], 1, L.E, fromids + "; at most E = " + std::to_string(L.E));
+  L.K =
+      c.range("K (top-k)", ids.shape[2], 1, L.E, fromids + "; at most E = " + std::to_string(L.E));
   c.dim("topk_weights", tw, 0, L.W, "W", fromx);
   c.dim("topk_weights", tw, 1, L.T, "T", fromx);
   c.dim("topk_weights", tw, 2, L.K, "K", fromids);
@@ -296,8 +311,8 @@ Problem problem_from_safetensors(StFile& f, const std::function<void(StTensor&)>
     std::memcpy(dst.data(), v.data.data(), size_t(L.E) * 4);
     for (int e = 0; e < L.E; ++e)
       if (!std::isfinite(dst[e]))
-        c.fail("tensor '" + std::string(name) + "'[" + std::to_string(e) + "] = " +
-               std::to_string(dst[e]) + ", expected a finite number");
+        c.fail("tensor '" + std::string(name) + "'[" + std::to_string(e) +
+               "] = " + std::to_string(dst[e]) + ", expected a finite number");
   };
   vec("fc1_alpha", p.pack.fc1_alpha);
   vec("fc2_alpha", p.pack.fc2_alpha);
@@ -346,8 +361,9 @@ SaveSummary save_problem(const std::string& path, const Problem& p, const RunRes
     f.tensors["w2_scale"] =
         st(sdt, {E, H, I / blk}, p.pack.w2_scale.data(), p.pack.w2_scale.size());
   } else {
-    f.tensors["w13"] = st("BF16", {E, 2 * I, H}, reinterpret_cast<const uint16_t*>(p.pack.w13.data()),
-                          p.pack.w13.size() / 2);
+    f.tensors["w13"] =
+        st("BF16", {E, 2 * I, H}, reinterpret_cast<const uint16_t*>(p.pack.w13.data()),
+           p.pack.w13.size() / 2);
     f.tensors["w2"] = st("BF16", {E, H, I}, reinterpret_cast<const uint16_t*>(p.pack.w2.data()),
                          p.pack.w2.size() / 2);
   }
@@ -386,8 +402,8 @@ SaveSummary save_problem(const std::string& path, const Problem& p, const RunRes
   SaveSummary s;
   s.bytes = write_safetensors(path, f);
   s.tensors = f.tensors.size();
-  s.what = std::string("weights (") + recipe_name(p.recipe) + ", E " + std::to_string(E) +
-           ", H " + std::to_string(H) + ", I " + std::to_string(I) + ", K " + std::to_string(K) +
+  s.what = std::string("weights (") + recipe_name(p.recipe) + ", E " + std::to_string(E) + ", H " +
+           std::to_string(H) + ", I " + std::to_string(I) + ", K " + std::to_string(K) +
            "), inputs (W " + std::to_string(W) + " x T " + std::to_string(T) + " tokens)" +
            (res ? ", outputs" : "");
   return s;

@@ -29,7 +29,7 @@ struct ProblemLayout {
 
 // Limits of what --load accepts (beyond the library's own rules).
 constexpr int kMaxLoadExperts = 1 << 16;
-constexpr int kMaxLoadDim = 1 << 20;    // H and I
+constexpr int kMaxLoadDim = 1 << 20;     // H and I
 constexpr int kMaxLoadTokens = 1 << 24;  // T per rank
 constexpr int kMaxRanks = 64;
 

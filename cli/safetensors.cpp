@@ -25,8 +25,8 @@ struct Json {
   size_t i = 0;
 
   [[noreturn]] void fail(const std::string& what) {
-    bad(label, "malformed header at byte " + std::to_string(i) + " of " +
-                   std::to_string(s.size()) + ": " + what);
+    bad(label, "malformed header at byte " + std::to_string(i) + " of " + std::to_string(s.size()) +
+                   ": " + what);
   }
   void ws() {
     while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
@@ -75,14 +75,30 @@ struct Json {
       if (i >= s.size()) fail("a string ends inside an escape");
       const char e = s[i++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           if (s.size() - i < 4) fail("a \\u escape needs four hex digits");
           uint32_t cp = 0;
@@ -191,8 +207,7 @@ void check_tensor(const std::string& label, const std::string& name, const StTen
                      " is " + std::to_string(t.shape[d]) + ", expected >= 0");
     const uint64_t s = uint64_t(t.shape[d]);
     if (s != 0 && numel > (uint64_t(1) << 62) / s)
-      bad(label, who + " field shape " + shape_str(t.shape) +
-                     ": the element count overflows 2^62");
+      bad(label, who + " field shape " + shape_str(t.shape) + ": the element count overflows 2^62");
     numel *= s;
   }
   if (numel > (uint64_t(1) << 62) / eb)
@@ -228,8 +243,7 @@ size_t st_dtype_bytes(const std::string& d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;
   if (d == "F32" || d == "I32" || d == "U32") return 4;
   if (d == "BF16" || d == "F16" || d == "I16" || d == "U16") return 2;
-  if (d == "U8" || d == "I8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" ||
-      d == "F8_E8M0")
+  if (d == "U8" || d == "I8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" || d == "F8_E8M0")
     return 1;
   return 0;
 }
@@ -431,8 +445,7 @@ uint64_t write_safetensors(const std::string& path, const StFile& file) {
   while (header.size() % 8) header += ' ';
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f)
-    throw Error(ErrorCode::kInvalidArgument,
-                "cannot write " + path + ": " + std::strerror(errno));
+    throw Error(ErrorCode::kInvalidArgument, "cannot write " + path + ": " + std::strerror(errno));
   const uint64_t n = header.size();
   uint8_t len[8];
   for (int b = 0; b < 8; ++b) len[b] = uint8_t(n >> (8 * b));
