@@ -178,18 +178,23 @@ class CpuBackend final : public LayerBackend {
       try {
         collective_barrier("destroy", boot_.warmup_timeout_ms);
       } catch (const Error&) {
-        // A peer is gone: it may still hold our window pointers, so keep the memory.
-        for (auto& ws : workspaces_) (void)ws->mem.ptr.release();
+        // A peer is gone: it may still hold our window pointers, so the fleet keeps the memory.
+        retain_workspaces();
         throw;
       }
     } else {
-      for (auto& ws : workspaces_) (void)ws->mem.ptr.release();
+      retain_workspaces();
     }
   }
 
   void forward(const ValidatedForward& in, const ForwardTargets& out) override;
 
  private:
+  void retain_workspaces() {
+    for (auto& ws : workspaces_)
+      if (ws->mem.ptr) fleet_->retain(std::shared_ptr<void>(ws->mem.ptr.release(), std::free));
+  }
+
   // --- collectives -------------------------------------------------------------------------
   uint64_t next_ticket(uint64_t stage) const { return uint64_t(seq_) * kStages + stage; }
 
