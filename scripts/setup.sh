@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libopenblas-dev ccache clang-format)
+# clang 14 with its sanitizer and libFuzzer runtimes and OpenMP: the ASan + UBSan build and the
+# fuzz target of scripts/test.sh (Debian 12's LLVM 14; pinned by the package names).
+APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libopenblas-dev ccache clang-format
+              clang-14 libclang-rt-14-dev libomp-14-dev llvm-14)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -314,6 +315,15 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
       const std::string why = "topk_ids[" + std::to_string(i / K) + ", " + std::to_string(i % K) +
                               "] = " + std::to_string(ids[i]) +
                               " is out of range [-1, E = " + std::to_string(E) + ")";
+      abandon_call(why);
+      throw Error(ErrorCode::kInvalidArgument, why);
+    }
+    // Non-finite routing weights are rejected here, where the check is one pass over T*K
+    // floats; the CUDA backend does not check (docs/python.md says what it does with them).
+    if (!std::isfinite(tw[i])) {
+      const std::string why = "topk_weights[" + std::to_string(i / K) + ", " +
+                              std::to_string(i % K) + "] = " + std::to_string(tw[i]) +
+                              " is not finite (NaN and Inf routing weights are rejected)";
       abandon_call(why);
       throw Error(ErrorCode::kInvalidArgument, why);
     }
