@@ -7,7 +7,7 @@
 #   SANITIZE=0   skips the sanitizer build and the fuzzing (a quick local run; CI runs them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+if [ "${SANITIZE:-1}" != 0 ]; then ./scripts/setup.sh --sanitizers; else ./scripts/setup.sh; fi
 BUILD=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 
