@@ -318,9 +318,10 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
       abandon_call(why);
       throw Error(ErrorCode::kInvalidArgument, why);
     }
-    // Non-finite routing weights are rejected here, where the check is one pass over T*K
-    // floats; the CUDA backend does not check (docs/python.md says what it does with them).
-    if (!std::isfinite(tw[i])) {
+    // Non-finite routing weights of routed slots are rejected here, where the check is one
+    // pass over T*K floats (an empty slot's weight is never read); the CUDA backend does not
+    // check (docs/python.md says what it does with them).
+    if (ids[i] >= 0 && !std::isfinite(tw[i])) {
       const std::string why = "topk_weights[" + std::to_string(i / K) + ", " +
                               std::to_string(i % K) + "] = " + std::to_string(tw[i]) +
                               " is not finite (NaN and Inf routing weights are rejected)";

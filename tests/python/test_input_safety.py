@@ -98,6 +98,10 @@ def test_non_finite_topk_weights_are_rejected_and_change_nothing(layer, bad):
     w_tail = w.copy()
     w_tail[4, 0] = bad
     layer(x, ids, w_tail, num_tokens=np.array([4], dtype=np.int32))
+    # An empty slot's weight (id -1) is never read: a NaN there is not an error.
+    ids_empty, w_empty = ids.copy(), w.copy()
+    ids_empty[2, 0], w_empty[2, 0] = -1, bad
+    assert not np.isnan(R.bf16_to_f32(layer(x, ids_empty, w_empty))).any()
     # The layer is unchanged: the same call gives the same bits.
     assert np.array_equal(layer(x, ids, w), before)
 
