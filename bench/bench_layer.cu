@@ -1,4 +1,4 @@
-// Benchmark of the layer per BENCH.md: DeepSeek-V3 shape by default, every recipe, tokens
+// Benchmark of the layer as docs/benchmarks.md describes: DeepSeek-V3 shape by default, every recipe, tokens
 // 1..4096, uniform and Zipf routing. `--ep N` runs EP over N GPUs (one forked process per GPU,
 // NCCL unique id through a shared mapping, each rank holds E/N experts, a workspace sized to
 // each token count; Zipf with one expert order for every rank); the record is the slowest rank's
@@ -46,7 +46,7 @@ using namespace moe_ep;
 namespace {
 
 constexpr double kHbmTBps = 4.22, kBf16Tflops = 755.0, kFp8Tflops = 1352.0,
-                 kNvlinkGBps = 367.0;  // DEVICE.md
+                 kNvlinkGBps = 367.0;  // docs/benchmarks.md
 
 __device__ __forceinline__ uint64_t hash64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -258,10 +258,10 @@ std::vector<float> time_between_events(cudaStream_t st, int iters, const Before&
   return us;
 }
 
-// BENCH.md's timing: one forward per input set captured into a CUDA graph, 6 warm-up replays,
+// The timing of docs/benchmarks.md: one forward per input set captured into a CUDA graph, 6 warm-up replays,
 // then `iters` replays alternating the sets, each between two events. Returns their µs.
 // `barrier` (EP > 1): enqueues a barrier of every rank before each timed replay, outside its
-// events, so the ranks start each replay together (BENCH.md); null: replays back to back.
+// events, so the ranks start each replay together (docs/benchmarks.md); null: replays back to back.
 template <class MakeInputs>
 std::vector<float> time_graph_replays(MegaLayer& layer, const MakeInputs& inputs,
                                       const InputSet (&sets)[2], const TensorView& out,
@@ -566,7 +566,7 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
           r, sg[0], sg[1], sg[2], sg[3], sg[4], sg[5]);
     }
     const double* sg = sh->rank[0].cases[c].stage_us;  // rank 0's in the JSON
-    // BENCH.md's nvlink_GBps: the bytes rank 0's dispatch sends over its dispatch + wait stage
+    // nvlink_GBps (docs/benchmarks.md): the bytes rank 0's dispatch sends over its dispatch + wait stage
     // in a replayed graph (the wait for the peers' rows included). With the fused combine (the
     // default) the result rows leave from inside fc2, so no stage times them alone; their bytes
     // are recorded.

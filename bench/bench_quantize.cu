@@ -1,4 +1,4 @@
-// Benchmark of the input quantizers (bf16 [T, H] -> NVFP4 / MXFP4 / MXFP8), BENCH.md method:
+// Benchmark of the input quantizers (bf16 [T, H] -> NVFP4 / MXFP4 / MXFP8), the method of docs/benchmarks.md:
 // warm-up, >= 20 timed iterations with CUDA events, median and min-max, inputs rotated among
 // several sets so that the result is not an L2-cache artefact. Bytes = input read + data and
 // scales written; the ceiling is the measured 4.22 TB/s copy bandwidth of the H200.

@@ -1,5 +1,5 @@
 """Plain-PyTorch MoE layer (EP = 1) on the same shapes as bench_layer: bf16 experts through
-torch._grouped_mm, SwiGLU, weighted sum. The baseline column of BENCH.md.
+torch._grouped_mm, SwiGLU, weighted sum. The baseline column of the records (docs/benchmarks.md).
 
     python3 bench/torch_baseline.py --json out.json [--tokens 1,8,...] [--iters 20]
 """

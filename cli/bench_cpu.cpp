@@ -3,9 +3,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -166,9 +168,17 @@ int cmd_bench(const BenchOptions& o) {
   }
   json << "\n]\n";
   if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    f << json.str();
-    std::printf("\nwrote %s\n", o.json.c_str());
+    const std::string text = json.str();
+    std::ofstream f(o.json, std::ios::trunc);
+    if (!f)
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          "--json " + o.json + ": cannot open the file for writing (" + std::strerror(errno) + ")");
+    f << text;
+    f.close();
+    if (!f) throw Error(ErrorCode::kBackend, "--json " + o.json + ": writing failed (disk full?)");
+    std::printf("\nwrote %s: %zu records, %zu bytes\n", o.json.c_str(),
+                size_t(recipes.size() * tokens.size()), text.size());
   }
   return 0;
 }

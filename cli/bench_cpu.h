@@ -1,4 +1,4 @@
-// `moe-ep bench`: BENCH.md records for the backend this process runs on, and on the CPU an
+// `moe-ep bench`: benchmark records (docs/benchmarks.md) for the backend this process runs on, and on the CPU an
 // OpenBLAS sgemm of the same dequantized problem measured in the same run.
 #pragma once
 

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "device_io.h"
+#include "memory_budget.h"
 #if defined(MOE_EP_HAVE_CUDA)
 #include "cuda/comm/nccl_comm.h"
 #endif
@@ -71,6 +73,14 @@ void progress(bool verbose, const char* fmt_str, const std::string& a) {
 void make_random_inputs(Problem& p, const std::vector<int>& tokens, uint64_t seed,
                         const std::string& routing) {
   const int H = p.shape.H, K = p.shape.K, E = p.shape.E;
+  if (p.world_size < 1 || int(tokens.size()) != p.world_size)
+    throw Error(ErrorCode::kInvalidArgument,
+                "make_random_inputs: " + std::to_string(tokens.size()) +
+                    " token counts for W = " + std::to_string(p.world_size) + " ranks");
+  for (int t : tokens)
+    if (t < 0)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "make_random_inputs: token count " + std::to_string(t) + " is negative");
   if (routing != "uniform" && routing != "zipf")
     throw Error(ErrorCode::kInvalidArgument,
                 "routing '" + routing + "' is not one of: uniform, zipf");
@@ -123,6 +133,13 @@ void make_random_inputs(Problem& p, const std::vector<int>& tokens, uint64_t see
 Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_size,
                             const std::vector<int>& tokens, uint64_t seed,
                             const std::string& routing, bool verbose) {
+  if (world_size < 1 || int(tokens.size()) != world_size)
+    throw Error(ErrorCode::kInvalidArgument,
+                "make_random_problem: " + std::to_string(tokens.size()) +
+                    " token counts for W = " + std::to_string(world_size) + " ranks");
+  if (shape.E < 1 || shape.H < 1 || shape.I < 1 || shape.K < 1)
+    throw Error(ErrorCode::kInvalidArgument,
+                "make_random_problem: shape " + shape.name + " has a dimension < 1");
   Problem p;
   p.shape = shape;
   p.recipe = recipe;
@@ -130,6 +147,9 @@ Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_si
   p.capacity = std::max(1, *std::max_element(tokens.begin(), tokens.end()));
   const size_t H = shape.H, I = shape.I, E = shape.E;
   progress(verbose, "[moe-ep] generating %s master weights... ", shape.name);
+  memory_stage("generating the fp32 master weights of shape " + shape.name + " (" +
+               std::to_string(E) + " experts x 3 x " + std::to_string(I) + " x " +
+               std::to_string(H) + " x 4 bytes = " + gigabytes(E * 3 * I * H * 4) + ")");
   const auto t0 = std::chrono::steady_clock::now();
   p.w13.resize(E * 2 * I * H);
   p.w2.resize(E * H * I);
@@ -143,6 +163,8 @@ Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_si
     for (size_t i = 0; i < H * I; ++i) p.w2[e * H * I + i] = nd(rng) * s2;
   }
   progress(verbose, "packing (%s)... ", recipe_name(recipe));
+  memory_stage(std::string("packing the weights of shape ") + shape.name + " for recipe " +
+               recipe_name(recipe));
   // h = silu(g) * u is O(0.1) here; a norm constant lifts its block scales out of E4M3's
   // subnormal range (as a calibrated checkpoint's would).
   std::vector<float> fc1_nc(E, 16.0f);
@@ -287,7 +309,8 @@ RunResult run_layers_processes(const Problem& p, Backend backend, int iterations
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids;
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink SHARP off; the ranks inherit it
+  // NVLink multicast (NVLS) off unless the user chose: the ranks inherit it.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
   for (int r = 0; r < W; ++r) {
     const pid_t pid = fork();
     if (pid < 0) throw Error(ErrorCode::kBackend, "fork failed");
@@ -425,9 +448,9 @@ double rel_l2(const std::vector<uint16_t>& a, const std::vector<double>& ref) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-bool has_nan(const std::vector<uint16_t>& a) {
+bool has_nonfinite(const std::vector<uint16_t>& a) {
   for (uint16_t v : a)
-    if ((v & 0x7fff) > 0x7f80) return true;
+    if ((v & 0x7fff) >= 0x7f80) return true;
   return false;
 }
 

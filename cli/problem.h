@@ -64,6 +64,7 @@ bool gpu_processes();
 
 double rel_l2(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b);
 double rel_l2(const std::vector<uint16_t>& a, const std::vector<double>& ref);
-bool has_nan(const std::vector<uint16_t>& a);
+// NaN or Inf among bf16 values.
+bool has_nonfinite(const std::vector<uint16_t>& a);
 
 }  // namespace moe_ep::cli

@@ -1,7 +1,10 @@
 #include "safetensors.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "moe_ep/status.h"
@@ -9,49 +12,138 @@
 namespace moe_ep::cli {
 namespace {
 
-[[noreturn]] void bad(const std::string& path, const std::string& why) {
-  throw Error(ErrorCode::kInvalidArgument, "safetensors file " + path + ": " + why);
+[[noreturn]] void bad(const std::string& label, const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument, "safetensors file " + label + ": " + why);
 }
 
-// A JSON reader for the header's subset: objects, arrays, strings, integers.
+// A strict reader of the JSON the header may hold: one object of objects, strings and arrays of
+// integers. Anything else is an error naming the byte offset; nothing recurses deeper than the
+// format's two levels.
 struct Json {
   const std::string& s;
-  const std::string& path;
+  const std::string& label;
   size_t i = 0;
+
+  [[noreturn]] void fail(const std::string& what) {
+    bad(label, "malformed header at byte " + std::to_string(i) + " of " + std::to_string(s.size()) +
+                   ": " + what);
+  }
   void ws() {
-    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
   }
   void expect(char c) {
     ws();
-    if (i >= s.size() || s[i] != c)
-      bad(path, std::string("malformed header: expected '") + c + "'");
+    if (i >= s.size()) fail(std::string("expected '") + c + "', found the end of the header");
+    if (s[i] != c) fail(std::string("expected '") + c + "', found '" + printable(s[i]) + "'");
     ++i;
+  }
+  static std::string printable(char c) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) return std::string(1, c);
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", u);
+    return buf;
   }
   bool peek(char c) {
     ws();
     return i < s.size() && s[i] == c;
   }
+  static void put_utf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+      out += char(cp);
+    } else if (cp < 0x800) {
+      out += char(0xc0 | (cp >> 6));
+      out += char(0x80 | (cp & 0x3f));
+    } else {
+      out += char(0xe0 | (cp >> 12));
+      out += char(0x80 | ((cp >> 6) & 0x3f));
+      out += char(0x80 | (cp & 0x3f));
+    }
+  }
   std::string str() {
     expect('"');
     std::string out;
-    while (i < s.size() && s[i] != '"') {
-      if (s[i] == '\\' && i + 1 < s.size()) ++i;
-      out += s[i++];
+    for (;;) {
+      if (i >= s.size()) fail("a string is not terminated");
+      const char c = s[i++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) fail("a control character inside a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i >= s.size()) fail("a string ends inside an escape");
+      const char e = s[i++];
+      switch (e) {
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'u': {
+          if (s.size() - i < 4) fail("a \\u escape needs four hex digits");
+          uint32_t cp = 0;
+          for (int k = 0; k < 4; ++k) {
+            const char h = s[i++];
+            cp <<= 4;
+            if (h >= '0' && h <= '9')
+              cp |= uint32_t(h - '0');
+            else if (h >= 'a' && h <= 'f')
+              cp |= uint32_t(h - 'a' + 10);
+            else if (h >= 'A' && h <= 'F')
+              cp |= uint32_t(h - 'A' + 10);
+            else
+              fail("a \\u escape needs four hex digits");
+          }
+          put_utf8(out, cp);
+          break;
+        }
+        default:
+          fail("unknown escape '\\" + printable(e) + "'");
+      }
     }
-    expect('"');
-    return out;
   }
-  int64_t integer() {
+  // A JSON integer (no fraction, no exponent) that fits int64.
+  int64_t integer(const std::string& what) {
     ws();
-    size_t end = i;
-    while (end < s.size() && (std::isdigit(static_cast<unsigned char>(s[end])) || s[end] == '-'))
-      ++end;
-    if (end == i) bad(path, "malformed header: expected an integer");
-    const int64_t v = std::stoll(s.substr(i, end - i));
-    i = end;
-    return v;
+    const size_t start = i;
+    bool neg = false;
+    if (i < s.size() && s[i] == '-') neg = true, ++i;
+    if (i >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i])))
+      fail("expected an integer in " + what);
+    uint64_t v = 0;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+      const uint64_t d = uint64_t(s[i] - '0');
+      if (v > (uint64_t(std::numeric_limits<int64_t>::max()) - d) / 10)
+        fail("the integer in " + what + " starting '" + s.substr(start, 24) +
+             "' does not fit 64 bits");
+      v = v * 10 + d;
+      ++i;
+    }
+    if (i < s.size() && (s[i] == '.' || s[i] == 'e' || s[i] == 'E'))
+      fail("expected an integer in " + what + ", found a fraction or exponent");
+    return neg ? -int64_t(v) : int64_t(v);
   }
-  std::vector<int64_t> int_array() {
+  std::vector<int64_t> int_array(const std::string& what) {
     std::vector<int64_t> v;
     expect('[');
     if (peek(']')) {
@@ -59,7 +151,8 @@ struct Json {
       return v;
     }
     for (;;) {
-      v.push_back(integer());
+      if (v.size() >= 64) fail(what + " has more than 64 entries");
+      v.push_back(integer(what));
       if (peek(',')) {
         ++i;
         continue;
@@ -73,36 +166,97 @@ struct Json {
 std::string json_escape(const std::string& v) {
   std::string o;
   for (char c : v) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (u < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+      o += buf;
+    } else {
+      o += c;
+    }
   }
   return o;
 }
 
-size_t dtype_bytes(const std::string& d) {
-  if (d == "F64" || d == "I64") return 8;
-  if (d == "F32" || d == "I32") return 4;
-  if (d == "BF16" || d == "F16" || d == "I16") return 2;
-  return 1;
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t d = 0; d < s.size(); ++d) o += (d ? ", " : "") + std::to_string(s[d]);
+  return o + "]";
+}
+
+// Checks one tensor's fields against each other and against the data section.
+void check_tensor(const std::string& label, const std::string& name, const StTensor& t,
+                  bool has_dtype, bool has_shape, bool has_offsets,
+                  const std::vector<int64_t>& offsets, uint64_t data_size, StTensor& out) {
+  const std::string who = "tensor '" + name + "'";
+  if (!has_dtype) bad(label, who + " has no field 'dtype'");
+  if (!has_shape) bad(label, who + " has no field 'shape'");
+  if (!has_offsets) bad(label, who + " has no field 'data_offsets'");
+  const size_t eb = st_dtype_bytes(t.dtype);
+  if (eb == 0)
+    bad(label, who + " field dtype: '" + t.dtype +
+                   "' is not one of BF16, F16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, "
+                   "BOOL, F8_E4M3, F8_E5M2, F8_E8M0");
+  uint64_t numel = 1;
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    if (t.shape[d] < 0)
+      bad(label, who + " field shape " + shape_str(t.shape) + ": dimension " + std::to_string(d) +
+                     " is " + std::to_string(t.shape[d]) + ", expected >= 0");
+    const uint64_t s = uint64_t(t.shape[d]);
+    if (s != 0 && numel > (uint64_t(1) << 62) / s)
+      bad(label, who + " field shape " + shape_str(t.shape) + ": the element count overflows 2^62");
+    numel *= s;
+  }
+  if (numel > (uint64_t(1) << 62) / eb)
+    bad(label, who + " field shape " + shape_str(t.shape) + ": the byte size overflows 2^62");
+  const uint64_t need = numel * eb;
+  if (offsets.size() != 2)
+    bad(label, who + " field data_offsets has " + std::to_string(offsets.size()) +
+                   " entries, expected 2 [begin, end]");
+  if (offsets[0] < 0 || offsets[1] < 0)
+    bad(label, who + " field data_offsets [" + std::to_string(offsets[0]) + ", " +
+                   std::to_string(offsets[1]) + "]: offsets must be >= 0");
+  if (offsets[1] < offsets[0])
+    bad(label, who + " field data_offsets [" + std::to_string(offsets[0]) + ", " +
+                   std::to_string(offsets[1]) + "]: end is before begin");
+  if (uint64_t(offsets[1]) > data_size)
+    bad(label, who + " field data_offsets: end " + std::to_string(offsets[1]) +
+                   " is past the end of the data section (" + std::to_string(data_size) +
+                   " bytes; the file is truncated or the offset is wrong)");
+  const uint64_t have = uint64_t(offsets[1] - offsets[0]);
+  if (have != need)
+    bad(label, who + " field data_offsets: spans " + std::to_string(have) + " bytes, expected " +
+                   std::to_string(need) + " for shape " + shape_str(t.shape) + " of dtype " +
+                   t.dtype + " (" + std::to_string(eb) + " B per element)");
+  out.dtype = t.dtype;
+  out.shape = t.shape;
+  out.begin = uint64_t(offsets[0]);
+  out.end = uint64_t(offsets[1]);
 }
 
 }  // namespace
 
-StFile read_safetensors(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) bad(path, "cannot be opened");
-  uint64_t n = 0;
-  f.read(reinterpret_cast<char*>(&n), 8);
-  if (!f || n > (1u << 30)) bad(path, "no valid header length");
-  std::string header(n, '\0');
-  f.read(header.data(), std::streamsize(n));
-  if (!f) bad(path, "header is truncated");
-  const std::streampos data_start = f.tellg();
+size_t st_dtype_bytes(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "BF16" || d == "F16" || d == "I16" || d == "U16") return 2;
+  if (d == "U8" || d == "I8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" || d == "F8_E8M0")
+    return 1;
+  return 0;
+}
 
+StFile parse_safetensors_header(const std::string& header, uint64_t data_size,
+                                const std::string& label) {
   StFile out;
-  Json j{header, path};
+  out.label = label;
+  out.data_size = data_size;
+  Json j{header, label};
   j.expect('{');
   bool first = true;
+  bool seen_metadata = false;
   while (!j.peek('}')) {
     if (!first) j.expect(',');
     first = false;
@@ -110,52 +264,154 @@ StFile read_safetensors(const std::string& path) {
     j.expect(':');
     j.expect('{');
     if (name == "__metadata__") {
+      if (seen_metadata) bad(label, "the header has '__metadata__' twice");
+      seen_metadata = true;
       bool f2 = true;
       while (!j.peek('}')) {
         if (!f2) j.expect(',');
         f2 = false;
         std::string k = j.str();
         j.expect(':');
-        out.metadata[k] = j.str();
+        if (!j.peek('"')) j.fail("metadata '" + k + "' must be a string");
+        std::string v = j.str();
+        if (!out.metadata.emplace(k, std::move(v)).second)
+          bad(label, "metadata key '" + k + "' appears twice");
       }
       j.expect('}');
       continue;
     }
+    if (name.empty()) bad(label, "a tensor has an empty name");
+    if (out.tensors.count(name)) bad(label, "tensor '" + name + "' appears twice in the header");
     StTensor t;
     std::vector<int64_t> offsets;
+    bool has_dtype = false, has_shape = false, has_offsets = false;
     bool f2 = true;
     while (!j.peek('}')) {
       if (!f2) j.expect(',');
       f2 = false;
       const std::string key = j.str();
       j.expect(':');
-      if (key == "dtype")
+      bool* seen = nullptr;
+      if (key == "dtype") {
+        seen = &has_dtype;
+        if (!j.peek('"')) j.fail("field dtype of tensor '" + name + "' must be a string");
         t.dtype = j.str();
-      else if (key == "shape")
-        t.shape = j.int_array();
-      else if (key == "data_offsets")
-        offsets = j.int_array();
-      else
-        bad(path, "unknown field '" + key + "' of tensor " + name);
+      } else if (key == "shape") {
+        seen = &has_shape;
+        t.shape = j.int_array("field shape of tensor '" + name + "'");
+      } else if (key == "data_offsets") {
+        seen = &has_offsets;
+        offsets = j.int_array("field data_offsets of tensor '" + name + "'");
+      } else {
+        bad(label, "tensor '" + name + "' has an unknown field '" + key +
+                       "' (expected dtype, shape, data_offsets)");
+      }
+      if (*seen) bad(label, "tensor '" + name + "' has field '" + key + "' twice");
+      *seen = true;
     }
     j.expect('}');
-    if (offsets.size() != 2 || offsets[1] < offsets[0])
-      bad(path, "tensor " + name + " has bad data_offsets");
-    const size_t bytes = size_t(offsets[1] - offsets[0]);
-    if (bytes != size_t(t.numel()) * dtype_bytes(t.dtype))
-      bad(path, "tensor " + name + " has " + std::to_string(bytes) +
-                    " bytes, its shape and dtype " + t.dtype + " need " +
-                    std::to_string(size_t(t.numel()) * dtype_bytes(t.dtype)));
-    t.data.resize(bytes);
-    f.seekg(data_start + std::streamoff(offsets[0]));
-    f.read(reinterpret_cast<char*>(t.data.data()), std::streamsize(bytes));
-    if (!f) bad(path, "data of tensor " + name + " is truncated");
-    out.tensors[name] = std::move(t);
+    StTensor checked;
+    check_tensor(label, name, t, has_dtype, has_shape, has_offsets, offsets, data_size, checked);
+    out.tensors.emplace(name, std::move(checked));
+  }
+  j.expect('}');
+  j.ws();
+  if (j.i != header.size()) j.fail("unexpected text after the header's closing '}'");
+
+  // No two tensors may share bytes.
+  std::vector<std::pair<const StTensor*, const std::string*>> by_begin;
+  for (auto& [n, t] : out.tensors)
+    if (t.nbytes() > 0) by_begin.push_back({&t, &n});
+  std::sort(by_begin.begin(), by_begin.end(),
+            [](auto& a, auto& b) { return a.first->begin < b.first->begin; });
+  for (size_t k = 1; k < by_begin.size(); ++k) {
+    const StTensor& a = *by_begin[k - 1].first;
+    const StTensor& b = *by_begin[k].first;
+    if (b.begin < a.end)
+      bad(label, "tensor '" + *by_begin[k].second + "' field data_offsets [" +
+                     std::to_string(b.begin) + ", " + std::to_string(b.end) +
+                     ") overlaps tensor '" + *by_begin[k - 1].second + "' [" +
+                     std::to_string(a.begin) + ", " + std::to_string(a.end) + ")");
   }
   return out;
 }
 
-void write_safetensors(const std::string& path, const StFile& file) {
+namespace {
+
+// The header length field, checked against the bytes that follow it.
+uint64_t header_length(const uint8_t len_bytes[8], uint64_t file_size, const std::string& label) {
+  uint64_t n = 0;
+  for (int b = 7; b >= 0; --b) n = (n << 8) | len_bytes[b];  // little-endian
+  if (n > kMaxHeaderBytes)
+    bad(label, "header length " + std::to_string(n) + " exceeds the limit of " +
+                   std::to_string(kMaxHeaderBytes) + " bytes");
+  if (n > file_size - 8)
+    bad(label, "header length " + std::to_string(n) + " exceeds the " +
+                   std::to_string(file_size - 8) + " bytes after the length field");
+  if (n < 2) bad(label, "header length " + std::to_string(n) + " is too small for '{}'");
+  return n;
+}
+
+}  // namespace
+
+StFile read_safetensors_header(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) bad(path, "cannot be opened");
+  const std::streamoff end = f.tellg();
+  if (end < 0) bad(path, "its size cannot be determined");
+  const uint64_t file_size = uint64_t(end);
+  if (file_size < 8)
+    bad(path, "is " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
+  f.seekg(0);
+  uint8_t len[8];
+  f.read(reinterpret_cast<char*>(len), 8);
+  if (!f) bad(path, "reading the header length failed");
+  const uint64_t n = header_length(len, file_size, path);
+  std::string header(n, '\0');
+  f.read(header.data(), std::streamsize(n));
+  if (!f) bad(path, "reading the " + std::to_string(n) + "-byte header failed");
+  StFile out = parse_safetensors_header(header, file_size - 8 - n, path);
+  out.data_start = 8 + n;
+  return out;
+}
+
+void read_tensor_data(const std::string& path, const StFile& file, StTensor& t) {
+  if (t.loaded) return;
+  if (t.end > file.data_size || t.begin > t.end)
+    bad(path, "internal: a tensor's offsets were not checked");  // parse_* guarantees this
+  std::ifstream f(path, std::ios::binary);
+  if (!f) bad(path, "cannot be opened");
+  t.data.resize(t.nbytes());
+  f.seekg(std::streamoff(file.data_start + t.begin));
+  f.read(reinterpret_cast<char*>(t.data.data()), std::streamsize(t.nbytes()));
+  if (!f) bad(path, "reading " + std::to_string(t.nbytes()) + " bytes of tensor data failed");
+  t.loaded = true;
+}
+
+StFile read_safetensors(const std::string& path) {
+  StFile out = read_safetensors_header(path);
+  for (auto& [name, t] : out.tensors) read_tensor_data(path, out, t);
+  return out;
+}
+
+StFile parse_safetensors_buffer(const uint8_t* bytes, size_t size, const std::string& label,
+                                bool with_data) {
+  if (size < 8)
+    bad(label, "is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
+  const uint64_t n = header_length(bytes, size, label);
+  const std::string header(reinterpret_cast<const char*>(bytes) + 8, size_t(n));
+  StFile out = parse_safetensors_header(header, size - 8 - n, label);
+  out.data_start = 8 + n;
+  if (with_data)
+    for (auto& [name, t] : out.tensors) {
+      const uint8_t* p = bytes + out.data_start + t.begin;
+      t.data.assign(p, p + t.nbytes());
+      t.loaded = true;
+    }
+  return out;
+}
+
+uint64_t write_safetensors(const std::string& path, const StFile& file) {
   std::ostringstream h;
   h << "{";
   bool first = true;
@@ -169,8 +425,14 @@ void write_safetensors(const std::string& path, const StFile& file) {
     h << "}";
     first = false;
   }
-  size_t off = 0;
+  uint64_t off = 0;
   for (auto& [name, t] : file.tensors) {
+    if (t.data.size() != uint64_t(t.numel()) * st_dtype_bytes(t.dtype))
+      throw Error(ErrorCode::kInvalidArgument,
+                  "writing " + path + ": tensor '" + name + "' holds " +
+                      std::to_string(t.data.size()) + " bytes, its shape " + shape_str(t.shape) +
+                      " and dtype " + t.dtype + " need " +
+                      std::to_string(uint64_t(t.numel()) * st_dtype_bytes(t.dtype)));
     h << (first ? "" : ",") << "\"" << json_escape(name) << "\":{\"dtype\":\"" << t.dtype
       << "\",\"shape\":[";
     for (size_t d = 0; d < t.shape.size(); ++d) h << (d ? "," : "") << t.shape[d];
@@ -181,14 +443,19 @@ void write_safetensors(const std::string& path, const StFile& file) {
   h << "}";
   std::string header = h.str();
   while (header.size() % 8) header += ' ';
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw Error(ErrorCode::kInvalidArgument, "cannot write " + path);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f)
+    throw Error(ErrorCode::kInvalidArgument, "cannot write " + path + ": " + std::strerror(errno));
   const uint64_t n = header.size();
-  f.write(reinterpret_cast<const char*>(&n), 8);
+  uint8_t len[8];
+  for (int b = 0; b < 8; ++b) len[b] = uint8_t(n >> (8 * b));
+  f.write(reinterpret_cast<const char*>(len), 8);
   f.write(header.data(), std::streamsize(n));
   for (auto& [name, t] : file.tensors)
     f.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size()));
-  if (!f) throw Error(ErrorCode::kBackend, "writing " + path + " failed");
+  f.close();
+  if (!f) throw Error(ErrorCode::kBackend, "writing " + path + " failed (disk full?)");
+  return 8 + n + off;
 }
 
 }  // namespace moe_ep::cli

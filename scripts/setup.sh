@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Installs what moe_ep needs on a fresh Debian machine: Debian packages and pinned PyPI wheels
 # (into .venv). Idempotent and quiet when everything is already there.
+#   ./scripts/setup.sh [--sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libopenblas-dev ccache clang-format)
+# --sanitizers (scripts/test.sh): clang 14 with its sanitizer and libFuzzer runtimes, OpenMP and
+# llvm-symbolizer, for the ASan + UBSan build and the fuzz target (Debian 12's LLVM 14, pinned by
+# the package names). `./moe-ep` does not need them.
+if [ "${1:-}" = "--sanitizers" ]; then
+  APT_PACKAGES+=(clang-14 libclang-rt-14-dev libomp-14-dev llvm-14)
+fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

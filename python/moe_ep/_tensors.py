@@ -33,6 +33,36 @@ def framework_of(a):
     return DLPACK
 
 
+def is_tensor(a):
+    """A torch tensor, a numpy array or a DLPack producer (cupy, jax, ...)."""
+    return isinstance(a, np.ndarray) or is_torch(a) or hasattr(a, "__dlpack__")
+
+
+def require_tensor(a, name, optional=False):
+    """Raises the library's InvalidArgumentError unless `a` is a tensor (or None if optional):
+    a list, a scalar or a string is not taken in place of a tensor."""
+    if a is None and optional:
+        return
+    if not is_tensor(a):
+        from ._errors import InvalidArgumentError
+
+        kind = "None" if a is None else type(a).__name__
+        raise InvalidArgumentError(
+            f"{name} must be a tensor (torch.Tensor, numpy.ndarray or a DLPack array), got {kind}"
+        )
+
+
+def require_count(n, name, lo=0):
+    """An int (not a bool, not a float) >= lo, or the library's InvalidArgumentError."""
+    from ._errors import InvalidArgumentError
+
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise InvalidArgumentError(f"{name} must be an int, got {type(n).__name__} {n!r}")
+    if int(n) < lo:
+        raise InvalidArgumentError(f"{name} = {int(n)} must be >= {lo}")
+    return int(n)
+
+
 def _is_ml_bf16(dtype):
     # An ml_dtypes.bfloat16 array cannot exist unless ml_dtypes was imported.
     ml = sys.modules.get("ml_dtypes")
@@ -55,9 +85,7 @@ def to_extension(a):
         return a
     if isinstance(a, np.ndarray):
         return a.view(np.uint16) if _is_ml_bf16(a.dtype) else a
-    if isinstance(a, (np.generic, list, tuple, float, int)):
-        return np.asarray(a)
-    return a  # cupy and other DLPack producers
+    return a  # cupy and other DLPack producers (anything else was rejected by require_tensor)
 
 
 _BYTE_DTYPES = None

@@ -3,6 +3,8 @@
 import collections
 import dataclasses
 
+import numpy as np
+
 from . import _moe_ep
 from . import _tensors as T
 
@@ -168,8 +170,20 @@ class MoeEpLayer:
         timeout_ms=30000,
         warmup_timeout_ms=120000,
     ):
+        for name, a, optional in (
+            ("w13", w13, False),
+            ("w2", w2, False),
+            ("w13_scale", w13_scale, True),
+            ("w2_scale", w2_scale, True),
+            ("fc1_alpha", fc1_alpha, True),
+            ("fc2_alpha", fc2_alpha, True),
+            ("fc1_norm_const", fc1_norm_const, True),
+        ):
+            T.require_tensor(a, name, optional)
         if hidden_size is None:
-            hidden_size = int(w2.shape[1])
+            hidden_size = int(w2.shape[1]) if len(w2.shape) == 3 else 0
+        if intermediate_size is None and len(w13.shape) != 3:
+            intermediate_size = 0  # the library names the shape error
         if intermediate_size is None:
             intermediate_size = int(w13.shape[1]) // 2
         wdev = T.device_of(w13)
@@ -239,6 +253,8 @@ class MoeEpLayer:
         valid leading rows read when the forward runs (a CUDA graph captured at T rows replays
         with any count <= T; rows past it come back as zeros).
         """
+        self._check_inputs(hidden_states, topk_ids, topk_weights, fc1_alpha, fc2_alpha,
+                           fc1_norm_const, num_tokens)
         x = T.to_extension
         ws = self._ws_index(workspace)
         s = T.stream_for(hidden_states, stream)
@@ -273,6 +289,8 @@ class MoeEpLayer:
     ):
         """Only on a layer built with do_finalize=False: UnfinalizedOutput(rows, weights,
         indices); summing them as in docs/contract.md §3 gives bitwise the finalized output."""
+        self._check_inputs(hidden_states, topk_ids, topk_weights, fc1_alpha, fc2_alpha,
+                           fc1_norm_const, num_tokens)
         x = T.to_extension
         rows, weights, indices = self._impl.forward_unfinalized(
             x(hidden_states), x(topk_ids), x(topk_weights), x(fc1_alpha), x(fc2_alpha),
@@ -281,6 +299,30 @@ class MoeEpLayer:
         )
         return UnfinalizedOutput(T.as_bf16_result(rows, hidden_states), weights, indices)
 
+    @staticmethod
+    def _check_inputs(hidden_states, topk_ids, topk_weights, fc1_alpha, fc2_alpha,
+                      fc1_norm_const, num_tokens):
+        """Non-tensor arguments (lists, scalars, None) get the library's InvalidArgumentError
+        here; everything about the tensors themselves is checked by the library."""
+        T.require_tensor(hidden_states, "hidden_states")
+        T.require_tensor(topk_ids, "topk_ids")
+        T.require_tensor(topk_weights, "topk_weights")
+        T.require_tensor(fc1_alpha, "fc1_alpha", optional=True)
+        T.require_tensor(fc2_alpha, "fc2_alpha", optional=True)
+        T.require_tensor(fc1_norm_const, "fc1_norm_const", optional=True)
+        T.require_tensor(num_tokens, "num_tokens", optional=True)
+        if isinstance(num_tokens, np.ndarray) and num_tokens.size == 1:
+            # Host counts are checked now (a device count is read when the forward runs and
+            # clamped to [0, T] there, as a CUDA graph replays it).
+            n = int(num_tokens.reshape(-1)[0])
+            rows = int(hidden_states.shape[0]) if len(hidden_states.shape) >= 1 else 0
+            if n < 0 or n > rows:
+                from ._errors import InvalidArgumentError
+
+                raise InvalidArgumentError(
+                    f"num_tokens = {n} is outside [0, T = {rows}] (T: rows of hidden_states)"
+                )
+
     # --- workspaces ----------------------------------------------------------------------
     @property
     def default_workspace(self):
@@ -288,16 +330,17 @@ class MoeEpLayer:
 
     def create_workspace(self, capacity):
         """A new workspace of `capacity` tokens per rank (collective: same order on all ranks)."""
-        i = self._impl.create_workspace(int(capacity))
+        i = self._impl.create_workspace(T.require_count(capacity, "capacity", lo=1))
         return Workspace(i, self._impl.workspace_capacity(i))
 
     def select_workspace(self, num_tokens, *, collective=False):
         """The smallest workspace that holds `num_tokens`: the largest T of any rank in this
         call, or with ``collective=True`` this rank's T (the maximum is found over the group)."""
+        num_tokens = T.require_count(num_tokens, "select_workspace: num_tokens")
         if collective:
-            i = self._impl.select_workspace_collective(int(num_tokens))
+            i = self._impl.select_workspace_collective(num_tokens)
         else:
-            i = self._impl.select_workspace(int(num_tokens))
+            i = self._impl.select_workspace(num_tokens)
         return Workspace(i, self._impl.workspace_capacity(i))
 
     def workspace_bytes(self, workspace=None):
@@ -313,7 +356,7 @@ class MoeEpLayer:
             return -1
         if isinstance(workspace, Workspace):
             return workspace.index
-        return int(workspace)
+        return T.require_count(workspace, "workspace")
 
     # --- weights (EPLB) --------------------------------------------------------------------
     def kernel_weights(self):

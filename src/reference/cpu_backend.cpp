@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -178,18 +179,23 @@ class CpuBackend final : public LayerBackend {
       try {
         collective_barrier("destroy", boot_.warmup_timeout_ms);
       } catch (const Error&) {
-        // A peer is gone: it may still hold our window pointers, so keep the memory.
-        for (auto& ws : workspaces_) (void)ws->mem.ptr.release();
+        // A peer is gone: it may still hold our window pointers, so the fleet keeps the memory.
+        retain_workspaces();
         throw;
       }
     } else {
-      for (auto& ws : workspaces_) (void)ws->mem.ptr.release();
+      retain_workspaces();
     }
   }
 
   void forward(const ValidatedForward& in, const ForwardTargets& out) override;
 
  private:
+  void retain_workspaces() {
+    for (auto& ws : workspaces_)
+      if (ws->mem.ptr) fleet_->retain(std::shared_ptr<void>(ws->mem.ptr.release(), std::free));
+  }
+
   // --- collectives -------------------------------------------------------------------------
   uint64_t next_ticket(uint64_t stage) const { return uint64_t(seq_) * kStages + stage; }
 
@@ -309,6 +315,16 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
       const std::string why = "topk_ids[" + std::to_string(i / K) + ", " + std::to_string(i % K) +
                               "] = " + std::to_string(ids[i]) +
                               " is out of range [-1, E = " + std::to_string(E) + ")";
+      abandon_call(why);
+      throw Error(ErrorCode::kInvalidArgument, why);
+    }
+    // Non-finite routing weights of routed slots are rejected here, where the check is one
+    // pass over T*K floats (an empty slot's weight is never read); the CUDA backend does not
+    // check (docs/python.md says what it does with them).
+    if (ids[i] >= 0 && !std::isfinite(tw[i])) {
+      const std::string why = "topk_weights[" + std::to_string(i / K) + ", " +
+                              std::to_string(i % K) + "] = " + std::to_string(tw[i]) +
+                              " is not finite (NaN and Inf routing weights are rejected)";
       abandon_call(why);
       throw Error(ErrorCode::kInvalidArgument, why);
     }

@@ -78,6 +78,11 @@ void CpuFleet::publish(int c, int rank, int key, void* ptr) {
   channel(c).windows[{rank, key}] = ptr;
 }
 
+void CpuFleet::retain(std::shared_ptr<void> memory) {
+  std::lock_guard<std::mutex> lock(mu_);
+  retained_.push_back(std::move(memory));
+}
+
 void* CpuFleet::peer_ptr(int c, int peer, int key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& w = channel(c).windows;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -35,6 +36,10 @@ class CpuFleet {
   void publish(int channel, int rank, int key, void* ptr);
   void* peer_ptr(int channel, int peer, int key);
 
+  // Memory a rank gives up while peers may still hold pointers into it (its windows, at a
+  // destroy after a fault): freed with the fleet, which outlives every rank that can reach it.
+  void retain(std::shared_ptr<void> memory);
+
   // All-gather of one int64 per rank (a barrier at `ticket`).
   std::vector<int64_t> allgather(int channel, int rank, int64_t value, uint64_t ticket, int64_t seq,
                                  const char* stage, int64_t timeout_ms);
@@ -54,6 +59,7 @@ class CpuFleet {
   std::condition_variable cv_;
   std::vector<int> opened_;  // per rank: channels opened so far
   std::map<int, Channel> channels_;
+  std::vector<std::shared_ptr<void>> retained_;
 };
 
 }  // namespace moe_ep

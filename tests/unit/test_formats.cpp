@@ -250,7 +250,7 @@ std::vector<float> gaussian(int n, float sigma, uint32_t seed) {
 // ---------------------------------------------------------------------------------------------
 // NVFP4: independent re-implementations
 
-// The SPEC formula in double with the toolkit's double conversions. With bf16 inputs and a
+// The contract's formula in double with the toolkit's double conversions. With bf16 inputs and a
 // power-of-two norm constant every float step of formats.h is either exact or lands far from
 // a rounding point of the target format, so both must agree exactly.
 TEST(Nvfp4Block, DoubleReimplementationBf16InputsPow2NormConst) {

@@ -1,10 +1,12 @@
-// Errors and bad input (SPEC §6): every rejection names the offending value and the limit, and
+// Errors and bad input (docs/contract.md §6): every rejection names the offending value and the limit, and
 // changes nothing (a following valid call gives bitwise the output of before; the caller's
 // buffers are untouched). Faults across ranks end in errors that name the rank, not in hangs.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 
 #include "layer_test_util.h"
 
@@ -136,6 +138,15 @@ std::vector<BadInput> bad_inputs() {
   v.push_back({"IdTooLarge", [](F&, R& r, S&) { r.ids[3] = 9; }, inv, {"9", std::to_string(kE)}});
   v.push_back({"IdEqualsE", [](F&, R& r, S&) { r.ids[1] = kE; }, inv, {std::to_string(kE)}});
   v.push_back({"IdBelowMinusOne", [](F&, R& r, S&) { r.ids[2] = -2; }, inv, {"-2"}});
+  // The CPU backend rejects non-finite routing weights (docs/python.md "Bad input").
+  v.push_back({"WeightNaN",
+               [](F&, R& r, S&) { r.w[5] = std::nanf(""); },
+               inv,
+               {"topk_weights[2, 1]", "nan", "not finite"}});
+  v.push_back({"WeightInf",
+               [](F&, R& r, S&) { r.w[0] = -INFINITY; },
+               inv,
+               {"topk_weights[0, 0]", "inf", "not finite"}});
   v.push_back({"EpilogueShape",
                [](F& f, R&, S& s) {
                  s.assign(4 * (kE + 3), 0);
@@ -179,7 +190,9 @@ TEST(BadInput, EachIsRejectedWithItsMessageAndChangesNothing) {
     for (const auto& m : bad.mentions)
       EXPECT_TRUE(contains(c.what, m)) << "message does not mention '" << m << "': " << c.what;
     EXPECT_EQ(count_nan(out), out.size()) << "the output buffer was written: " << c.what;
-    EXPECT_TRUE(in.x == snapshot.x && in.ids == snapshot.ids && in.w == snapshot.w)
+    // Bitwise (a NaN weight is not == itself).
+    EXPECT_TRUE(in.x == snapshot.x && in.ids == snapshot.ids && in.w.size() == snapshot.w.size() &&
+                std::memcmp(in.w.data(), snapshot.w.data(), in.w.size() * 4) == 0)
         << "inputs were modified";
     EXPECT_EQ(bitwise_diff(run_into(layer, good.forward_inputs(), good.T), before, kH), "")
         << "a valid call after the error gives another output";
@@ -391,7 +404,7 @@ INSTANTIATE_TEST_SUITE_P(
                                      }}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// SPEC §4: every rank runs a call with the same workspace. Ranks that disagree all get an error
+// docs/contract.md §4: every rank runs a call with the same workspace. Ranks that disagree all get an error
 // naming both workspaces (nobody waits for a timeout, nothing is written to their outputs), and
 // the next call with one workspace gives the same bits as before.
 TEST(BadInput, RanksWithDifferentWorkspacesAllFailNamingBoth) {
