@@ -1,9 +1,10 @@
-// Benchmark of the layer as docs/benchmarks.md describes: DeepSeek-V3 shape by default, every recipe, tokens
-// 1..4096, uniform and Zipf routing. `--ep N` runs EP over N GPUs (one forked process per GPU,
-// NCCL unique id through a shared mapping, each rank holds E/N experts, a workspace sized to
-// each token count; Zipf with one expert order for every rank); the record is the slowest rank's
-// median, weight bytes per rank. Random checkpoint-layout weights are made on the GPU (valid,
-// non-zero scale bytes) and go through the layer's own preprocessing. Each case: warm-up, then
+// Benchmark of the layer as docs/benchmarks.md describes: DeepSeek-V3 shape by default, every
+// recipe, tokens 1..4096, uniform and Zipf routing. `--ep N` runs EP over N GPUs (one forked
+// process per GPU, NCCL unique id through a shared mapping, each rank holds E/N experts, a
+// workspace sized to each token count; Zipf with one expert order for every rank); the record is
+// the slowest rank's median, weight bytes per rank. Random checkpoint-layout weights are made on
+// the GPU (valid, non-zero scale bytes) and go through the layer's own preprocessing. Each case:
+// warm-up, then
 // >= 20 CUDA-graph replays timed with events, alternating 2 input sets; per-stage times from eager
 // forwards with the stage-event hook. One JSON record per case.
 // Every record names the launch plan its forwards ran (MegaLayer::last_plan); --explain prints
@@ -34,12 +35,10 @@
 #include <thread>
 #include <vector>
 
-#include "common/workspace_layout.h"
-#include "cuda/comm/nccl_comm.h"
 #include "cuda_check.h"
+#include "layer/diagnostics.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
-#include "reference/cpu_math.h"
 
 using namespace moe_ep;
 
@@ -258,8 +257,8 @@ std::vector<float> time_between_events(cudaStream_t st, int iters, const Before&
   return us;
 }
 
-// The timing of docs/benchmarks.md: one forward per input set captured into a CUDA graph, 6 warm-up replays,
-// then `iters` replays alternating the sets, each between two events. Returns their µs.
+// The timing of docs/benchmarks.md: one forward per input set captured into a CUDA graph, 6 warm-up
+// replays, then `iters` replays alternating the sets, each between two events. Returns their µs.
 // `barrier` (EP > 1): enqueues a barrier of every rank before each timed replay, outside its
 // events, so the ranks start each replay together (docs/benchmarks.md); null: replays back to back.
 template <class MakeInputs>
@@ -393,9 +392,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         // bytes it sends (dispatch rows to other owners, result rows to other sources).
         std::vector<char> touched(s.E, 0);
         int64_t pairs = 0;
-        const ActFormat af = act_format(recipe, s.H);
-        const WorkspaceLayout wl =
-            WorkspaceLayout::make(world, T, s.H, s.K, af.data_bytes, af.scale_bytes);
+        const int row_bytes = dispatch_row_bytes(cfg);
         double dispatch_bytes = 0, combine_bytes = 0;
         for (int r = 0; r < world; ++r) {
           const std::vector<int32_t> ids = ep_ids(T, s.K, s.E, zipf != 0, r, 0);
@@ -412,8 +409,7 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
             }
             if (r == rank)
               for (int o = 0; o < world; ++o)
-                if (o != rank && ((owners >> o) & 1))
-                  dispatch_bytes += wl.act_row_bytes + wl.meta_row_bytes;
+                if (o != rank && ((owners >> o) & 1)) dispatch_bytes += row_bytes;
           }
         }
         const int64_t n_touched = std::count(touched.begin(), touched.end(), 1);
@@ -566,10 +562,10 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
           r, sg[0], sg[1], sg[2], sg[3], sg[4], sg[5]);
     }
     const double* sg = sh->rank[0].cases[c].stage_us;  // rank 0's in the JSON
-    // nvlink_GBps (docs/benchmarks.md): the bytes rank 0's dispatch sends over its dispatch + wait stage
-    // in a replayed graph (the wait for the peers' rows included). With the fused combine (the
-    // default) the result rows leave from inside fc2, so no stage times them alone; their bytes
-    // are recorded.
+    // nvlink_GBps (docs/benchmarks.md): the bytes rank 0's dispatch sends over its dispatch + wait
+    // stage in a replayed graph (the wait for the peers' rows included). With the fused combine
+    // (the default) the result rows leave from inside fc2, so no stage times them alone; their
+    // bytes are recorded.
     const EpCase& c0 = sh->rank[0].cases[c];
     const double nvlink = sg[1] > 0 ? c0.dispatch_bytes / (sg[1] * 1e3) : 0.0;
     std::printf(

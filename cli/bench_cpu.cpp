@@ -16,11 +16,10 @@
 #include <cblas.h>
 #endif
 
-#include "layer/backend.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/status.h"
+#include "moe_ep/weight_prep.h"
 #include "problem.h"
-#include "reference/cpu_math.h"
 
 namespace moe_ep::cli {
 namespace {
@@ -54,9 +53,6 @@ double median(std::vector<double> v) {
 double openblas_ms(const Problem& p, int iters) {
 #if defined(MOE_EP_HAVE_OPENBLAS)
   const int H = p.shape.H, I = p.shape.I, K = p.shape.K, E = p.shape.E;
-  ExpertShape s{H, I, K, E};
-  ExpertWeights w{p.pack.w13.data(), p.pack.w2.data(), p.pack.w13_scale.data(),
-                  p.pack.w2_scale.data()};
   std::vector<std::vector<float>> xs(E);
   for (int r = 0; r < p.world_size; ++r)
     for (int t = 0; t < p.tokens(r); ++t)
@@ -70,8 +66,7 @@ double openblas_ms(const Problem& p, int iters) {
     if (xs[e].empty()) continue;
     w13[e].resize(size_t(2) * I * H);
     w2[e].resize(size_t(H) * I);
-    for (int j = 0; j < 2 * I; ++j) dequant_fc1_row(p.recipe, s, w, e, j, &w13[e][size_t(j) * H]);
-    for (int j = 0; j < H; ++j) dequant_fc2_row(p.recipe, s, w, e, j, &w2[e][size_t(j) * I]);
+    dequantize_expert(p.pack, e, w13[e].data(), w2[e].data());
   }
   std::vector<double> times;
   std::vector<float> a, h, y;

@@ -1,5 +1,5 @@
-// `moe-ep bench`: benchmark records (docs/benchmarks.md) for the backend this process runs on, and on the CPU an
-// OpenBLAS sgemm of the same dequantized problem measured in the same run.
+// `moe-ep bench`: benchmark records (docs/benchmarks.md) for the backend this process runs on, and
+// on the CPU an OpenBLAS sgemm of the same dequantized problem measured in the same run.
 #pragma once
 
 #include <cstdint>

@@ -336,7 +336,8 @@ void print_table(const std::vector<Row>& rows) {
       "\ntok/rank: tokens per rank (each of the W ranks routes this many; W x tok/rank in all).\n"
       "err_vs_ref: rel. L2 vs the CPU reference of the same recipe (all experts on one rank);\n"
       "err_vs_fp64: rel. L2 vs float64 math on the unquantized master weights.\n"
-      "PASS: no NaN/Inf or missing output, err_vs_ref <= %.0e (docs/contract.md §7), the CPU backend at\n"
+      "PASS: no NaN/Inf or missing output, err_vs_ref <= %.0e (docs/contract.md §7), the CPU "
+      "backend at\n"
       "W > 1 bitwise equal to the reference, err_vs_fp64 <= %.2f (bf16) / %.2f (4-bit), and\n"
       "with --load the file's 'out' equal bitwise.\n",
       kTolRef, kTolFp64Bf16, kTolFp64FourBit);

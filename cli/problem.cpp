@@ -22,7 +22,7 @@
 #include "device_io.h"
 #include "memory_budget.h"
 #if defined(MOE_EP_HAVE_CUDA)
-#include "cuda/comm/nccl_comm.h"
+#include "layer/diagnostics.h"
 #endif
 #include "moe_ep/formats.h"
 #include "moe_ep/status.h"

@@ -13,7 +13,7 @@
 #   cli = `moe-ep run` and `moe-ep check` on the GPU(s); python = the Python package's tests.
 #   bench = every benchmark program once with its defaults (BENCH_ARGS=... is passed to each).
 #   benchall = every case of the record set in bench/results (its README maps the files):
-#   bench_quantize, bench_layer for dsv3 / qwen3 / gpt-oss at EP = 1, EP = 2 / 4 / 8 where that
+#   bench_layer for dsv3 / qwen3 / gpt-oss at EP = 1, EP = 2 / 4 / 8 where that
 #   many GPUs are present (BENCH_EP="8" narrows it; the shapes of BENCH_EP_SHAPES, default all
 #   three) with the single-GPU reference of the same per-rank work, the PyTorch baseline of each
 #   shape (TORCH_SHAPES) and the plots, packed into $OUT/bench.tar.gz; give the tree's commit for
@@ -187,7 +187,6 @@ if has benchall; then
   # differs from that metadata "-dirty".
   export MOE_EP_COMMIT=${MOE_EP_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}
   ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-  "$BUILD/bench/bench_quantize" --json "$B/quantize.json" >"$B/quantize.log" 2>&1 || status=1
   # BENCH_SHAPES / TORCH_SHAPES narrow the shapes (e.g. TORCH_SHAPES="" when the baseline of
   # this device is already recorded).
   for shape in ${BENCH_SHAPES-dsv3 qwen3 gpt-oss}; do

@@ -32,4 +32,14 @@ PackedExperts pack_expert_weights(Recipe recipe, const float* w13, const float* 
                                   int hidden, int inter, float input_norm_const = 1.0f,
                                   const float* fc1_norm_const = nullptr);
 
+// The fp32 weights of expert `expert` of a pack, as the recipe's kernels see them (each packed
+// value times its block scale; nvfp4's alphas are not applied): w13 [2I, H], w2 [H, I].
+void dequantize_expert(const PackedExperts& pack, int expert, float* w13, float* w2);
+
+// Bytes of one expert's packed weights and scales in the checkpoint layout of `config`'s recipe.
+struct ExpertBytes {
+  size_t w13, w2, w13_scale, w2_scale;
+};
+ExpertBytes expert_bytes(const LayerConfig& config);
+
 }  // namespace moe_ep

@@ -10,6 +10,7 @@
 #include "moe_ep/config.h"
 #include "moe_ep/layer.h"
 #include "moe_ep/plan.h"
+#include "moe_ep/weight_prep.h"
 
 namespace moe_ep {
 
@@ -88,11 +89,5 @@ std::unique_ptr<LayerBackend> make_cuda_backend(const Bootstrap& boot, const Lay
 void validate_weight_pack(const LayerConfig& config, int world_size, const WeightPack& w);
 // Checks an epilogue vector: absent, or f32 [E_local] contiguous. Throws moe_ep::Error.
 void validate_epilogue_vector(const TensorView& v, int num_local_experts, const char* name);
-
-// Bytes of one expert's packed weights and scales in the checkpoint layout.
-struct ExpertBytes {
-  size_t w13, w2, w13_scale, w2_scale;
-};
-ExpertBytes expert_bytes(const LayerConfig& config);
 
 }  // namespace moe_ep

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <string>
 
+#include "common/workspace_layout.h"
 #include "layer/backend.h"
+#include "layer/diagnostics.h"
+#include "reference/cpu_math.h"
 
 namespace moe_ep {
 namespace {
@@ -330,6 +333,13 @@ void validate_weight_pack(const LayerConfig& c, int world_size, const WeightPack
     if (w.w13_scale.defined() || w.w2_scale.defined())
       invalid("the bf16 recipe takes no weight scales");
   }
+}
+
+int dispatch_row_bytes(const LayerConfig& c) {
+  const ActFormat act = act_format(c.recipe.recipe, c.fleet.hidden_size);
+  const WorkspaceLayout l = WorkspaceLayout::make(1, 1, c.fleet.hidden_size, c.recipe.top_k,
+                                                  act.data_bytes, act.scale_bytes);
+  return l.act_row_bytes + l.meta_row_bytes;
 }
 
 }  // namespace moe_ep

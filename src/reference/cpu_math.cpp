@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "moe_ep/formats.h"
+#include "moe_ep/status.h"
+#include "moe_ep/weight_prep.h"
 
 namespace moe_ep {
 namespace {
@@ -323,6 +326,19 @@ void finalize_token(const uint16_t* rows, const int32_t* ids, const float* weigh
     }
     out[i] = fmt::float_to_bf16(acc);
   }
+}
+
+void dequantize_expert(const PackedExperts& p, int expert, float* w13, float* w2) {
+  if (expert < 0 || expert >= p.num_experts)
+    throw Error(ErrorCode::kInvalidArgument, "dequantize_expert: expert " + std::to_string(expert) +
+                                                 " is outside [0, " +
+                                                 std::to_string(p.num_experts) + ")");
+  const ExpertShape s{p.hidden, p.inter, 1, p.num_experts};
+  const ExpertWeights w{p.w13.data(), p.w2.data(), p.w13_scale.data(), p.w2_scale.data()};
+  for (int j = 0; j < 2 * p.inter; ++j)
+    dequant_fc1_row(p.recipe, s, w, expert, j, w13 + size_t(j) * p.hidden);
+  for (int j = 0; j < p.hidden; ++j)
+    dequant_fc2_row(p.recipe, s, w, expert, j, w2 + size_t(j) * p.inter);
 }
 
 }  // namespace moe_ep

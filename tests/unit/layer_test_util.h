@@ -1,6 +1,7 @@
 // Shared helpers of the layer tests (tests/unit/test_layer_*.cpp): a fleet of rank threads,
 // weight packs and inputs made here (independent of weight_prep), a runner for call sequences,
-// and an independent float64 computation of docs/contract.md §3.1 that is the oracle of the recipe tests.
+// and an independent float64 computation of docs/contract.md §3.1 that is the oracle of the recipe
+// tests.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -373,9 +374,9 @@ inline RankInputs concat_ranks(const std::vector<RankInputs>& ranks) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The independent float64 computation of docs/contract.md §3.1. Dot products, alphas, the activation and the
-// top-k sum run in double; only the roundings the spec names are applied: bf16 g/u
-// (mxfp4_mxfp8), bf16 h (mxfp4_bf16, bf16), requantized h from the double h cast to float
+// The independent float64 computation of docs/contract.md §3.1. Dot products, alphas, the
+// activation and the top-k sum run in double; only the roundings the spec names are applied: bf16
+// g/u (mxfp4_mxfp8), bf16 h (mxfp4_bf16, bf16), requantized h from the double h cast to float
 // (nvfp4, mxfp4_mxfp8), bf16 y and bf16 output. Activations are quantized with the formats.h
 // block functions (tested on their own).
 
@@ -540,9 +541,9 @@ inline double rel_l2(const Bits& a, const Bits& b) {
 // bf16): fp32 vs double sums flip a bf16 rounding of h or y now and then: 1e-3. nvfp4 and
 // mxfp4_mxfp8: products of 4-/8-bit operands are exact, so fp32 sums are too, but h is fp32 in
 // the backend and double here, and an h on an E2M1/E4M3 rounding midpoint (seen: 15.5 vs
-// 15.499999) requantizes one code apart, the one source docs/contract.md §7 allows; at I = 128 a single flip
-// moves a rank's output by ~1.5e-3, so these recipes get docs/contract.md §7's 5e-3. Tests pair this with
-// bitwise_fraction, which catches a missing or extra rounding step.
+// 15.499999) requantizes one code apart, the one source docs/contract.md §7 allows; at I = 128 a
+// single flip moves a rank's output by ~1.5e-3, so these recipes get docs/contract.md §7's 5e-3.
+// Tests pair this with bitwise_fraction, which catches a missing or extra rounding step.
 inline double reference_tolerance(Recipe r) {
   return (r == Recipe::kNvfp4 || r == Recipe::kMxfp4Mxfp8) ? 5e-3 : 1e-3;
 }
@@ -605,7 +606,8 @@ inline const char* out_mode_name(OutMode m) {
   return "?";
 }
 
-// docs/contract.md §3 finalize of an unfinalized output: fp32, separate multiply and add, slot order.
+// docs/contract.md §3 finalize of an unfinalized output: fp32, separate multiply and add, slot
+// order.
 inline Bits sum_unfinalized(const UnfinalizedOutput& u, const RankInputs& in) {
   const int T = in.T, K = in.K, H = in.H;
   Bits out(size_t(T) * H);

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/quantize/quantize_math.h"
+#include "kernels/common/quantize_math.h"
 #include "moe_ep/formats.h"
 
 #if defined(MOE_EP_HAVE_CUDA_HEADERS)
@@ -613,7 +613,7 @@ TEST(RowQuantizers, RowsAreBlocksInOrder) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The GPU kernels' element math (src/kernels/quantize/quantize_math.h) against formats.h. The
+// The GPU kernels' element math (src/kernels/common/quantize_math.h) against formats.h. The
 // functions are __host__ __device__; here they run on the CPU, where they must agree with the
 // reference on every input that can differ (the GPU tests check the kernels themselves).
 

@@ -1,5 +1,6 @@
-// EPLB (docs/contract.md §4): moving experts through kernel_weights() / expert_weight_views() — between the
-// slots of one rank and between ranks — and remapping topk_ids gives bitwise the same outputs.
+// EPLB (docs/contract.md §4): moving experts through kernel_weights() / expert_weight_views() —
+// between the slots of one rank and between ranks — and remapping topk_ids gives bitwise the same
+// outputs.
 #include <gtest/gtest.h>
 
 #include <barrier>

@@ -1,6 +1,7 @@
-// Errors and bad input (docs/contract.md §6): every rejection names the offending value and the limit, and
-// changes nothing (a following valid call gives bitwise the output of before; the caller's
-// buffers are untouched). Faults across ranks end in errors that name the rank, not in hangs.
+// Errors and bad input (docs/contract.md §6): every rejection names the offending value and the
+// limit, and changes nothing (a following valid call gives bitwise the output of before; the
+// caller's buffers are untouched). Faults across ranks end in errors that name the rank, not in
+// hangs.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -404,9 +405,9 @@ INSTANTIATE_TEST_SUITE_P(
                                      }}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// docs/contract.md §4: every rank runs a call with the same workspace. Ranks that disagree all get an error
-// naming both workspaces (nobody waits for a timeout, nothing is written to their outputs), and
-// the next call with one workspace gives the same bits as before.
+// docs/contract.md §4: every rank runs a call with the same workspace. Ranks that disagree all get
+// an error naming both workspaces (nobody waits for a timeout, nothing is written to their
+// outputs), and the next call with one workspace gives the same bits as before.
 TEST(BadInput, RanksWithDifferentWorkspacesAllFailNamingBoth) {
   const int W = 2, El = kE / W;
   const HostPack pack = random_pack(Recipe::kNvfp4, kE, kH, kI, 64);

@@ -1,7 +1,7 @@
-// Output forms, workspaces and determinism (docs/contract.md §4, §7): finalized == sum of unfinalized
-// bitwise; the workspace view, the owned tensor and caller memory agree; workspaces of different
-// capacity agree and the selection picks the smallest that fits; repeated calls and different
-// thread counts give bitwise the same output; per-call epilogue vectors and num_tokens.
+// Output forms, workspaces and determinism (docs/contract.md §4, §7): finalized == sum of
+// unfinalized bitwise; the workspace view, the owned tensor and caller memory agree; workspaces of
+// different capacity agree and the selection picks the smallest that fits; repeated calls and
+// different thread counts give bitwise the same output; per-call epilogue vectors and num_tokens.
 #include <gtest/gtest.h>
 
 #include <limits>

@@ -1,6 +1,6 @@
-// The token-count matrix (docs/contract.md §7) at W = 1, 2, 4, 8 for every recipe, at a small H and I:
-// T of 0, 1, 7, capacity-1 and capacity, equal and unequal across ranks, shrinking and growing on
-// one layer, all slots empty on a rank, all tokens to one expert, Zipf-skewed routing. Each call
+// The token-count matrix (docs/contract.md §7) at W = 1, 2, 4, 8 for every recipe, at a small H and
+// I: T of 0, 1, 7, capacity-1 and capacity, equal and unequal across ranks, shrinking and growing
+// on one layer, all slots empty on a rank, all tokens to one expert, Zipf-skewed routing. Each call
 // is checked against the float64 reference and bitwise against the same tokens run at W = 1
 // (data movement must not change the math).
 #include <gtest/gtest.h>
@@ -185,8 +185,8 @@ TEST(TokenMatrixEdge, AllSlotsOfAllTokensToOneExpert) {
   }
 }
 
-// The expert counts and top-k of docs/contract.md §7's models (E 256/128/128/8, K 8/8/4/2) at W = 8 with
-// T up to 136 per rank (128, capacity-1 and capacity among them), at a small H and I: routing
+// The expert counts and top-k of docs/contract.md §7's models (E 256/128/128/8, K 8/8/4/2) at W = 8
+// with T up to 136 per rank (128, capacity-1 and capacity among them), at a small H and I: routing
 // over many experts per rank, checked against the reference and bitwise against W = 1.
 TEST(TokenMatrixEdge, Spec7ExpertCountsAtW8WithLargeT) {
   const int W = 8, H = 128, I = 64, cap = 136;

@@ -1,6 +1,6 @@
-// Data movement, bitwise (docs/contract.md §7): bf16 weights chosen so that every output row says which rank
-// and token it came from and which expert ran it; each slot is checked on its own through
-// forward_unfinalized, and the finalized sum through forward.
+// Data movement, bitwise (docs/contract.md §7): bf16 weights chosen so that every output row says
+// which rank and token it came from and which expert ran it; each slot is checked on its own
+// through forward_unfinalized, and the finalized sum through forward.
 #include <gtest/gtest.h>
 
 #include "layer_test_util.h"
@@ -180,8 +180,8 @@ INSTANTIATE_TEST_SUITE_P(Worlds, DataMovement,
                                   (info.param.topk_in_fc1 ? "_TopkInFc1" : "");
                          });
 
-// The finalize order is part of the contract (docs/contract.md §3: fp32, slot order k = 0, 1, ...). Weights
-// [2^30, -2^30, 1] make it visible: column 1 of every y[t,k] is t, so slot order gives
+// The finalize order is part of the contract (docs/contract.md §3: fp32, slot order k = 0, 1, ...).
+// Weights [2^30, -2^30, 1] make it visible: column 1 of every y[t,k] is t, so slot order gives
 // (2^30 t - 2^30 t) + t = t, while any other order loses t to rounding.
 TEST(FinalizeOrder, SlotOrderIsVisibleInTheOutput) {
   const int W = 2, E = W * kLocal, K = 3;

@@ -1,7 +1,8 @@
-// Every recipe against the independent float64 computation of docs/contract.md §3.1 (layer_test_util.h) on
-// the shapes of docs/contract.md §7 with their real H and I (E reduced so the weights fit in memory, a
-// handful of tokens). The options rotate as a Latin square over (shape, recipe), so every recipe
-// and every shape meets each of: swiglu_limit unset/set x apply_topk_in_fc1 off/on.
+// Every recipe against the independent float64 computation of docs/contract.md §3.1
+// (layer_test_util.h) on the shapes of docs/contract.md §7 with their real H and I (E reduced so
+// the weights fit in memory, a handful of tokens). The options rotate as a Latin square over
+// (shape, recipe), so every recipe and every shape meets each of: swiglu_limit unset/set x
+// apply_topk_in_fc1 off/on.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -121,9 +122,9 @@ INSTANTIATE_TEST_SUITE_P(Spec7Shapes, RecipeVsFloat64, ::testing::ValuesIn(recip
                            return std::string(kShapes[info.param.shape].name) + "_" + s;
                          });
 
-// docs/contract.md §7's token counts (0, 1, 7, 128) at a real shape (Qwen3-30B-A3B: H 2048, I 768, K 8) on
-// W = 4 ranks with 16 experts: many tokens per expert, so the backend's blocking over tokens and
-// rows is exercised at full size.
+// docs/contract.md §7's token counts (0, 1, 7, 128) at a real shape (Qwen3-30B-A3B: H 2048, I 768,
+// K 8) on W = 4 ranks with 16 experts: many tokens per expert, so the backend's blocking over
+// tokens and rows is exercised at full size.
 TEST(RecipeVsFloat64Tokens, Qwen3AtW4WithTokenCounts0To128) {
   const Shape& sh = kShapes[1];
   const int W = 4, E = 16, K = 8, El = E / W;

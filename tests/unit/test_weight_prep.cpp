@@ -170,8 +170,8 @@ TEST(WeightPrep, Nvfp4GlobalScalesAndAlphas) {
     check_elements(Recipe::kNvfp4, m.w2.data() + e * n2, p.w2.data() + e * n2 / 2,
                    p.w2_scale.data() + e * n2 / 16, n2, 16, gs2);
 
-    // alpha * acc is the dot product: quantize an activation row with input_nc as docs/contract.md §3.1
-    // step 1 does and compare with the exact dot of the master values.
+    // alpha * acc is the dot product: quantize an activation row with input_nc as docs/contract.md
+    // §3.1 step 1 does and compare with the exact dot of the master values.
     std::mt19937 rng(10 + e);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> x(H);

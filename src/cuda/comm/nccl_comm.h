@@ -20,12 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "common/unique_id.h"
 #include "common/workspace_layout.h"
 #include "kernels/ep/ep_params.h"
 
 namespace moe_ep {
-
-using NcclUniqueIdBytes = std::array<char, 128>;  // the bytes of an ncclUniqueId
 
 NcclUniqueIdBytes ep_create_unique_id();  // ncclGetUniqueId
 
@@ -40,15 +39,6 @@ std::string ep_nccl_mismatch(int runtime_code, int build_code, const std::string
 void ep_check_nccl_runtime();
 std::string ep_unique_id_to_hex(const NcclUniqueIdBytes& id);
 NcclUniqueIdBytes ep_unique_id_from_hex(const std::string& hex);  // throws on a bad string
-
-// An NCCL unique id handed from rank 0 to the other ranks of forked processes through memory
-// they share (an anonymous MAP_SHARED mapping; zeroed memory is an empty slot). Rank 0 creates
-// and publishes it; the others wait for it, at most timeout_ms (Error kPeer after that).
-struct SharedUniqueId {
-  std::atomic<int> ready;
-  NcclUniqueIdBytes id;
-  NcclUniqueIdBytes exchange(int rank, int64_t timeout_ms = 120000);
-};
 
 struct EpCommOptions {
   int device = -1;                     // CUDA ordinal of this rank (-1: the current device)

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/quantize/quantize_math.h"
+#include "kernels/common/quantize_math.h"
 #include "moe_ep/config.h"
 #include "moe_ep/formats.h"
 
@@ -92,7 +92,7 @@ __device__ __forceinline__ uint8_t quantize_n(const float (&v)[N], float norm_co
   static_assert(N == 4 || N == 8, "4 or 8 elements per lane");
   const float amax = lane_block_amax<R, N>(v);
   if constexpr (R == Recipe::kNvfp4) {
-    // The quantize kernels' exact element math (kernels/quantize/quantize_math.h, proven equal
+    // The quantize kernels' exact element math (kernels/common/quantize_math.h, proven equal
     // to the formats.h reference by the unit tests): the block scale and each element's quotient
     // by two FMAs after a multiply (one IEEE division per block, for RN(1 / s)), the E2M1 code
     // by one float add, and q * s from the code's value. The reference's arithmetic itself for a

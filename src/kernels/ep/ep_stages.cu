@@ -8,7 +8,7 @@
 #include "kernels/common/launch.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/quant4_device.cuh"
-#include "kernels/quantize/quantize_math.h"
+#include "kernels/common/quantize_math.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {

@@ -14,8 +14,8 @@
 #include <initializer_list>
 
 #include "kernels/common/forward_args.h"
+#include "kernels/common/quantize_math.h"
 #include "kernels/gemm/decode/decode_config.h"
-#include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {

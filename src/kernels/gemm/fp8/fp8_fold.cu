@@ -5,8 +5,8 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/launch.h"
+#include "kernels/common/quantize_math.h"
 #include "kernels/gemm/fp8/fp8_fragments.h"
-#include "kernels/quantize/quantize_math.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {

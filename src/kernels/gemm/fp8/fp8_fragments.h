@@ -23,7 +23,7 @@
 #include <cstdint>
 
 #include "kernels/common/forward_args.h"
-#include "kernels/quantize/quantize_math.h"
+#include "kernels/common/quantize_math.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
