@@ -54,6 +54,7 @@ struct Options {
   std::string load, save, json;
   std::optional<float> swiglu_limit;
   bool topk_in_fc1 = false;
+  bool explain = false;
   bool help = false;
   std::vector<std::string> given;  // the flags given, in order
 };
@@ -96,7 +97,9 @@ const char* kUsage =
     "  --save FILE        run/check: write weights, inputs and outputs as safetensors (loadable\n"
     "                     by --load); with several recipes or token counts, one file each\n"
     "                     (FILE with .<recipe>-t<T> before its extension)\n"
-    "  --json FILE        bench: write the records as JSON\n";
+    "  --json FILE        bench: write the records as JSON\n"
+    "  --explain          run/check: print the launch plan of each forward (rank 0; the kernels,\n"
+    "                     tiles, grids and rings the CUDA backend chose)\n";
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -205,6 +208,8 @@ Options parse(const std::vector<std::string>& a) {
       o.swiglu_limit = positive_float(f, value(f));
     else if (f == "--topk-in-fc1")
       o.topk_in_fc1 = true;
+    else if (f == "--explain")
+      o.explain = true;
     else
       throw Error(ErrorCode::kInvalidArgument, "unknown option '" + f + "' (see --help)");
     o.given.push_back(f);
@@ -304,6 +309,7 @@ struct Row {
   bool nonfinite;
   std::string note;
   bool pass = true;
+  std::string plan;  // the launch plan of the forward (rank 0)
 };
 
 // What PASS means (printed under the table).
@@ -374,6 +380,7 @@ Row run_one(const Problem& p, Backend backend, int iters, bool verbose, RunResul
           NAN,
           false,
           ""};
+  row.plan = res.plan;
   std::vector<uint16_t> got = concat(res.out);
   size_t expected = 0;
   for (int r = 0; r < p.world_size; ++r) expected += size_t(p.tokens(r)) * p.shape.H;
@@ -489,6 +496,11 @@ int cmd_run(const Options& o, bool check_only) {
     }
   }
   print_table(rows);
+  if (o.explain) {
+    std::printf("\nlaunch plans (rank 0):\n");
+    for (auto& r : rows)
+      std::printf("  %-12s T=%-6d %s\n", r.recipe.c_str(), r.tokens, r.plan.c_str());
+  }
   if (!writes.empty()) std::printf("\n");
   for (auto& [path, s] : writes) saved(path, s);
   size_t failed = 0;

@@ -265,6 +265,7 @@ void run_rank(const Problem& p, Backend backend, int iterations, int r, const Bo
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   if (gpu) to_host(out.data(), pout, out.size() * 2);
+  if (info) info->plan = layer.last_plan().to_string();
   layer.destroy();
 }
 
@@ -288,6 +289,7 @@ struct ProcShared {
     int done, failed, backend, niters;
     size_t workspace_bytes;
     char msg[2048];
+    char plan[2048];
     double times[kMaxProcIters];
   } rank[64];
 };
@@ -329,6 +331,7 @@ RunResult run_layers_processes(const Problem& p, Backend backend, int iterations
         for (size_t i = 0; i < times.size(); ++i) me.times[i] = times[i];
         me.backend = int(info.backend);
         me.workspace_bytes = info.workspace_bytes;
+        std::snprintf(me.plan, sizeof me.plan, "%s", info.plan.c_str());
       } catch (const std::exception& e) {
         std::snprintf(me.msg, sizeof me.msg, "rank %d: %s", r, e.what());
         me.failed = 1;
@@ -381,6 +384,7 @@ RunResult run_layers_processes(const Problem& p, Backend backend, int iterations
     }
     res.backend = Backend(sh->rank[0].backend);
     res.workspace_bytes = sh->rank[0].workspace_bytes;
+    res.plan = sh->rank[0].plan;
     summarize(res, times);
   }
   sh->~ProcShared();

@@ -53,6 +53,7 @@ struct RunResult {
   double median_ms = 0, min_ms = 0, max_ms = 0;  // slowest rank per iteration
   Backend backend = Backend::kCPU;
   size_t workspace_bytes = 0;
+  std::string plan;  // rank 0's launch plan of the last forward (ForwardPlan::to_string)
 };
 RunResult run_layers(const Problem& p, Backend backend, int iterations);
 

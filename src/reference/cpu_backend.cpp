@@ -189,6 +189,11 @@ class CpuBackend final : public LayerBackend {
   }
 
   void forward(const ValidatedForward& in, const ForwardTargets& out) override;
+  ForwardPlan last_plan() const override {
+    ForwardPlan p;  // the reference launches nothing: its plan names T alone
+    p.tokens = last_tokens_;
+    return p;
+  }
 
  private:
   void retain_workspaces() {
@@ -289,6 +294,7 @@ class CpuBackend final : public LayerBackend {
 
   Bootstrap boot_;
   LayerConfig cfg_;
+  int last_tokens_ = 0;  // T of the latest forward (last_plan)
   ExpertShape shape_;
   std::shared_ptr<CpuFleet> fleet_;
   int channel_ = 0;
@@ -301,6 +307,7 @@ class CpuBackend final : public LayerBackend {
 };
 
 void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) {
+  last_tokens_ = in.tokens;
   check_usable();
   const int H = shape_.H, K = shape_.K, E = cfg_.fleet.num_experts, El = shape_.El;
   const int T_rows = in.tokens;

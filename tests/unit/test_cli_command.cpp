@@ -152,6 +152,20 @@ TEST(CliExitStatus, RunOfTheDefaultShapePassesAndExplainsTheTable) {
                   "err_vs_ref <= 5e-03", "err_vs_fp64 ~ 0.2 for 4-bit recipes is expected");
 }
 
+// --explain prints each forward's launch plan (the CPU reference's names only T; on a GPU the
+// CUDA backend's kernels, tiles and rings).
+TEST(CliExplain, RunPrintsTheLaunchPlanOfEachForward) {
+  const CliResult r =
+      run_cli({"run", "--recipe", "nvfp4", "--tokens", "3,5", "--iters", "1", "--explain"});
+  EXPECT_EQ(r.status, 0) << r.error << r.out;
+  EXPECT_MENTIONS(r.out, "launch plans (rank 0):", "T=3 ", "T=5 ");
+  const bool cuda = r.out.find("cuda T=5") != std::string::npos;
+  EXPECT_TRUE(cuda || r.out.find("cpu reference T=5") != std::string::npos) << r.out;
+  EXPECT_EQ(run_cli({"run", "--recipe", "nvfp4", "--tokens", "3", "--iters", "1"})
+                .out.find("launch plans"),
+            std::string::npos);
+}
+
 // --- writes -----------------------------------------------------------------------------------
 
 TEST(CliWrites, JsonAndSaveIntoAMissingFolderAreErrorsBeforeAnyWork) {
