@@ -5,6 +5,7 @@
 
 #include "kernels/common/launch.h"
 #include "kernels/gemm/decode/decode_launch.cuh"
+#include "kernels/gemm/mma/sm90_mma16.cuh"
 #include "kernels/gemm/sm90_gemm_device.cuh"
 #include "kernels/gemm/wgmma/sm90_wgmma.cuh"
 #include "moe_ep/plan.h"
