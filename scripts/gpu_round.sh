@@ -202,6 +202,12 @@ if has benchall; then
       "$B/layer-$shape.png" >>"$B/plot.log" 2>&1 || true
     grep -E "^(shape| *$shape)" "$B/layer-$shape.log" | grep -E "uniform|shape" | head -40
   done
+  # The opt-in fp8 path of mxfp4_mxfp8 (RecipeConfig::fp8_mma) in prefill.
+  for shape in ${BENCH_FP8_SHAPES-dsv3 qwen3}; do
+    "$BUILD/bench/bench_layer" --shape $shape --recipes mxfp4_mxfp8 --fp8-mma --routing uniform \
+      --tokens 512,2048,4096 --json "$B/layer-$shape-fp8.json" >"$B/layer-$shape-fp8.log" 2>&1 ||
+      status=1
+  done
   # EP = 2, 4 and 8 where that many GPUs are present (BENCH_EP narrows it, e.g. BENCH_EP=8), for
   # the shapes of BENCH_EP_SHAPES (default all three; the PyTorch EP = 2 baseline exists for DSV3).
   for w in ${BENCH_EP-2 4 8}; do
