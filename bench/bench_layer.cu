@@ -376,9 +376,9 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
         step(T, "timed graph replays");
         // The barrier: a forward of 0 tokens on every rank, enqueued eagerly on the stream. Every
         // rank takes part in every call, and its dispatch and combine wait for every peer's
-        // signals, so each rank leaves it within a signal's latency of the others. (Session 13
-        // first used an LSA barrier kernel on a second NCCL communicator of the benchmark's own;
-        // one run then failed at construction, so the benchmark keeps to the layer's own.)
+        // signals, so each rank leaves it within a signal's latency of the others. (An LSA barrier
+        // on a second NCCL communicator of the benchmark's own failed at construction once, so
+        // the benchmark keeps to the layer's own.)
         const std::function<void()> barrier = [&] {
           ForwardInputs z = sets[0].inputs(0, s, gpu, st);
           z.workspace = ws;

@@ -55,6 +55,7 @@ struct Options {
   std::optional<float> swiglu_limit;
   bool topk_in_fc1 = false;
   bool explain = false;
+  uint64_t memory = 0;  // --memory BYTES: the budget of the memory check (0: this machine's)
   bool help = false;
   std::vector<std::string> given;  // the flags given, in order
 };
@@ -98,6 +99,8 @@ const char* kUsage =
     "                     by --load); with several recipes or token counts, one file each\n"
     "                     (FILE with .<recipe>-t<T> before its extension)\n"
     "  --json FILE        bench: write the records as JSON\n"
+    "  --memory BYTES     check the problem's host memory against BYTES instead of this\n"
+    "                     machine's available memory (1..2^50)\n"
     "  --explain          run/check: print the launch plan of each forward (rank 0; the kernels,\n"
     "                     tiles, grids and rings the CUDA backend chose)\n";
 
@@ -210,6 +213,8 @@ Options parse(const std::vector<std::string>& a) {
       o.topk_in_fc1 = true;
     else if (f == "--explain")
       o.explain = true;
+    else if (f == "--memory")
+      o.memory = uint64_t(int_in(f, value(f), 1, int64_t(1) << 50));
     else
       throw Error(ErrorCode::kInvalidArgument, "unknown option '" + f + "' (see --help)");
     o.given.push_back(f);
@@ -458,7 +463,7 @@ int cmd_run(const Options& o, bool check_only) {
     std::vector<uint16_t> saved_out;
     memory_stage("reading and checking " + o.load);
     Problem p = load_problem(o.load, &saved_out);
-    check_memory_for(p.shape, p.recipe, p.world_size, p.tokens(0), false);
+    check_memory_for(p.shape, p.recipe, p.world_size, p.tokens(0), false, o.memory);
     RunResult res;
     Row row = run_one(p, backend, iters, true, &res);
     if (!saved_out.empty()) {
@@ -475,7 +480,7 @@ int cmd_run(const Options& o, bool check_only) {
     check_routing(o.routing);
     const int W = o.ranks;
     for (Recipe r : recipes)
-      for (int T : token_list) check_memory_for(shape, r, W, T, true);
+      for (int T : token_list) check_memory_for(shape, r, W, T, true, o.memory);
     const bool several = recipes.size() * token_list.size() > 1;
     for (Recipe r : recipes) {
       for (int T : token_list) {
@@ -592,8 +597,8 @@ int main_impl(const std::vector<std::string>& args) {
                        o.routing,
                        o.json};
   for (Recipe r : b.recipes)
-    check_memory_for(b.shape, r, b.ranks, *std::max_element(b.tokens.begin(), b.tokens.end()),
-                     true);
+    check_memory_for(b.shape, r, b.ranks, *std::max_element(b.tokens.begin(), b.tokens.end()), true,
+                     o.memory);
   return cmd_bench(b);
 }
 

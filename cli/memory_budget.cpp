@@ -15,15 +15,6 @@ namespace {
 std::mutex g_stage_mutex;
 std::string g_stage = "starting";
 
-uint64_t env_override() {
-  if (const char* v = std::getenv("MOE_EP_CLI_MEMORY_BYTES")) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (end && *end == '\0' && n > 0) return n;
-  }
-  return 0;
-}
-
 }  // namespace
 
 std::string gigabytes(uint64_t bytes) {
@@ -33,7 +24,6 @@ std::string gigabytes(uint64_t bytes) {
 }
 
 uint64_t available_memory_bytes() {
-  if (const uint64_t o = env_override()) return o;
   std::ifstream f("/proc/meminfo");
   std::string key;
   uint64_t kb = 0;
@@ -65,8 +55,9 @@ MemoryNeed memory_need(const ModelShape& s, Recipe recipe, int ranks, int tokens
   return m;
 }
 
-void check_memory_for(const ModelShape& s, Recipe recipe, int ranks, int tokens, bool master) {
-  const uint64_t avail = available_memory_bytes();
+void check_memory_for(const ModelShape& s, Recipe recipe, int ranks, int tokens, bool master,
+                      uint64_t budget) {
+  const uint64_t avail = budget ? budget : available_memory_bytes();
   if (avail == 0) return;  // unknown: let the allocation decide
   const MemoryNeed m = memory_need(s, recipe, ranks, tokens, master);
   if (m.total <= avail) return;
@@ -76,7 +67,8 @@ void check_memory_for(const ModelShape& s, Recipe recipe, int ranks, int tokens,
     << " rank(s) needs about " << gigabytes(m.total) << " of host memory (";
   if (master) o << "fp32 master weights " << gigabytes(m.master) << ", ";
   o << "packed weights 3 x " << gigabytes(m.packed) << ", tokens and workspaces "
-    << gigabytes(m.tokens) << "); this machine has " << gigabytes(avail) << " available";
+    << gigabytes(m.tokens) << "); " << (budget ? "--memory allows " : "this machine has ")
+    << gigabytes(avail) << (budget ? "" : " available");
   // The largest expert count that fits (a multiple of the ranks, at least K).
   if (m.tokens < avail && m.per_expert > 0) {
     int64_t n = int64_t((avail - m.tokens) / m.per_expert);

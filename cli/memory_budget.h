@@ -23,10 +23,11 @@ struct MemoryNeed {
 MemoryNeed memory_need(const ModelShape& shape, Recipe recipe, int ranks, int tokens_per_rank,
                        bool with_master);
 
-// Throws moe_ep::Error (kInvalidArgument) when the need exceeds what is available (override
-// with MOE_EP_CLI_MEMORY_BYTES=N, which the tests use to play a small machine).
+// Throws moe_ep::Error (kInvalidArgument) when the need exceeds what is available: `budget`
+// bytes (the --memory flag: plan for another machine), or this machine's available memory when
+// 0.
 void check_memory_for(const ModelShape& shape, Recipe recipe, int ranks, int tokens_per_rank,
-                      bool with_master);
+                      bool with_master, uint64_t budget = 0);
 
 // What the command is doing now, for the message of an allocation that fails anyway.
 void memory_stage(const std::string& what);

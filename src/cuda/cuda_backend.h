@@ -74,6 +74,18 @@ struct Workspace {
   CombineMode combine = CombineMode::kFused;  // W > 1: fixed at creation (PlanOptions)
 };
 
+// The expert side's buffers in a workspace's scratch (`base`: the scratch allocation): fc1's
+// output, the routing list and tiles, the spread route's counters.
+inline void attach_expert_scratch(kern::ForwardArgs& a, unsigned char* base,
+                                  const ScratchLayout& s) {
+  a.h = reinterpret_cast<uint16_t*>(base + s.h_off);
+  a.sorted_pairs = reinterpret_cast<int32_t*>(base + s.pairs_off);
+  a.tiles = reinterpret_cast<kern::TileInfo*>(base + s.tiles_off);
+  a.num_tiles = reinterpret_cast<int32_t*>(base + s.num_tiles_off);
+  a.counts = reinterpret_cast<int32_t*>(base + s.counts_off);
+  a.pair_rank = reinterpret_cast<int32_t*>(base + s.ranks_off);
+}
+
 // The backend by concern: construction, weights and lifetime (cuda_backend.cpp), workspaces
 // (cuda_workspace.cpp), the single-GPU forward (cuda_forward.cpp), the EP forward
 // (cuda_forward_ep.cpp).

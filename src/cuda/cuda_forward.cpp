@@ -21,12 +21,7 @@ void CudaBackend::forward(const ValidatedForward& in, const ForwardTargets& out)
   a.ids = in.ids.ptr<int32_t>();
   a.topk_weights = in.weights.ptr<float>();
   a.xq = reinterpret_cast<uint16_t*>(base + ws.scratch.xq_off);
-  a.h = reinterpret_cast<uint16_t*>(base + ws.scratch.h_off);
-  a.sorted_pairs = reinterpret_cast<int32_t*>(base + ws.scratch.pairs_off);
-  a.tiles = reinterpret_cast<kern::TileInfo*>(base + ws.scratch.tiles_off);
-  a.num_tiles = reinterpret_cast<int32_t*>(base + ws.scratch.num_tiles_off);
-  a.counts = reinterpret_cast<int32_t*>(base + ws.scratch.counts_off);
-  a.pair_rank = reinterpret_cast<int32_t*>(base + ws.scratch.ranks_off);
+  attach_expert_scratch(a, base, ws.scratch);
   if (fp8_) {
     a.fp8 = true;
     a.xq8 = base + ws.scratch.xq8_off;

@@ -102,12 +102,7 @@ void CudaBackend::forward_ep(const ValidatedForward& in, const ForwardTargets& o
   a.topk_weights = ua.weights;
   a.xq = ua.xq;
   a.xq_ready = true;
-  a.h = reinterpret_cast<uint16_t*>(scratch + ws.scratch.h_off);
-  a.sorted_pairs = reinterpret_cast<int32_t*>(scratch + ws.scratch.pairs_off);
-  a.tiles = reinterpret_cast<kern::TileInfo*>(scratch + ws.scratch.tiles_off);
-  a.num_tiles = reinterpret_cast<int32_t*>(scratch + ws.scratch.num_tiles_off);
-  a.counts = reinterpret_cast<int32_t*>(scratch + ws.scratch.counts_off);
-  a.pair_rank = reinterpret_cast<int32_t*>(scratch + ws.scratch.ranks_off);
+  attach_expert_scratch(a, scratch, ws.scratch);
   if (ws.combine != CombineMode::kCopy) {
     a.y_dst = ua.y_dst;  // fc2 stores into the sources' combine areas (NVLink)
     a.y_dst_fence = ws.combine == CombineMode::kFusedFence;

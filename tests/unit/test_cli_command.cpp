@@ -69,18 +69,11 @@ TEST(CliFlags, UnknownCommandAndNoCommandAreUsageErrors) {
   EXPECT_MENTIONS(help.out, "usage: moe-ep", "exit status", "tokens per rank");
 }
 
-// A scoped MOE_EP_CLI_MEMORY_BYTES: this machine plays one with that much memory.
-struct MemoryOverride {
-  explicit MemoryOverride(const char* bytes) { setenv("MOE_EP_CLI_MEMORY_BYTES", bytes, 1); }
-  ~MemoryOverride() { unsetenv("MOE_EP_CLI_MEMORY_BYTES"); }
-};
-
 TEST(CliMemory, TooLargeForTheMachineSaysWhatNeedsHowMuchAndSuggestsExperts) {
-  MemoryOverride m("24000000000");
-  const CliResult r = run_cli({"run", "--shape", "dsv3"});
+  const CliResult r = run_cli({"run", "--shape", "dsv3", "--memory", "24000000000"});
   EXPECT_EQ(r.status, 2);
   EXPECT_MENTIONS(r.error, "shape dsv3", "E 256", "needs about", "fp32 master weights 45.1 GB",
-                  "this machine has 24.0 GB available", "use --experts N with N <=");
+                  "--memory allows 24.0 GB", "use --experts N with N <=");
   // The suggested N fits: the same check passes with it.
   const size_t at = r.error.find("N <= ");
   ASSERT_NE(at, std::string::npos);
@@ -89,18 +82,19 @@ TEST(CliMemory, TooLargeForTheMachineSaysWhatNeedsHowMuchAndSuggestsExperts) {
   EXPECT_LT(n, 256);
   ModelShape s = *find_shape("dsv3");
   s.E = n;
-  EXPECT_NO_THROW(check_memory_for(s, Recipe::kNvfp4, 1, 64, true));
+  EXPECT_NO_THROW(check_memory_for(s, Recipe::kNvfp4, 1, 64, true, 24000000000ull));
   s.E = n + 1;
-  EXPECT_THROW(check_memory_for(s, Recipe::kNvfp4, 1, 64, true), Error);
+  EXPECT_THROW(check_memory_for(s, Recipe::kNvfp4, 1, 64, true, 24000000000ull), Error);
 }
 
 TEST(CliMemory, HugeTokenCountsAreCheckedBeforeAllocating) {
-  MemoryOverride m("2000000000");
-  const CliResult r = run_cli({"run", "--tokens", "4000000", "--recipe", "bf16"});
+  const CliResult r =
+      run_cli({"run", "--tokens", "4000000", "--recipe", "bf16", "--memory", "2000000000"});
   EXPECT_EQ(r.status, 2);
   EXPECT_MENTIONS(r.error, "4000000 tokens per rank", "needs about", "tokens and workspaces",
-                  "this machine has 2.0 GB", "fewer --tokens");
-  const CliResult b = run_cli({"bench", "--tokens", "4000000", "--recipe", "bf16"});
+                  "--memory allows 2.0 GB", "fewer --tokens");
+  const CliResult b =
+      run_cli({"bench", "--tokens", "4000000", "--recipe", "bf16", "--memory", "2000000000"});
   EXPECT_EQ(b.status, 2);
   EXPECT_MENTIONS(b.error, "needs about");
 }

@@ -15,8 +15,8 @@
 #include <initializer_list>
 
 #include "kernels/common/forward_args.h"
-#include "kernels/common/sm90_ptx.cuh"
 #include "kernels/common/quantize_math.h"
+#include "kernels/common/sm90_ptx.cuh"
 #include "kernels/gemm/decode/decode_config.h"
 #include "moe_ep/formats.h"
 

@@ -1,4 +1,4 @@
-// The fp8 MMA path of mxfp4_mxfp8 in the layer (opt-in, RecipeConfig::fp8_mma or MOE_EP_FP8=1
+// The fp8 MMA path of mxfp4_mxfp8 in the layer (opt-in, RecipeConfig::fp8_mma
 // at construction; the prefill path: faster than the bf16 path from 512 tokens on DSV3 and at
 // 2048 and 4096 on Qwen3, slower at decode sizes; docs/kernels.md). sm90_moe_fp8_ws_kernel:
 // one CTA per SM taking (routing tile of up to 160 tokens, M-tile) items by ticket,
