@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/forward_args.h"
 #include "moe_ep/config.h"
 #include "moe_ep/plan.h"
 
@@ -31,9 +32,10 @@ constexpr double kTile8MaxMeanRows = 4.0;
 constexpr double kTile16MaxMeanRows = 17.0, kTile16MaxMeanRowsLeanFc2 = 14.0;
 // Tile 32 up to 21 rows; above, the m64 wgmma kernel's tiles of up to 160 rows.
 constexpr double kTile32MaxMeanRows = 21.0;
-constexpr int kM64TileN = 160;
-constexpr int kWgmmaTileN = 128;  // the bf16 recipe's prefill tile
-constexpr int kFp8TileN = 160;    // the fp8 path's tile (its MMA width follows each tile's rows)
+constexpr int kM64TileN = kern::kM64TileN;
+constexpr int kWgmmaTileN = kern::kWgmmaTileN;  // the bf16 recipe's prefill tile
+constexpr int kFp8TileN =
+    kern::kFp8TileN;  // the fp8 path's (its MMA width follows each tile's rows)
 
 // Tile 32's K-chunks per ring slot for a GEMM of k_total inner values (H for fc1, I for fc2):
 // 2, the lean consumer (96 registers, 4 CTAs per SM), up to kLeanMaxK; else 4 (136 registers,
@@ -48,7 +50,7 @@ constexpr double kTile16SplitMaxMeanRows = 10.0;
 // From this many token rows on, prepare quantizes 8 elements per thread and routes in batches.
 constexpr int kPrepWideTokens = 256;
 // Route spread over blocks needs K at most one block's pairs.
-constexpr int kSpreadMaxTopK = 512;
+constexpr int kSpreadMaxTopK = kern::kPrepThreads;
 
 // The tile of a single-GPU forward of `tokens` tokens (before the bf16 mapping).
 int choose_tile_n(int tokens, int top_k, int local_experts, Recipe recipe, int intermediate);

@@ -71,6 +71,13 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
   return s;
 }
 
+// Routing tiles of the prefill GEMM kernels, in rows: the m64 wgmma kernel's (4-bit weights),
+// the wgmma kernel's (bf16 weights) and the fp8 kernel's; the launch plan (src/plan) picks
+// among these and the decode kernel's 8, 16 and 32.
+constexpr int kM64TileN = 160, kWgmmaTileN = 128, kFp8TileN = 160;
+// Threads of a prepare block; a block of the spread route counts this many pairs.
+constexpr int kPrepThreads = 512;
+
 // Upper bound of the number of routing tiles (what the grids are sized for; workspaces hold
 // the list for the smallest tile_n, 8).
 constexpr int kMinTileN = 8;

@@ -9,7 +9,6 @@
 #include "kernels/gemm/sm90_gemm_device.cuh"
 #include "kernels/gemm/wgmma/sm90_wgmma.cuh"
 #include "moe_ep/plan.h"
-#include "plan/forward_plan.h"
 
 namespace moe_ep::kern {
 
@@ -32,8 +31,6 @@ cudaError_t launch_wgmma128(const ForwardArgs& a, const GemmPlan& g, cudaStream_
 // 4-bit weights, tiles of up to 160 rows: one CTA per (tile, M-tile), two warpgroups on its
 // halves sharing each B stage, two CTAs per SM.
 constexpr int kM64Warpgroups = 2, kM64CtasPerSm = 2;
-static_assert(plan::kM64TileN == kWg3MaxN && plan::kWgmmaTileN == kWgN, "the plan's tiles");
-static_assert(plan::kFp8TileN == 160, "the fp8 kernel's tile (kFp8N)");
 template <Recipe R, bool kFc1>
 cudaError_t launch_wgmma_m64(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
   using C = Wgmma3Config<R, kM64Warpgroups, kM64CtasPerSm>;

@@ -11,17 +11,14 @@
 #include "kernels/common/quantize_math.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/plan.h"
-#include "plan/forward_plan.h"
 
 namespace moe_ep::kern {
 namespace {
 
-constexpr int kPrepThreads = 512;
 // Ids per thread in flight in route's batched passes (launch_prepare).
 constexpr int kRouteIds = 8;
 constexpr int kMaxLocalExperts = 1024;  // cuda_backend_unsupported_reasons says so beyond it
 static_assert(kMaxLocalExperts <= 2 * kPrepThreads, "route scans two experts per thread");
-using plan::kPrepWideTokens;
 
 // The first bad id of a forward, for the next host call to report.
 __device__ void report_bad_id(DeviceError* err, int index, int value, int limit) {
@@ -32,8 +29,6 @@ __device__ void report_bad_id(DeviceError* err, int index, int value, int limit)
     __threadfence_system();
   }
 }
-
-static_assert(plan::kSpreadMaxTopK == kPrepThreads, "a spread block counts kPrepThreads pairs");
 
 // A routing tile is narrow (tile_split only) when it is an expert's last and holds at most
 // tn / 2 of its c rows; those come first in the tile list.

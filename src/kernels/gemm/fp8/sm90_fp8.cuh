@@ -19,7 +19,7 @@
 
 namespace moe_ep::kern {
 
-constexpr int kFp8N = 160;  // most tokens per routing tile (tile_n 128 or 160)
+constexpr int kFp8N = kFp8TileN;  // most tokens per routing tile
 // A tile runs the K loop of the narrowest MMA width that holds its rows: one of these classes
 // (steps of 8 from 48 : each column of padding costs MMA and promotion work) in a
 // GEMM of many M-tiles, else the earlier coarse list (ForwardArgs::fp8_widths, forward_args.h).

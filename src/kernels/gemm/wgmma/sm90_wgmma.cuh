@@ -24,7 +24,7 @@
 
 namespace moe_ep::kern {
 
-constexpr int kWgN = 128;  // tokens per prefill tile
+constexpr int kWgN = kWgmmaTileN;  // tokens per prefill tile
 
 // ---------------------------------------------------------------------------------------------
 // wgmma PTX (sm_90a). D += A (registers, bf16) * B (shared-memory descriptor, K-major bf16).
@@ -325,10 +325,10 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
 // gate rows, 1/3 the matching up rows (fragment order of forward_args.h), so the epilogue pairs
 // them through shared memory.
 
-constexpr int kWg3MaxN = 160;  // tokens per routing tile (the launch plan's kM64TileN)
-constexpr int kWg3Rows = 64;   // weight rows per CTA
-constexpr int kWg3Frags = 4;   // fragments per CTA, one per warp
-constexpr int kWg3HCols = 32;  // h columns per fc1 CTA
+constexpr int kWg3MaxN = kM64TileN;  // tokens per routing tile
+constexpr int kWg3Rows = 64;         // weight rows per CTA
+constexpr int kWg3Frags = 4;         // fragments per CTA, one per warp
+constexpr int kWg3HCols = 32;        // h columns per fc1 CTA
 // The epilogue's staging rows per token column (m64_epilogue; the fp8 kernel's too).
 constexpr int kWg3XS = kWg3Rows + 4;  // fc1 exchange row (fp32)
 constexpr int kWg3YS = kWg3Rows + 8;  // fc2 y row (bf16)
