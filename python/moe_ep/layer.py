@@ -346,6 +346,16 @@ class MoeEpLayer:
     def workspace_bytes(self, workspace=None):
         return self._impl.workspace_bytes(max(self._ws_index(workspace), 0))
 
+    def plan(self, num_tokens, workspace=None):
+        """The launch plan a forward of num_tokens tokens runs, in one line (the CUDA backend's
+        kernels, tiles, grids and rings; the CPU reference names only T). Runs nothing."""
+        num_tokens = T.require_count(num_tokens, "plan: num_tokens")
+        return self._impl.plan(num_tokens, max(self._ws_index(workspace), 0))
+
+    def last_plan(self):
+        """The launch plan of the latest forward, in one line."""
+        return self._impl.last_plan()
+
     def warmup(self, workspace=None):
         """Does every lazy step so that a following forward can be captured in a CUDA graph."""
         self._impl.warmup(self._ws_index(workspace))

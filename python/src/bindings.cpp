@@ -474,6 +474,9 @@ NB_MODULE(_moe_ep, m) {
            [](PyLayer& s, int ws) { return s.get().workspace_capacity(WorkspaceId{ws}); })
       .def("workspace_bytes",
            [](PyLayer& s, int ws) { return s.get().workspace_bytes(WorkspaceId{ws}); })
+      .def("plan", [](PyLayer& s, int tokens,
+                      int ws) { return s.get().plan(tokens, WorkspaceId{ws}).to_string(); })
+      .def("last_plan", [](PyLayer& s) { return s.get().last_plan().to_string(); })
       .def("select_workspace", [](PyLayer& s, int t) { return s.get().select_workspace(t).index; })
       .def("select_workspace_collective",
            [](PyLayer& s, int t) {

@@ -246,6 +246,11 @@ def test_workspaces_and_views(bf16_pack):
         view = layer(x, ids, w, return_workspace_view=True)
         assert np.array_equal(view, full)
         assert layer.workspace_bytes() > 0
+        # The launch plan, printable: the CPU reference names T only; a bad count is refused.
+        assert layer.last_plan() == "cpu reference T=6"
+        assert layer.plan(3) == "cpu reference T=3"
+        with pytest.raises(moe_ep.InvalidArgumentError):
+            layer.plan(-1)
 
 
 def test_kernel_weight_moves_are_bitwise_invisible(bf16_pack):
