@@ -66,6 +66,16 @@ struct RecipeConfig {
   // unsupported_reasons() can say so instead of computing something else.
   bool has_expert_bias = false;
   bool has_custom_swiglu_alpha_beta = false;
+  // What an engine may ask of a MoE layer that this library does not do (FlashInfer's MoE-EP
+  // layer refuses the same), listed by unsupported_reasons() instead of being ignored:
+  // the checkpoint's weight quantization scheme, when the engine names one (empty: the recipe's
+  // own; a recipe name is accepted); skipping the final all-reduce (the output is reduced
+  // already); weights replaced at run time by another process; two micro-batches of one layer
+  // in flight at once (dual batch overlap).
+  std::string weight_scheme;
+  bool skip_final_all_reduce = false;
+  bool runtime_weight_transfer = false;
+  bool dual_batch_overlap = false;
 };
 
 class CpuFleet;  // in-process fleet of W CPU ranks (src/reference/cpu_fleet.h)

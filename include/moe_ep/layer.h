@@ -90,6 +90,12 @@ class MegaLayer {
   // --- workspaces -------------------------------------------------------------------------
   WorkspaceId default_workspace() const;
   WorkspaceId create_workspace(int capacity);  // collective
+  // The decode workspace an engine's scheduler bounds (collective, the same numbers on every
+  // rank): capacity cdiv(max_num_seqs * (1 + num_speculative_tokens), sp_size) tokens per rank;
+  // the workspace of that capacity when the layer has one already. Warmed up, so a forward in it
+  // can be captured right away.
+  WorkspaceId create_decode_workspace(int max_num_seqs, int num_speculative_tokens = 0,
+                                      int sp_size = 1);
   int workspace_capacity(WorkspaceId ws) const;
   size_t workspace_bytes(WorkspaceId ws) const;
   // The smallest workspace whose capacity holds `max_tokens_any_rank` (the largest T of any

@@ -48,6 +48,10 @@ _CONFIG_FIELDS = (
     "combine_dtype",
     "has_expert_bias",
     "has_custom_swiglu_alpha_beta",
+    "weight_scheme",
+    "skip_final_all_reduce",
+    "runtime_weight_transfer",
+    "dual_batch_overlap",
     "fp8_mma",
 )
 
@@ -101,6 +105,10 @@ def unsupported_reasons(
     has_expert_bias=False,
     has_custom_swiglu_alpha_beta=False,
     fp8_mma=False,
+    weight_scheme=None,
+    skip_final_all_reduce=False,
+    runtime_weight_transfer=False,
+    dual_batch_overlap=False,
 ):
     """Every human-readable reason why this configuration cannot run on `backend`
     ('cpu', 'cuda' or 'auto'); an empty list when it can."""
@@ -156,6 +164,10 @@ class MoeEpLayer:
         has_expert_bias=False,
         has_custom_swiglu_alpha_beta=False,
         fp8_mma=False,
+        weight_scheme=None,
+        skip_final_all_reduce=False,
+        runtime_weight_transfer=False,
+        dual_batch_overlap=False,
         fc1_alpha=None,
         fc2_alpha=None,
         fc1_norm_const=None,
@@ -242,8 +254,13 @@ class MoeEpLayer:
         return_workspace_view=False,
         stream=None,
         num_tokens=None,
+        out=None,
     ):
         """The finalized output bf16 [T, H] in the caller's framework and on its device.
+
+        ``out``: the caller's bf16 [T, H] tensor on the layer's device (torch.bfloat16, or numpy
+        uint16 bits / ml_dtypes.bfloat16), written and returned: no allocation per call, so the
+        forward can be captured in a CUDA graph with the caller's buffers.
 
         With ``return_workspace_view`` the output is a zero-copy view of the workspace, valid in
         stream order until the next call that uses that workspace; otherwise it is a fresh
@@ -258,14 +275,21 @@ class MoeEpLayer:
         x = T.to_extension
         ws = self._ws_index(workspace)
         s = T.stream_for(hidden_states, stream)
-        if return_workspace_view:
+        if out is not None:
+            if return_workspace_view:
+                from ._errors import InvalidArgumentError
+
+                raise InvalidArgumentError("out= and return_workspace_view=True exclude each other")
+            T.require_tensor(out, "out")
+        elif return_workspace_view:
             out = self._impl.forward_view(
                 x(hidden_states), x(topk_ids), x(topk_weights), x(fc1_alpha), x(fc2_alpha),
                 x(fc1_norm_const), ws, s, x(num_tokens), T.framework_of(hidden_states),
             )
             return T.as_bf16_result(out, hidden_states)
-        rows = int(hidden_states.shape[0]) if len(hidden_states.shape) >= 1 else 0
-        out = T.bf16_like(hidden_states, rows, self._hidden_size)
+        if out is None:
+            rows = int(hidden_states.shape[0]) if len(hidden_states.shape) >= 1 else 0
+            out = T.bf16_like(hidden_states, rows, self._hidden_size)
         self._impl.forward(
             x(hidden_states), x(topk_ids), x(topk_weights), x(out), x(fc1_alpha), x(fc2_alpha),
             x(fc1_norm_const), ws, s, x(num_tokens),
@@ -356,9 +380,21 @@ class MoeEpLayer:
         """The launch plan of the latest forward, in one line."""
         return self._impl.last_plan()
 
-    def warmup(self, workspace=None):
-        """Does every lazy step so that a following forward can be captured in a CUDA graph."""
+    def warmup(self, workspace=None, *, max_num_seqs=None, num_speculative_tokens=0, sp_size=1):
+        """Does every lazy step so that a following forward can be captured in a CUDA graph.
+
+        With ``max_num_seqs`` (the engine's scheduler bound) it also creates, collectively, the
+        decode workspace of cdiv(max_num_seqs * (1 + num_speculative_tokens), sp_size) tokens per
+        rank (or finds the one the layer has) and returns it, warmed up too."""
         self._impl.warmup(self._ws_index(workspace))
+        if max_num_seqs is None:
+            return None
+        i = self._impl.create_decode_workspace(
+            T.require_count(max_num_seqs, "max_num_seqs", lo=1),
+            T.require_count(num_speculative_tokens, "num_speculative_tokens"),
+            T.require_count(sp_size, "sp_size", lo=1),
+        )
+        return Workspace(i, self._impl.workspace_capacity(i))
 
     @staticmethod
     def _ws_index(workspace):

@@ -180,6 +180,8 @@ struct Spec {
   std::string activation_dtype = "bfloat16", combine_dtype = "bfloat16";
   bool has_expert_bias = false, has_custom_swiglu_alpha_beta = false;
   bool fp8_mma = false;
+  std::string weight_scheme;
+  bool skip_final_all_reduce = false, runtime_weight_transfer = false, dual_batch_overlap = false;
 
   LayerConfig to_config() const {
     LayerConfig c;
@@ -201,6 +203,10 @@ struct Spec {
     c.recipe.has_expert_bias = has_expert_bias;
     c.recipe.has_custom_swiglu_alpha_beta = has_custom_swiglu_alpha_beta;
     c.recipe.fp8_mma = fp8_mma;
+    c.recipe.weight_scheme = weight_scheme;
+    c.recipe.skip_final_all_reduce = skip_final_all_reduce;
+    c.recipe.runtime_weight_transfer = runtime_weight_transfer;
+    c.recipe.dual_batch_overlap = dual_batch_overlap;
     return c;
   }
 };
@@ -313,6 +319,10 @@ NB_MODULE(_moe_ep, m) {
       .def_rw("combine_dtype", &Spec::combine_dtype)
       .def_rw("has_expert_bias", &Spec::has_expert_bias)
       .def_rw("has_custom_swiglu_alpha_beta", &Spec::has_custom_swiglu_alpha_beta)
+      .def_rw("weight_scheme", &Spec::weight_scheme)
+      .def_rw("skip_final_all_reduce", &Spec::skip_final_all_reduce)
+      .def_rw("runtime_weight_transfer", &Spec::runtime_weight_transfer)
+      .def_rw("dual_batch_overlap", &Spec::dual_batch_overlap)
       .def_rw("fp8_mma", &Spec::fp8_mma);
 
   m.def(
@@ -470,6 +480,15 @@ NB_MODULE(_moe_ep, m) {
             return layer.create_workspace(capacity).index;
           },
           "capacity"_a)
+      .def(
+          "create_decode_workspace",
+          [](PyLayer& s, int max_num_seqs, int num_speculative_tokens, int sp_size) {
+            MegaLayer& layer = s.get();
+            nb::gil_scoped_release release;
+            return layer.create_decode_workspace(max_num_seqs, num_speculative_tokens, sp_size)
+                .index;
+          },
+          "max_num_seqs"_a, "num_speculative_tokens"_a, "sp_size"_a)
       .def("workspace_capacity",
            [](PyLayer& s, int ws) { return s.get().workspace_capacity(WorkspaceId{ws}); })
       .def("workspace_bytes",

@@ -92,6 +92,21 @@ std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_siz
     r.push_back(
         "custom SwiGLU alpha/beta is not supported (only the docs/contract.md §3 activation)");
   for (auto& why : plan_options_reasons(c.plan_options, rc.recipe)) r.push_back(std::move(why));
+  if (!rc.weight_scheme.empty() && !parse_recipe(rc.weight_scheme))
+    r.push_back("weight scheme '" + rc.weight_scheme +
+                "' is not supported (only nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16)");
+  if (rc.skip_final_all_reduce)
+    r.push_back(
+        "skip_final_all_reduce is not supported: the layer returns each token's full sum "
+        "to its own rank (output_is_reduced), there is no all-reduce to skip or defer");
+  if (rc.runtime_weight_transfer)
+    r.push_back(
+        "runtime weight transfer is not supported: weights are copied at construction; "
+        "move experts in place through kernel_weights() (EPLB)");
+  if (rc.dual_batch_overlap)
+    r.push_back(
+        "dual batch overlap is not supported: the calls of one layer (and of a "
+        "workspace) run one after another in stream order");
   if (rc.fp8_mma && rc.recipe != Recipe::kMxfp4Mxfp8)
     r.push_back(std::string("fp8_mma is for the mxfp4_mxfp8 recipe, not ") +
                 recipe_name(rc.recipe));

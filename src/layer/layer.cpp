@@ -137,6 +137,29 @@ WorkspaceId MegaLayer::create_workspace(int capacity) {
   return WorkspaceId{b.create_workspace(capacity)};
 }
 
+WorkspaceId MegaLayer::create_decode_workspace(int max_num_seqs, int num_speculative_tokens,
+                                               int sp_size) {
+  auto& b = live("create_decode_workspace");
+  if (max_num_seqs < 1)
+    invalid("create_decode_workspace: max_num_seqs " + str(max_num_seqs) + " must be >= 1");
+  if (num_speculative_tokens < 0)
+    invalid("create_decode_workspace: num_speculative_tokens " + str(num_speculative_tokens) +
+            " must be >= 0");
+  if (sp_size < 1) invalid("create_decode_workspace: sp_size " + str(sp_size) + " must be >= 1");
+  const int64_t tokens = int64_t(max_num_seqs) * (1 + int64_t(num_speculative_tokens));
+  const int64_t capacity = (tokens + sp_size - 1) / sp_size;
+  if (capacity > config_.fleet.max_tokens_per_rank)
+    invalid(
+        "create_decode_workspace: cdiv(" + str(max_num_seqs) + " x (1 + " +
+        str(num_speculative_tokens) + "), " + str(sp_size) + ") = " + str(capacity) +
+        " tokens per rank exceed max_tokens_per_rank = " + str(config_.fleet.max_tokens_per_rank));
+  for (int i = 0; i < b.num_workspaces(); ++i)
+    if (b.workspace_capacity(i) == capacity) return WorkspaceId{i};
+  const int ws = b.create_workspace(int(capacity));
+  b.warmup(ws);
+  return WorkspaceId{ws};
+}
+
 int MegaLayer::workspace_capacity(WorkspaceId ws) const {
   if (!impl_) throw Error(ErrorCode::kDestroyed, "moe_ep: workspace_capacity after destroy()");
   return impl_->workspace_capacity(ws.index);

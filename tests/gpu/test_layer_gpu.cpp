@@ -586,6 +586,69 @@ TEST(GpuLayer, EplbSwapThroughKernelWeights) {
   }
 }
 
+// Per-call epilogue vectors (contract §4: they alias the caller's parameters) and the
+// workspace view. nvfp4 on Qwen3 with random norm constants: the layer's own vectors passed per
+// call give the default forward's bits; fc2_alpha doubled per call doubles every output exactly
+// (a power of two through fp32 sums and bf16 rounding) and equals the CPU reference given the
+// same per-call vectors. forward_view returns the workspace's output area: the same bits as the
+// owned output, and the next call in that workspace overwrites it in place.
+TEST(GpuLayer, PerCallEpilogueVectorsAndWorkspaceView) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  Options o;
+  o.random_fc1_norm = true;
+  Master m(s, 71);
+  const PackedExperts p = pack(s, Recipe::kNvfp4, m, o);
+  const LayerConfig cfg = make_config(s, Recipe::kNvfp4, 64, true, o);
+  auto cpu = make_layer(Backend::kCPU, cfg, p);
+  auto gpu = make_layer(Backend::kCUDA, cfg, p);
+  gpu->warmup();
+  HostInputs h = make_inputs(40, s.H, s.K, s.E, 72);
+  DeviceInputs d(h);
+  const std::vector<uint16_t> base = to_host_bf16(gpu->forward(device_view(d, h)).view());
+  ASSERT_TRUE(any_nonzero(base));
+  // The epilogue vectors in device memory, fc2_alpha doubled in a second copy.
+  const Device dev{DeviceKind::kCUDA, 0};
+  std::vector<float> fc2x2 = p.fc2_alpha;
+  for (float& a : fc2x2) a *= 2.0f;
+  auto upload = [&](const std::vector<float>& v) {
+    void* q = nullptr;
+    cudaMalloc(&q, v.size() * 4);
+    cudaMemcpy(q, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
+    return std::shared_ptr<void>(q, [](void* x) { cudaFree(x); });
+  };
+  const auto a1 = upload(p.fc1_alpha), a2 = upload(p.fc2_alpha), nc = upload(p.fc1_norm_const);
+  const auto a2x2 = upload(fc2x2);
+  auto vec = [&](const std::shared_ptr<void>& q) {
+    return TensorView::contiguous(q.get(), DType::kF32, {s.E}, dev);
+  };
+  ForwardInputs f = device_view(d, h);
+  f.epilogue = {vec(a1), vec(a2), vec(nc)};
+  EXPECT_TRUE(to_host_bf16(gpu->forward(f).view()) == base)
+      << "the layer's own vectors passed per call change the output";
+  f.epilogue.fc2_alpha = vec(a2x2);
+  const std::vector<uint16_t> doubled = to_host_bf16(gpu->forward(f).view());
+  for (size_t i = 0; i < base.size(); ++i)
+    ASSERT_EQ(fmt::bf16_to_float(doubled[i]), 2.0f * fmt::bf16_to_float(base[i]))
+        << "element " << i;
+  ForwardInputs fc = host_view(h);
+  fc.epilogue.fc2_alpha = TensorView::contiguous(fc2x2.data(), DType::kF32, {s.E}, Device{});
+  const Tensor tc = cpu->forward(fc);
+  std::vector<uint16_t> cpu_doubled(doubled.size());
+  std::memcpy(cpu_doubled.data(), tc.view().data, cpu_doubled.size() * 2);
+  EXPECT_TRUE(doubled == cpu_doubled) << "per-call fc2_alpha: the GPU differs from the CPU";
+  // The workspace view: the owned output's bits, overwritten by the next call in place.
+  const TensorView v1 = gpu->forward_view(device_view(d, h));
+  EXPECT_TRUE(to_host_bf16(v1) == base) << "the view differs from the owned output";
+  HostInputs h2 = make_inputs(40, s.H, s.K, s.E, 73);
+  DeviceInputs d2(h2);
+  const std::vector<uint16_t> other = to_host_bf16(gpu->forward(device_view(d2, h2)).view());
+  const TensorView v2 = gpu->forward_view(device_view(d2, h2));
+  EXPECT_EQ(v2.data, v1.data) << "a view of another place than the workspace's output area";
+  EXPECT_TRUE(to_host_bf16(v1) == other) << "the next call did not overwrite the view in place";
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // An id out of range cannot be rejected on the host without a sync: the forward skips it and
 // the next host call reports it.
 TEST(GpuLayer, OutOfRangeIdIsReportedByTheNextCall) {

@@ -246,7 +246,28 @@ def test_workspaces_and_views(bf16_pack):
         view = layer(x, ids, w, return_workspace_view=True)
         assert np.array_equal(view, full)
         assert layer.workspace_bytes() > 0
+        # out=: the caller's buffer, written and returned (no allocation per call).
+        mine = np.full((6, H), 0x7FC0, dtype=np.uint16)
+        assert layer(x, ids, w, out=mine) is mine
+        assert np.array_equal(mine, full)
+        with pytest.raises(moe_ep.InvalidArgumentError):
+            layer(x, ids, w, out=np.empty((5, H), dtype=np.uint16))  # wrong T
+        with pytest.raises(moe_ep.InvalidArgumentError):
+            layer(x, ids, w, out=mine, return_workspace_view=True)
+        with pytest.raises(moe_ep.InvalidArgumentError):
+            layer(x, ids, w, out=[0] * H)
+        # The decode workspace of an engine's scheduler: cdiv(3 * (1 + 1), 2) = 3 tokens per
+        # rank, created once (the same one again), and a forward in it.
+        dec = layer.warmup(max_num_seqs=3, num_speculative_tokens=1, sp_size=2)
+        assert dec.capacity == 3
+        assert layer.warmup(max_num_seqs=3, num_speculative_tokens=1, sp_size=2) == dec
+        assert np.array_equal(layer(x[:3], ids[:3], w[:3], workspace=dec), full[:3])
+        with pytest.raises(moe_ep.InvalidArgumentError, match="max_tokens_per_rank"):
+            layer.warmup(max_num_seqs=CAP + 1)
+        with pytest.raises(moe_ep.InvalidArgumentError):
+            layer.warmup(max_num_seqs=0)
         # The launch plan, printable: the CPU reference names T only; a bad count is refused.
+        layer(x, ids, w)
         assert layer.last_plan() == "cpu reference T=6"
         assert layer.plan(3) == "cpu reference T=3"
         with pytest.raises(moe_ep.InvalidArgumentError):
@@ -376,6 +397,20 @@ def test_unsupported_configuration(bf16_pack):
         assert any("CUDA" in r for r in cuda)
     with pytest.raises(moe_ep.UnsupportedError, match="bias"):
         make_layer(bf16_pack, has_expert_bias=True)
+    # What an engine may ask that the layer does not do (FlashInfer's MoE-EP layer refuses the
+    # same): each its own reason, and a layer with any of them is refused.
+    engine = moe_ep.unsupported_reasons(
+        num_experts=8, max_tokens_per_rank=16, hidden_size=H, intermediate_size=I, top_k=2,
+        weight_scheme="awq", skip_final_all_reduce=True, runtime_weight_transfer=True,
+        dual_batch_overlap=True)
+    text = "\n".join(engine)
+    assert len(engine) == 4, engine
+    assert "'awq'" in text and "skip_final_all_reduce" in text
+    assert "runtime weight transfer" in text and "dual batch overlap" in text
+    assert moe_ep.unsupported_reasons(num_experts=8, max_tokens_per_rank=16, hidden_size=H,
+                                      intermediate_size=I, top_k=2, weight_scheme="bf16") == []
+    with pytest.raises(moe_ep.UnsupportedError, match="dual batch overlap"):
+        make_layer(bf16_pack, dual_batch_overlap=True)
     with pytest.raises(ValueError, match="w13"):
         make_layer(bf16_pack, count=E // 2)  # weights for 4 experts, config says 8 on W = 1
 

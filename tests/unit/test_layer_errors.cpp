@@ -655,6 +655,23 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   EXPECT_TRUE(any(rm, {"200", "64"})) << ::testing::PrintToString(rm);
   EXPECT_TRUE(any(rm, {"48", "64"})) << ::testing::PrintToString(rm);
 
+  // What an engine may ask that the library does not do: each its own reason.
+  LayerConfig engine = good;
+  engine.recipe.weight_scheme = "awq";
+  engine.recipe.skip_final_all_reduce = true;
+  engine.recipe.runtime_weight_transfer = true;
+  engine.recipe.dual_batch_overlap = true;
+  const auto re = unsupported_reasons(engine, 2);
+  EXPECT_EQ(re.size(), 4u) << ::testing::PrintToString(re);
+  EXPECT_TRUE(any(re, {"weight scheme 'awq'", "nvfp4"})) << ::testing::PrintToString(re);
+  EXPECT_TRUE(any(re, {"skip_final_all_reduce"})) << ::testing::PrintToString(re);
+  EXPECT_TRUE(any(re, {"runtime weight transfer"})) << ::testing::PrintToString(re);
+  EXPECT_TRUE(any(re, {"dual batch overlap"})) << ::testing::PrintToString(re);
+  LayerConfig named = good;
+  named.recipe.weight_scheme = recipe_name(good.recipe.recipe);  // a recipe's name: accepted
+  EXPECT_TRUE(unsupported_reasons(named, 2).empty())
+      << ::testing::PrintToString(unsupported_reasons(named, 2));
+
   // Single problems.
   LayerConfig h = good;
   h.fleet.hidden_size = 96;
