@@ -49,6 +49,11 @@ struct RecipeConfig {
   int intermediate_size = 0;  // I
   int top_k = 0;              // K
   std::optional<float> swiglu_limit;
+  // The activation's slope and offset: h = (u + swiglu_beta) * g * sigmoid(swiglu_alpha * g)
+  // after the clamp (gpt-oss: 1.702 and 1; the default 1 and 0 is the plain SwiGLU). The CPU
+  // backend runs any finite values; the CUDA backend only the defaults so far.
+  float swiglu_alpha = 1.0f;
+  float swiglu_beta = 0.0f;
   bool apply_topk_in_fc1 = false;
   bool do_finalize = true;
   float input_norm_const = 1.0f;  // nvfp4 only

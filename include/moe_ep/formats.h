@@ -331,6 +331,25 @@ MOE_EP_HD void quantize_row_mxfp8(const T* x, int n, uint8_t* q, uint8_t* scales
 // The activation of docs/contract.md §3: g = min(g, L); u = clamp(u, -L, L); h = u * (g *
 // sigmoid(g)). `limit` < 0 means no clamp. expf differs between the host libm and CUDA by an ulp or
 // two; docs/contract.md §7's tolerance covers that.
+// The activation with a slope and an offset (contract §3.1, gpt-oss: alpha 1.702, beta 1, L 7):
+// g = min(g, L); u = clamp(u, -L, L); h = (u + beta) * (g * sigmoid(alpha * g)). With alpha = 1
+// and beta = 0 it is swiglu() bit for bit (neither the product nor the sum is formed then).
+MOE_EP_HD float swiglu_ab(float g, float u, float limit, float alpha, float beta) {
+  if (limit >= 0.0f) {
+    g = g < limit ? g : limit;
+    u = u < -limit ? -limit : (u > limit ? limit : u);
+  }
+  const float ag = alpha == 1.0f ? g : mul_rn(alpha, g);
+#if defined(__CUDA_ARCH__)
+  const float e = expf(-ag);
+#else
+  const float e = std::exp(-ag);
+#endif
+  const float sig = div_rn(1.0f, add_rn(1.0f, e));
+  const float uu = beta == 0.0f ? u : add_rn(u, beta);
+  return mul_rn(uu, mul_rn(g, sig));
+}
+
 MOE_EP_HD float swiglu(float g, float u, float limit) {
   if (limit >= 0.0f) {
     g = g < limit ? g : limit;

@@ -26,6 +26,11 @@ struct WeightPack {
 // Per-expert fp32 [E_local] epilogue vectors (nvfp4). Left out: 1.0 for every expert.
 struct EpilogueVectors {
   TensorView fc1_alpha, fc2_alpha, fc1_norm_const;
+  // Expert biases (gpt-oss; contract §3.1), at construction only: f32 [E_local, 2I] added to
+  // fc1's result after the alpha, before the clamp (gate rows, then up rows), and f32
+  // [E_local, H] added to fc2's fp32 result before its bf16 rounding (times the top-k weight
+  // where the recipe applies it in fc1). The CPU backend runs them; the CUDA backend not yet.
+  TensorView fc1_bias, fc2_bias;
 };
 
 // A workspace profile: created collectively, in the same order on all ranks.

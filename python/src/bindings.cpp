@@ -175,6 +175,7 @@ struct Spec {
   int intermediate_size = 0, top_k = 0;
   std::string recipe = "bf16";
   std::optional<float> swiglu_limit;
+  float swiglu_alpha = 1.0f, swiglu_beta = 0.0f;
   bool apply_topk_in_fc1 = false, do_finalize = true;
   float input_norm_const = 1.0f;
   std::string activation_dtype = "bfloat16", combine_dtype = "bfloat16";
@@ -195,6 +196,8 @@ struct Spec {
     c.recipe.intermediate_size = intermediate_size;
     c.recipe.top_k = top_k;
     c.recipe.swiglu_limit = swiglu_limit;
+    c.recipe.swiglu_alpha = swiglu_alpha;
+    c.recipe.swiglu_beta = swiglu_beta;
     c.recipe.apply_topk_in_fc1 = apply_topk_in_fc1;
     c.recipe.do_finalize = do_finalize;
     c.recipe.input_norm_const = input_norm_const;
@@ -320,6 +323,8 @@ NB_MODULE(_moe_ep, m) {
       .def_rw("has_expert_bias", &Spec::has_expert_bias)
       .def_rw("has_custom_swiglu_alpha_beta", &Spec::has_custom_swiglu_alpha_beta)
       .def_rw("weight_scheme", &Spec::weight_scheme)
+      .def_rw("swiglu_alpha", &Spec::swiglu_alpha)
+      .def_rw("swiglu_beta", &Spec::swiglu_beta)
       .def_rw("skip_final_all_reduce", &Spec::skip_final_all_reduce)
       .def_rw("runtime_weight_transfer", &Spec::runtime_weight_transfer)
       .def_rw("dual_batch_overlap", &Spec::dual_batch_overlap)
@@ -364,7 +369,8 @@ NB_MODULE(_moe_ep, m) {
           [](PyLayer* self, const Spec& spec, const InArray& w13, const InArray& w2,
              const std::optional<InArray>& w13_scale, const std::optional<InArray>& w2_scale,
              const std::optional<InArray>& fc1_alpha, const std::optional<InArray>& fc2_alpha,
-             const std::optional<InArray>& fc1_norm_const, int world_size, int rank,
+             const std::optional<InArray>& fc1_norm_const, const std::optional<InArray>& fc1_bias,
+             const std::optional<InArray>& fc2_bias, int world_size, int rank,
              const std::string& backend, int device, PyCpuFleet* cpu_fleet,
              std::optional<nb::bytes> nccl_unique_id, uintptr_t nccl_comm, int64_t timeout_ms,
              int64_t warmup_timeout_ms) {
@@ -378,6 +384,8 @@ NB_MODULE(_moe_ep, m) {
             ev.fc1_alpha = to_view(fc1_alpha, "fc1_alpha");
             ev.fc2_alpha = to_view(fc2_alpha, "fc2_alpha");
             ev.fc1_norm_const = to_view(fc1_norm_const, "fc1_norm_const");
+            ev.fc1_bias = to_view(fc1_bias, "fc1_bias");
+            ev.fc2_bias = to_view(fc2_bias, "fc2_bias");
             Bootstrap boot;
             boot.world_size = world_size;
             boot.rank = rank;
@@ -408,9 +416,10 @@ NB_MODULE(_moe_ep, m) {
             new (self) PyLayer{std::move(layer)};
           },
           "spec"_a, "w13"_a, "w2"_a, "w13_scale"_a.none(), "w2_scale"_a.none(),
-          "fc1_alpha"_a.none(), "fc2_alpha"_a.none(), "fc1_norm_const"_a.none(), "world_size"_a,
-          "rank"_a, "backend"_a, "device"_a, "cpu_fleet"_a.none(), "nccl_unique_id"_a.none(),
-          "nccl_comm"_a, "timeout_ms"_a, "warmup_timeout_ms"_a)
+          "fc1_alpha"_a.none(), "fc2_alpha"_a.none(), "fc1_norm_const"_a.none(),
+          "fc1_bias"_a.none(), "fc2_bias"_a.none(), "world_size"_a, "rank"_a, "backend"_a,
+          "device"_a, "cpu_fleet"_a.none(), "nccl_unique_id"_a.none(), "nccl_comm"_a,
+          "timeout_ms"_a, "warmup_timeout_ms"_a)
       .def(
           "forward",
           [](PyLayer& s, const InArray& x, const InArray& ids, const InArray& w,

@@ -87,10 +87,20 @@ std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_siz
   if (rc.combine_dtype != DType::kBF16)
     r.push_back(std::string("combine dtype ") + dtype_name(rc.combine_dtype) +
                 " is not supported (only bfloat16)");
-  if (rc.has_expert_bias) r.push_back("expert bias is not supported");
-  if (rc.has_custom_swiglu_alpha_beta)
-    r.push_back(
-        "custom SwiGLU alpha/beta is not supported (only the docs/contract.md §3 activation)");
+  if (!std::isfinite(rc.swiglu_alpha) || !std::isfinite(rc.swiglu_beta))
+    r.push_back("swiglu_alpha = " + std::to_string(rc.swiglu_alpha) +
+                " and swiglu_beta = " + std::to_string(rc.swiglu_beta) + " must be finite");
+  // The CPU backend runs expert biases and any slope / offset of the activation; the CUDA
+  // backend only the plain SwiGLU without biases so far.
+  if (backend == Backend::kCUDA) {
+    if (rc.has_expert_bias)
+      r.push_back("expert bias is not supported on the CUDA backend yet (the CPU backend runs it)");
+    if (rc.has_custom_swiglu_alpha_beta || rc.swiglu_alpha != 1.0f || rc.swiglu_beta != 0.0f)
+      r.push_back("a SwiGLU with alpha / beta other than 1 / 0 (swiglu_alpha = " +
+                  std::to_string(rc.swiglu_alpha) +
+                  ", swiglu_beta = " + std::to_string(rc.swiglu_beta) +
+                  ") is not supported on the CUDA backend yet (the CPU backend runs it)");
+  }
   for (auto& why : plan_options_reasons(c.plan_options, rc.recipe)) r.push_back(std::move(why));
   if (!rc.weight_scheme.empty() && !parse_recipe(rc.weight_scheme))
     r.push_back("weight scheme '" + rc.weight_scheme +

@@ -68,6 +68,10 @@ MegaLayer::MegaLayer(const Bootstrap& boot, const LayerConfig& config, const Wei
     validate_epilogue_vector(epilogue.fc1_alpha, el, "fc1_alpha");
     validate_epilogue_vector(epilogue.fc2_alpha, el, "fc2_alpha");
     validate_epilogue_vector(epilogue.fc1_norm_const, el, "fc1_norm_const");
+    if (epilogue.fc1_bias.defined() || epilogue.fc2_bias.defined())
+      throw Error(ErrorCode::kUnsupported,
+                  "moe_ep: configuration not supported:\n  - expert bias is not supported on "
+                  "the CUDA backend yet (the CPU backend runs it)");
     impl_ = make_cuda_backend(boot, config, weights, epilogue);
   } else {
     impl_ = make_cpu_backend(boot, config, weights, epilogue);  // checks inside its collective
@@ -223,6 +227,8 @@ ValidatedForward validate_inputs(const MegaLayer& layer, LayerBackend& b, const 
   validate_epilogue_vector(in.epilogue.fc1_alpha, el, "fc1_alpha");
   validate_epilogue_vector(in.epilogue.fc2_alpha, el, "fc2_alpha");
   validate_epilogue_vector(in.epilogue.fc1_norm_const, el, "fc1_norm_const");
+  if (in.epilogue.fc1_bias.defined() || in.epilogue.fc2_bias.defined())
+    invalid("fc1_bias and fc2_bias are the layer's, given at construction, not per call");
   for (const TensorView* e :
        {&in.epilogue.fc1_alpha, &in.epilogue.fc2_alpha, &in.epilogue.fc1_norm_const})
     if (e->defined() && !(e->device == dev))

@@ -81,6 +81,8 @@ class CpuBackend final : public LayerBackend {
       copy_vector(ep.fc1_alpha, fc1_alpha_);
       copy_vector(ep.fc2_alpha, fc2_alpha_);
       copy_vector(ep.fc1_norm_const, fc1_nc_);
+      copy_bias(ep.fc1_bias, 2 * shape_.I, "fc1_bias", fc1_bias_);
+      copy_bias(ep.fc2_bias, shape_.H, "fc2_bias", fc2_bias_);
       bad = find_nan_scales();
     } catch (const Error& e) {
       bad = e.what();
@@ -268,6 +270,26 @@ class CpuBackend final : public LayerBackend {
     std::memcpy(dst.data(), v.data, dst.size() * 4);
   }
 
+  // An expert bias: absent (empty), or f32 [E_local, n] contiguous in host memory, finite.
+  void copy_bias(const TensorView& v, int n, const char* name, std::vector<float>& dst) {
+    dst.clear();
+    if (!v.defined()) return;
+    if (v.device.kind != DeviceKind::kCPU)
+      throw Error(ErrorCode::kInvalidArgument, std::string("the CPU backend takes ") + name +
+                                                   " in host memory, got " + v.describe());
+    if (v.dtype != DType::kF32 || v.ndim != 2 || v.shape[0] != shape_.El || v.shape[1] != n ||
+        !v.is_contiguous())
+      throw Error(ErrorCode::kInvalidArgument, std::string(name) + " is " + v.describe() +
+                                                   ", expected f32 [" + std::to_string(shape_.El) +
+                                                   ", " + std::to_string(n) + "] contiguous");
+    dst.assign(static_cast<const float*>(v.data), static_cast<const float*>(v.data) + v.numel());
+    for (size_t i = 0; i < dst.size(); ++i)
+      if (!std::isfinite(dst[i]))
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string(name) + "[" + std::to_string(i / n) + ", " + std::to_string(i % n) +
+                        "] = " + std::to_string(dst[i]) + " is not finite");
+  }
+
   std::string find_nan_scales() const {
     const RecipeTraits t = recipe_traits(cfg_.recipe.recipe);
     if (!t.weights_4bit) return {};
@@ -303,6 +325,7 @@ class CpuBackend final : public LayerBackend {
   std::string broken_;
   std::vector<uint8_t> w13_, w2_, w13s_, w2s_;
   std::vector<float> fc1_alpha_, fc2_alpha_, fc1_nc_;
+  std::vector<float> fc1_bias_, fc2_bias_;  // [E_local][2I], [E_local][H]; empty: none
   std::vector<std::unique_ptr<Workspace>> workspaces_;
 };
 
@@ -344,6 +367,8 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
       in.epilogue.fc2_alpha.defined() ? in.epilogue.fc2_alpha.ptr<float>() : fc2_alpha_.data();
   ep.fc1_norm_const = in.epilogue.fc1_norm_const.defined() ? in.epilogue.fc1_norm_const.ptr<float>()
                                                            : fc1_nc_.data();
+  ep.fc1_bias = fc1_bias_.empty() ? nullptr : fc1_bias_.data();
+  ep.fc2_bias = fc2_bias_.empty() ? nullptr : fc2_bias_.data();
 
   const int ws_idx = in.workspace;
   const WorkspaceLayout& L = get_ws(ws_idx).layout;

@@ -195,6 +195,7 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& s, const ExpertWeigh
   const int H = s.H, I = s.I, El = s.El;
   const ActFormat act = act_format(recipe, H);
   const float limit = cfg.recipe.swiglu_limit ? *cfg.recipe.swiglu_limit : -1.0f;
+  const float act_alpha = cfg.recipe.swiglu_alpha, act_beta = cfg.recipe.swiglu_beta;
   constexpr int kRows = 4;  // weight rows per task (the micro-kernel's R)
 
   // Decoded activations X [n_e, H] and fc1 results A [n_e, 2I] per expert.
@@ -260,7 +261,12 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& s, const ExpertWeigh
           g = fmt::round_to_bf16(g);
           u = fmt::round_to_bf16(u);
         }
-        float hv = fmt::swiglu(g, u, limit);
+        if (ep.fc1_bias) {
+          const float* b = ep.fc1_bias + size_t(e) * 2 * I;
+          g = fmt::add_rn(g, b[c]);
+          u = fmt::add_rn(u, b[I + c]);
+        }
+        float hv = fmt::swiglu_ab(g, u, limit, act_alpha, act_beta);
         if (weight_in_fc1) hv = fmt::mul_rn(hv, tw);
         h[c] = hv;
       }
@@ -304,11 +310,15 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& s, const ExpertWeigh
       y.resize(n * kRows);
       dots_4rows(wr, hr, I, y.data(), kRows);
       const float alpha = recipe == Recipe::kNvfp4 ? ep.fc2_alpha[e] : 1.0f;
+      const float* b2 = ep.fc2_bias ? ep.fc2_bias + size_t(e) * H + j0 : nullptr;
       for (size_t p = 0; p < n; ++p) {
         uint16_t* o = out_row(pairs[e][p]) + j0;
+        const float tw = pairs[e][p].topk_weight;
         for (int r = 0; r < kRows; ++r) {
-          const float v = y[p * kRows + r];
-          o[r] = fmt::float_to_bf16(recipe == Recipe::kNvfp4 ? fmt::mul_rn(alpha, v) : v);
+          float v = y[p * kRows + r];
+          if (recipe == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
+          if (b2) v = fmt::add_rn(v, weight_in_fc1 ? fmt::mul_rn(tw, b2[r]) : b2[r]);
+          o[r] = fmt::float_to_bf16(v);
         }
       }
     }

@@ -37,6 +37,8 @@ struct EpilogueParams {
   const float* fc1_alpha = nullptr;  // [E_local]
   const float* fc2_alpha = nullptr;
   const float* fc1_norm_const = nullptr;
+  const float* fc1_bias = nullptr;  // [E_local][2I] or null
+  const float* fc2_bias = nullptr;  // [E_local][H] or null
 };
 
 // Checkpoint-layout weights of the local experts (docs/contract.md §3.1).

@@ -384,19 +384,35 @@ def test_calls_after_destroy(bf16_pack):
 
 def test_unsupported_configuration(bf16_pack):
     reasons = moe_ep.unsupported_reasons(num_experts=8, max_tokens_per_rank=16, hidden_size=100,
-                                         intermediate_size=64, top_k=2, world_size=3,
-                                         has_expert_bias=True)
+                                         intermediate_size=64, top_k=2, world_size=3)
     text = "\n".join(reasons)
-    assert len(reasons) == 3
-    assert "W = 3" in text and "H = 100" in text and "bias" in text
+    assert len(reasons) == 2
+    assert "W = 3" in text and "H = 100" in text
+    # gpt-oss's semantics: the CPU backend runs them; the CUDA backend names each.
+    oai = dict(num_experts=8, max_tokens_per_rank=16, hidden_size=H, intermediate_size=I, top_k=2,
+               has_expert_bias=True, swiglu_alpha=1.702, swiglu_beta=1.0)
+    assert moe_ep.unsupported_reasons(**oai) == []
+    cuda_text = "\n".join(moe_ep.unsupported_reasons(**oai, backend="cuda"))
+    assert "bias" in cuda_text and "1.702" in cuda_text
     assert moe_ep.unsupported_reasons(num_experts=8, max_tokens_per_rank=16, hidden_size=H,
                                       intermediate_size=I, top_k=2) == []
     if not moe_ep.cuda_backend_available():
         cuda = moe_ep.unsupported_reasons(num_experts=8, max_tokens_per_rank=16, hidden_size=H,
                                           intermediate_size=I, top_k=2, backend="cuda")
         assert any("CUDA" in r for r in cuda)
-    with pytest.raises(moe_ep.UnsupportedError, match="bias"):
-        make_layer(bf16_pack, has_expert_bias=True)
+    # Expert biases and the gpt-oss activation on the CPU backend: they change the output, and
+    # biases of the wrong shape are refused with both shapes named.
+    rng = np.random.default_rng(5)
+    b13 = rng.standard_normal((E, 2 * I)).astype(np.float32)
+    b2 = (0.1 * rng.standard_normal((E, H))).astype(np.float32)
+    x, ids, w = inputs(4)
+    with make_layer(bf16_pack) as plain:
+        base = plain(x, ids, w)
+    with make_layer(bf16_pack, fc1_bias=b13, fc2_bias=b2, swiglu_alpha=1.702, swiglu_beta=1.0,
+                    swiglu_limit=7.0) as oai_layer:
+        assert not np.array_equal(oai_layer(x, ids, w), base)
+    with pytest.raises(moe_ep.InvalidArgumentError, match=r"fc2_bias.*\[8, 128\]"):
+        make_layer(bf16_pack, fc2_bias=b2[:, :64].copy())
     # What an engine may ask that the layer does not do (FlashInfer's MoE-EP layer refuses the
     # same): each its own reason, and a layer with any of them is refused.
     engine = moe_ep.unsupported_reasons(

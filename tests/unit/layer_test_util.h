@@ -150,6 +150,7 @@ struct HostPack {
   int E = 0, H = 0, I = 0;
   std::vector<uint8_t> w13, w2, w13_scale, w2_scale;  // bf16: w13/w2 hold bf16 bits
   std::vector<float> fc1_alpha, fc2_alpha, fc1_norm_const;
+  std::vector<float> fc1_bias, fc2_bias;  // [E][2I], [E][H]; empty: no expert bias
 
   RecipeTraits traits() const { return recipe_traits(recipe); }
   bool four_bit() const { return traits().weights_4bit; }
@@ -200,7 +201,15 @@ struct HostPack {
     auto v = [&](const std::vector<float>& a) {
       return TensorView::contiguous(const_cast<float*>(a.data()) + first, DType::kF32, {count});
     };
-    return {v(fc1_alpha), v(fc2_alpha), v(fc1_norm_const)};
+    EpilogueVectors ev{v(fc1_alpha), v(fc2_alpha), v(fc1_norm_const), {}, {}};
+    auto b = [&](const std::vector<float>& a, int n) {
+      return a.empty() ? TensorView{}
+                       : TensorView::contiguous(const_cast<float*>(a.data()) + size_t(first) * n,
+                                                DType::kF32, {count, n});
+    };
+    ev.fc1_bias = b(fc1_bias, 2 * I);
+    ev.fc2_bias = b(fc2_bias, H);
+    return ev;
   }
 
   // One weight row as the GEMM sees it (q * s; the nvfp4 alphas stay out).
@@ -406,6 +415,7 @@ inline Reference reference_forward(const LayerConfig& cfg, const HostPack& pack,
   const Recipe recipe = cfg.recipe.recipe;
   const bool topk_in_fc1 = cfg.recipe.apply_topk_in_fc1 || recipe_traits(recipe).topk_in_fc1_forced;
   const double L = cfg.recipe.swiglu_limit ? double(*cfg.recipe.swiglu_limit) : -1.0;
+  const double act_alpha = cfg.recipe.swiglu_alpha, act_beta = cfg.recipe.swiglu_beta;
   const int W = int(ranks.size());
 
   // Activations as the fc1 GEMM sees them.
@@ -472,11 +482,15 @@ inline Reference reference_forward(const LayerConfig& cfg, const HostPack& pack,
           g = fmt::round_to_bf16(float(g));
           u = fmt::round_to_bf16(float(u));
         }
+        if (!pack.fc1_bias.empty()) {
+          g += double(pack.fc1_bias[size_t(e) * 2 * I + j]);
+          u += double(pack.fc1_bias[size_t(e) * 2 * I + I + j]);
+        }
         if (L >= 0) {
           g = std::min(g, L);
           u = std::clamp(u, -L, L);
         }
-        double h = u * g / (1.0 + std::exp(-g));
+        double h = (u + act_beta) * g / (1.0 + std::exp(-act_alpha * g));
         if (topk_in_fc1) h *= tw;
         hf[j] = float(h);
       }
@@ -496,6 +510,10 @@ inline Reference reference_forward(const LayerConfig& cfg, const HostPack& pack,
       for (size_t i = 0; i < n; ++i) {
         double acc = dot_d(ha.data() + i * I, wrow.data(), I);
         if (recipe == Recipe::kNvfp4) acc *= double(pack.fc2_alpha[e]);
+        if (!pack.fc2_bias.empty()) {
+          const double tw = ranks[js[i].rank].w[size_t(js[i].t) * K + js[i].k];
+          acc += (topk_in_fc1 ? tw : 1.0) * double(pack.fc2_bias[size_t(e) * H + row]);
+        }
         ref.y[js[i].rank][(size_t(js[i].t) * K + js[i].k) * H + row] =
             fmt::float_to_bf16(float(acc));
       }

@@ -641,19 +641,29 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   // Every feature the library does not run, each its own reason.
   LayerConfig many = good;
   many.recipe.activation_dtype = DType::kF16;
-  many.recipe.has_expert_bias = true;
-  many.recipe.has_custom_swiglu_alpha_beta = true;
   many.fleet.num_experts = 7;  // not divisible by W = 2
   many.fleet.hidden_size = 200;
   many.recipe.intermediate_size = 48;
   const auto rm = unsupported_reasons(many, 2);
-  EXPECT_EQ(rm.size(), 6u) << ::testing::PrintToString(rm);
+  EXPECT_EQ(rm.size(), 4u) << ::testing::PrintToString(rm);
   EXPECT_TRUE(any(rm, {"float16"})) << ::testing::PrintToString(rm);
-  EXPECT_TRUE(any(rm, {"bias"})) << ::testing::PrintToString(rm);
-  EXPECT_TRUE(any(rm, {"alpha"})) << ::testing::PrintToString(rm);
   EXPECT_TRUE(any(rm, {"7", "2"})) << ::testing::PrintToString(rm);
   EXPECT_TRUE(any(rm, {"200", "64"})) << ::testing::PrintToString(rm);
   EXPECT_TRUE(any(rm, {"48", "64"})) << ::testing::PrintToString(rm);
+
+  // gpt-oss's expert semantics: the CPU backend runs them, the CUDA backend names each.
+  LayerConfig oai = good;
+  oai.recipe.has_expert_bias = true;
+  oai.recipe.swiglu_alpha = 1.702f;
+  oai.recipe.swiglu_beta = 1.0f;
+  EXPECT_TRUE(unsupported_reasons(oai, 2, Backend::kCPU).empty())
+      << ::testing::PrintToString(unsupported_reasons(oai, 2, Backend::kCPU));
+  const auto rc = unsupported_reasons(oai, 2, Backend::kCUDA);
+  EXPECT_TRUE(any(rc, {"bias", "CUDA"})) << ::testing::PrintToString(rc);
+  EXPECT_TRUE(any(rc, {"alpha", "1.702", "CUDA"})) << ::testing::PrintToString(rc);
+  LayerConfig nan_alpha = good;
+  nan_alpha.recipe.swiglu_alpha = std::nanf("");
+  EXPECT_TRUE(any(unsupported_reasons(nan_alpha, 2), {"swiglu_alpha", "finite"}));
 
   // What an engine may ask that the library does not do: each its own reason.
   LayerConfig engine = good;

@@ -122,6 +122,91 @@ INSTANTIATE_TEST_SUITE_P(Spec7Shapes, RecipeVsFloat64, ::testing::ValuesIn(recip
                            return std::string(kShapes[info.param.shape].name) + "_" + s;
                          });
 
+// gpt-oss's expert semantics on the CPU backend (contract §3.1): the activation with slope 1.702,
+// offset 1 and clamp 7, expert biases on fc1 (after the alpha, before the clamp) and on fc2
+// (before the bf16 rounding; times the top-k weight where the recipe applies it in fc1), for every
+// recipe at gpt-oss-120b's H = I = 2880, against the float64 computation; W = 2 bitwise equal to
+// W = 1 (the owner adds its experts' biases); and the default slope / offset leave the plain
+// SwiGLU's bits.
+TEST(RecipeVsFloat64Semantics, GptOssActivationAndBiases) {
+  const Shape& sh = kShapes[2];
+  for (const Recipe recipe : kRecipes) {
+    for (const bool in_fc1 : {false, true}) {
+      SCOPED_TRACE(std::string(recipe_name(recipe)) + (in_fc1 ? " topk_in_fc1" : ""));
+      const int E = recipe_traits(recipe).weights_4bit ? sh.E_4bit : sh.E_bf16;
+      const int K = std::min(sh.K_real, E), W = 2, El = E / W;
+      LayerConfig cfg = make_config(recipe, E, 8, sh.H, sh.I, K);
+      cfg.recipe.swiglu_limit = 7.0f;
+      cfg.recipe.swiglu_alpha = 1.702f;
+      cfg.recipe.swiglu_beta = 1.0f;
+      cfg.recipe.apply_topk_in_fc1 = in_fc1;
+      cfg.recipe.has_expert_bias = true;
+      HostPack pack = random_pack(recipe, E, sh.H, sh.I, 2100 + int(recipe), 1.0f);
+      Rng rng(2200 + int(recipe));
+      pack.fc1_bias.resize(size_t(E) * 2 * sh.I);
+      pack.fc2_bias.resize(size_t(E) * sh.H);
+      for (float& b : pack.fc1_bias) b = float(0.5 * rng.normal());
+      for (float& b : pack.fc2_bias) b = float(0.05 * rng.normal());
+      std::vector<RankInputs> in;
+      in.push_back(random_inputs(3, sh.H, K, E, 2301));
+      in.push_back(random_inputs(2, sh.H, K, E, 2302, Routing::kUniform, 0.2));
+      auto fleet = make_cpu_fleet(W);
+      std::vector<Bits> out(W);
+      run_fleet(W, [&](int r) {
+        MegaLayer layer(cpu_boot(W, r, fleet), cfg, pack.view(r * El, El),
+                        pack.epilogue_view(r * El, El));
+        out[r].assign(size_t(in[r].T) * sh.H, kPoison);
+        layer.forward(in[r].forward_inputs(),
+                      TensorView::contiguous(out[r].data(), DType::kBF16, {in[r].T, sh.H}));
+        layer.destroy();
+      });
+      const Reference ref = reference_forward(cfg, pack, in);
+      Bits got, want;
+      for (int r = 0; r < W; ++r) {
+        EXPECT_EQ(count_nan(out[r]), 0u) << "rank " << r;
+        got.insert(got.end(), out[r].begin(), out[r].end());
+        want.insert(want.end(), ref.out[r].begin(), ref.out[r].end());
+      }
+      const double err = rel_l2(got, want);
+      size_t exact = 0;
+      for (size_t i = 0; i < got.size(); ++i) exact += got[i] == want[i];
+      std::printf("[gpt-oss semantics] %-12s topk_in_fc1=%d: rel_l2 %.2e, %.1f%% bitwise\n",
+                  recipe_name(recipe), int(in_fc1), err,
+                  100.0 * double(exact) / double(std::max<size_t>(1, got.size())));
+      EXPECT_LE(err, reference_tolerance(recipe));
+      EXPECT_GE(double(exact) / double(std::max<size_t>(1, got.size())), kMinBitwiseFraction);
+      // One rank holding every expert gives the same bits as the two ranks.
+      RankInputs all = in[0];
+      all.T += in[1].T;
+      all.x.insert(all.x.end(), in[1].x.begin(), in[1].x.end());
+      all.ids.insert(all.ids.end(), in[1].ids.begin(), in[1].ids.end());
+      all.w.insert(all.w.end(), in[1].w.begin(), in[1].w.end());
+      Bits one(size_t(all.T) * sh.H, kPoison);
+      {
+        MegaLayer layer(cpu_boot(1, 0, nullptr), cfg, pack.view(0, E), pack.epilogue_view(0, E));
+        layer.forward(all.forward_inputs(),
+                      TensorView::contiguous(one.data(), DType::kBF16, {all.T, sh.H}));
+      }
+      EXPECT_TRUE(one == got) << "W = 1 differs from W = 2";
+      // The semantics change the result (the test would not see a backend that ignored them).
+      LayerConfig plain = cfg;
+      plain.recipe.swiglu_alpha = 1.0f;
+      plain.recipe.swiglu_beta = 0.0f;
+      HostPack unbiased = pack;
+      unbiased.fc1_bias.clear();
+      unbiased.fc2_bias.clear();
+      Bits base(size_t(all.T) * sh.H, kPoison);
+      {
+        MegaLayer layer(cpu_boot(1, 0, nullptr), plain, unbiased.view(0, E),
+                        unbiased.epilogue_view(0, E));
+        layer.forward(all.forward_inputs(),
+                      TensorView::contiguous(base.data(), DType::kBF16, {all.T, sh.H}));
+      }
+      EXPECT_GT(rel_l2(base, one), 0.05) << "alpha, beta and the biases changed nothing";
+    }
+  }
+}
+
 // docs/contract.md §7's token counts (0, 1, 7, 128) at a real shape (Qwen3-30B-A3B: H 2048, I 768,
 // K 8) on W = 4 ranks with 16 experts: many tokens per expert, so the backend's blocking over
 // tokens and rows is exercised at full size.
