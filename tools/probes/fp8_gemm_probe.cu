@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "cuda_check.h"
-#include "kernels/moe/fp8_fragments.h"
-#include "kernels/moe/sm90_decode.cuh"
-#include "kernels/moe/sm90_wgmma.cuh"
+#include "kernels/gemm/decode/sm90_decode.cuh"
+#include "kernels/gemm/fp8/fp8_fragments.h"
+#include "kernels/gemm/wgmma/sm90_wgmma.cuh"
 
 namespace {
 

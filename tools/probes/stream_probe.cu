@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cuda_check.h"
-#include "kernels/moe/sm90_decode.cuh"
+#include "kernels/gemm/decode/sm90_decode.cuh"
 
 namespace {
 
