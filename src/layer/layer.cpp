@@ -176,6 +176,8 @@ size_t MegaLayer::workspace_bytes(WorkspaceId ws) const {
 
 WorkspaceId MegaLayer::select_workspace(int max_tokens_any_rank) const {
   if (!impl_) throw Error(ErrorCode::kDestroyed, "moe_ep: select_workspace after destroy()");
+  if (max_tokens_any_rank < 0)
+    invalid("select_workspace: T = " + str(max_tokens_any_rank) + " must be >= 0");
   int best = -1, largest = 0;
   for (int i = 0; i < impl_->num_workspaces(); ++i) {
     const int cap = impl_->workspace_capacity(i);
@@ -191,7 +193,10 @@ WorkspaceId MegaLayer::select_workspace(int max_tokens_any_rank) const {
 
 WorkspaceId MegaLayer::select_workspace_collective(int local_tokens) {
   auto& b = live("select_workspace_collective");
-  return select_workspace(b.allreduce_max(local_tokens));
+  const int largest = b.allreduce_max(local_tokens);  // first: the peers are not left waiting
+  if (local_tokens < 0)
+    invalid("select_workspace_collective: this rank's T = " + str(local_tokens) + " must be >= 0");
+  return select_workspace(largest);
 }
 
 void MegaLayer::warmup(std::optional<WorkspaceId> ws) {

@@ -241,6 +241,10 @@ TEST(Workspaces, DifferentCapacitiesGiveIdenticalOutputsAndSelectionPicksSmalles
     check(layer.select_workspace(12) == ws12, "select(12) -> 12");
     check(layer.select_workspace(13) == def, "select(13) -> default");
     check(layer.select_workspace(kCap) == def, "select(cap) -> default");
+    const Caught negative = catch_error([&] { layer.select_workspace(-5); });
+    check(negative.thrown && negative.code == ErrorCode::kInvalidArgument &&
+              contains(negative.what, "-5"),
+          "select(-5) is refused, naming the value: " + negative.what);
     const Caught too_many = catch_error([&] { layer.select_workspace(kCap + 1); });
     check(too_many.thrown && too_many.code == ErrorCode::kCapacity &&
               contains(too_many.what, std::to_string(kCap + 1)) &&
