@@ -134,7 +134,7 @@ TEST(RecipeVsFloat64Semantics, GptOssActivationAndBiases) {
     for (const bool in_fc1 : {false, true}) {
       SCOPED_TRACE(std::string(recipe_name(recipe)) + (in_fc1 ? " topk_in_fc1" : ""));
       const int E = recipe_traits(recipe).weights_4bit ? sh.E_4bit : sh.E_bf16;
-      const int K = std::min(sh.K_real, E), W = 2, El = E / W;
+      const int K = std::min(sh.K_real, E), W = 2;
       LayerConfig cfg = make_config(recipe, E, 8, sh.H, sh.I, K);
       cfg.recipe.swiglu_limit = 7.0f;
       cfg.recipe.swiglu_alpha = 1.702f;
@@ -150,16 +150,7 @@ TEST(RecipeVsFloat64Semantics, GptOssActivationAndBiases) {
       std::vector<RankInputs> in;
       in.push_back(random_inputs(3, sh.H, K, E, 2301));
       in.push_back(random_inputs(2, sh.H, K, E, 2302, Routing::kUniform, 0.2));
-      auto fleet = make_cpu_fleet(W);
-      std::vector<Bits> out(W);
-      run_fleet(W, [&](int r) {
-        MegaLayer layer(cpu_boot(W, r, fleet), cfg, pack.view(r * El, El),
-                        pack.epilogue_view(r * El, El));
-        out[r].assign(size_t(in[r].T) * sh.H, kPoison);
-        layer.forward(in[r].forward_inputs(),
-                      TensorView::contiguous(out[r].data(), DType::kBF16, {in[r].T, sh.H}));
-        layer.destroy();
-      });
+      const std::vector<Bits> out = run_calls({W, cfg, &pack}, {in}, OutMode::kCaller)[0];
       const Reference ref = reference_forward(cfg, pack, in);
       Bits got, want;
       for (int r = 0; r < W; ++r) {
@@ -168,25 +159,14 @@ TEST(RecipeVsFloat64Semantics, GptOssActivationAndBiases) {
         want.insert(want.end(), ref.out[r].begin(), ref.out[r].end());
       }
       const double err = rel_l2(got, want);
-      size_t exact = 0;
-      for (size_t i = 0; i < got.size(); ++i) exact += got[i] == want[i];
+      const double exact = bitwise_fraction(got, want);
       std::printf("[gpt-oss semantics] %-12s topk_in_fc1=%d: rel_l2 %.2e, %.1f%% bitwise\n",
-                  recipe_name(recipe), int(in_fc1), err,
-                  100.0 * double(exact) / double(std::max<size_t>(1, got.size())));
+                  recipe_name(recipe), int(in_fc1), err, 100.0 * exact);
       EXPECT_LE(err, reference_tolerance(recipe));
-      EXPECT_GE(double(exact) / double(std::max<size_t>(1, got.size())), kMinBitwiseFraction);
+      EXPECT_GE(exact, kMinBitwiseFraction);
       // One rank holding every expert gives the same bits as the two ranks.
-      RankInputs all = in[0];
-      all.T += in[1].T;
-      all.x.insert(all.x.end(), in[1].x.begin(), in[1].x.end());
-      all.ids.insert(all.ids.end(), in[1].ids.begin(), in[1].ids.end());
-      all.w.insert(all.w.end(), in[1].w.begin(), in[1].w.end());
-      Bits one(size_t(all.T) * sh.H, kPoison);
-      {
-        MegaLayer layer(cpu_boot(1, 0, nullptr), cfg, pack.view(0, E), pack.epilogue_view(0, E));
-        layer.forward(all.forward_inputs(),
-                      TensorView::contiguous(one.data(), DType::kBF16, {all.T, sh.H}));
-      }
+      const std::vector<RankInputs> all = {concat_ranks(in)};
+      const Bits one = run_calls({1, cfg, &pack}, {all}, OutMode::kCaller)[0][0];
       EXPECT_TRUE(one == got) << "W = 1 differs from W = 2";
       // The semantics change the result (the test would not see a backend that ignored them).
       LayerConfig plain = cfg;
@@ -195,13 +175,7 @@ TEST(RecipeVsFloat64Semantics, GptOssActivationAndBiases) {
       HostPack unbiased = pack;
       unbiased.fc1_bias.clear();
       unbiased.fc2_bias.clear();
-      Bits base(size_t(all.T) * sh.H, kPoison);
-      {
-        MegaLayer layer(cpu_boot(1, 0, nullptr), plain, unbiased.view(0, E),
-                        unbiased.epilogue_view(0, E));
-        layer.forward(all.forward_inputs(),
-                      TensorView::contiguous(base.data(), DType::kBF16, {all.T, sh.H}));
-      }
+      const Bits base = run_calls({1, plain, &unbiased}, {all}, OutMode::kCaller)[0][0];
       EXPECT_GT(rel_l2(base, one), 0.05) << "alpha, beta and the biases changed nothing";
     }
   }
