@@ -8,10 +8,12 @@
 // >= 20 CUDA-graph replays timed with events, alternating 2 input sets; per-stage times from eager
 // forwards with the stage-event hook. One JSON record per case.
 // Every record names the launch plan its forwards ran (MegaLayer::last_plan); --explain prints
-// it per case. MOE_EP_COMMIT names the tree's commit in the records.
+// it per case. MOE_EP_COMMIT names the tree's commit in the records. --gpt-oss-experts gives the
+// layer gpt-oss's expert semantics (clamp 7, activation slope 1.702 and offset 1, expert biases),
+// single GPU; the records' plans then say epilogue=extended.
 //   bench_layer [--json PATH] [--shape dsv3|qwen3|gpt-oss] [--recipes a,b] [--tokens 1,8,...]
 //               [--iters N] [--experts E] [--routing uniform|zipf|both] [--ep N] [--fp8-mma]
-//               [--explain]
+//               [--explain] [--gpt-oss-experts]
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -609,7 +611,7 @@ int main(int argc, char** argv) {
   std::vector<int> tokens = {1, 8, 32, 128, 512, 1024, 2048, 4096};
   int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0;
   std::string routing = "both";
-  bool fp8_mma = false, explain = false;
+  bool fp8_mma = false, explain = false, gpt_oss_experts = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -637,10 +639,13 @@ int main(int argc, char** argv) {
       fp8_mma = true;
     else if (a == "--explain")
       explain = true;
+    else if (a == "--gpt-oss-experts")
+      gpt_oss_experts = true;
     else {
       std::fprintf(stderr,
                    "bench_layer: unknown option '%s' (--json --shape --recipes --tokens --iters "
-                   "--ep --experts --hidden --inter --routing --fp8-mma --explain)\n",
+                   "--ep --experts --hidden --inter --routing --fp8-mma --explain "
+                   "--gpt-oss-experts)\n",
                    a.c_str());
       return 2;
     }
@@ -716,10 +721,26 @@ int main(int argc, char** argv) {
     cfg.recipe.intermediate_size = s.I;
     cfg.recipe.top_k = s.K;
     cfg.recipe.fp8_mma = fp8_mma && *recipe == Recipe::kMxfp4Mxfp8;
+    // gpt-oss's expert semantics (the extended epilogue): clamp 7, slope 1.702, offset 1 and
+    // random expert biases.
+    std::vector<float> b13, b2;
+    EpilogueVectors ev;
+    if (gpt_oss_experts) {
+      cfg.recipe.swiglu_limit = 7.0f;
+      cfg.recipe.swiglu_alpha = 1.702f;
+      cfg.recipe.swiglu_beta = 1.0f;
+      cfg.recipe.has_expert_bias = true;
+      b13.resize(size_t(s.E) * 2 * s.I);
+      b2.resize(size_t(s.E) * s.H);
+      for (size_t i = 0; i < b13.size(); ++i) b13[i] = 0.01f * float(int(i % 201) - 100);
+      for (size_t i = 0; i < b2.size(); ++i) b2[i] = 0.01f * float(int(i % 101) - 50);
+      ev.fc1_bias = TensorView::contiguous(b13.data(), DType::kF32, {s.E, 2 * s.I});
+      ev.fc2_bias = TensorView::contiguous(b2.data(), DType::kF32, {s.E, s.H});
+    }
     Bootstrap boot;
     boot.backend = Backend::kCUDA;
     boot.device = dev;
-    auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, EpilogueVectors{});
+    auto layer = std::make_unique<MegaLayer>(boot, cfg, wp, ev);
     layer->warmup();
     // mma_fraction against the peak of the MMA type the kernels use: fp8 where the layer takes
     // the fp8 path (--fp8-mma with mxfp4_mxfp8), bf16 otherwise.

@@ -29,7 +29,7 @@ struct EpilogueVectors {
   // Expert biases (gpt-oss; contract §3.1), at construction only: f32 [E_local, 2I] added to
   // fc1's result after the alpha, before the clamp (gate rows, then up rows), and f32
   // [E_local, H] added to fc2's fp32 result before its bf16 rounding (times the top-k weight
-  // where the recipe applies it in fc1). The CPU backend runs them; the CUDA backend not yet.
+  // where the recipe applies it in fc1). The CUDA backend runs them for mxfp4_bf16 and bf16.
   TensorView fc1_bias, fc2_bias;
 };
 
@@ -67,6 +67,8 @@ struct KernelWeights {
 struct ExpertWeightViews {
   KernelWeights weights;
   TensorView fc1_alpha, fc2_alpha, fc1_norm_const;  // f32 [E_local]
+  // The layer's expert biases, f32 [E_local, 2I] and [E_local, H]; undefined without them.
+  TensorView fc1_bias, fc2_bias;
 };
 
 class LayerBackend;  // src/layer/backend.h

@@ -66,6 +66,8 @@ struct ForwardPlan {
   double mean_rows_per_expert = 0;
   int tile_n = 0;
   bool fp8 = false;
+  // The GEMMs run the extended expert epilogue (biases, activation slope and offset: gpt-oss).
+  bool extended_epilogue = false;
   int quant_per_thread = 0;  // activation elements per prepare thread (4 or 8)
   RouteKind route = RouteKind::kOneBlock;
   bool tile16_row_split = false;

@@ -16,7 +16,8 @@ KernelWeights.__doc__ = (
     "the kernels read (scales are None for the bf16 recipe)."
 )
 ExpertWeightViews = collections.namedtuple(
-    "ExpertWeightViews", ["weights", "fc1_alpha", "fc2_alpha", "fc1_norm_const"]
+    "ExpertWeightViews",
+    ["weights", "fc1_alpha", "fc2_alpha", "fc1_norm_const", "fc1_bias", "fc2_bias"],
 )
 UnfinalizedOutput = collections.namedtuple("UnfinalizedOutput", ["rows", "weights", "indices"])
 UnfinalizedOutput.__doc__ = (
@@ -251,6 +252,20 @@ class MoeEpLayer:
         )
         self._hidden_size = int(hidden_size)
         self._top_k = int(top_k)
+        # Epilogue vectors the caller gave on the layer's own device are read from the caller's
+        # memory by every forward that passes none (not from the copy made at construction), so
+        # that an expert move in them (EPLB) reaches the kernels; expert_weight_views() hands
+        # them back.
+        layer_dev = ("cuda", int(device)) if self.backend == "cuda" else ("cpu", 0)
+        self._caller_vectors = {
+            name: v
+            for name, v in (
+                ("fc1_alpha", fc1_alpha),
+                ("fc2_alpha", fc2_alpha),
+                ("fc1_norm_const", fc1_norm_const),
+            )
+            if v is not None and T.device_of(v) == layer_dev
+        }
 
     # --- forward -------------------------------------------------------------------------
     def __call__(
@@ -284,6 +299,7 @@ class MoeEpLayer:
         """
         self._check_inputs(hidden_states, topk_ids, topk_weights, fc1_alpha, fc2_alpha,
                            fc1_norm_const, num_tokens)
+        fc1_alpha, fc2_alpha, fc1_norm_const = self._vectors(fc1_alpha, fc2_alpha, fc1_norm_const)
         x = T.to_extension
         ws = self._ws_index(workspace)
         s = T.stream_for(hidden_states, stream)
@@ -327,6 +343,7 @@ class MoeEpLayer:
         indices); summing them as in docs/contract.md §3 gives bitwise the finalized output."""
         self._check_inputs(hidden_states, topk_ids, topk_weights, fc1_alpha, fc2_alpha,
                            fc1_norm_const, num_tokens)
+        fc1_alpha, fc2_alpha, fc1_norm_const = self._vectors(fc1_alpha, fc2_alpha, fc1_norm_const)
         x = T.to_extension
         rows, weights, indices = self._impl.forward_unfinalized(
             x(hidden_states), x(topk_ids), x(topk_weights), x(fc1_alpha), x(fc2_alpha),
@@ -334,6 +351,15 @@ class MoeEpLayer:
             x(num_tokens), T.framework_of(hidden_states),
         )
         return UnfinalizedOutput(T.as_bf16_result(rows, hidden_states), weights, indices)
+
+    def _vectors(self, fc1_alpha, fc2_alpha, fc1_norm_const):
+        """The per-call epilogue vectors, the caller's own from construction where none given."""
+        own = self._caller_vectors
+        return (
+            own.get("fc1_alpha") if fc1_alpha is None else fc1_alpha,
+            own.get("fc2_alpha") if fc2_alpha is None else fc2_alpha,
+            own.get("fc1_norm_const") if fc1_norm_const is None else fc1_norm_const,
+        )
 
     @staticmethod
     def _check_inputs(hidden_states, topk_ids, topk_weights, fc1_alpha, fc2_alpha,
@@ -422,9 +448,15 @@ class MoeEpLayer:
         return KernelWeights(*self._impl.kernel_weights(self._framework))
 
     def expert_weight_views(self):
-        """ExpertWeightViews(weights=KernelWeights, fc1_alpha, fc2_alpha, fc1_norm_const)."""
+        """ExpertWeightViews(weights=KernelWeights, fc1_alpha, fc2_alpha, fc1_norm_const,
+        fc1_bias, fc2_bias): what the kernels read. An epilogue vector the caller passed at
+        construction on the layer's device is the caller's own tensor (the forwards read it);
+        the others, and the biases (None without them), alias the layer's copies."""
         v = self._impl.expert_weight_views(self._framework)
-        return ExpertWeightViews(KernelWeights(*v[:4]), *v[4:])
+        own = self._caller_vectors
+        vec = [own.get(n, v[4 + i]) for i, n in
+               enumerate(("fc1_alpha", "fc2_alpha", "fc1_norm_const"))]
+        return ExpertWeightViews(KernelWeights(*v[:4]), *vec, v[7], v[8])
 
     # --- lifetime --------------------------------------------------------------------------
     def destroy(self):

@@ -533,7 +533,8 @@ NB_MODULE(_moe_ep, m) {
                 to_python(e.weights.fc1_weight, owner, f), to_python(e.weights.fc1_scale, owner, f),
                 to_python(e.weights.fc2_weight, owner, f), to_python(e.weights.fc2_scale, owner, f),
                 to_python(e.fc1_alpha, owner, f), to_python(e.fc2_alpha, owner, f),
-                to_python(e.fc1_norm_const, owner, f));
+                to_python(e.fc1_norm_const, owner, f), to_python(e.fc1_bias, owner, f),
+                to_python(e.fc2_bias, owner, f));
           },
           "framework"_a)
       .def("destroy",

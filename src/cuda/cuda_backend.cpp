@@ -1,6 +1,7 @@
 // The CUDA backend's construction, weights, errors and lifetime (cuda_backend.h).
 #include "cuda/cuda_backend.h"
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -71,6 +72,8 @@ CudaBackend::CudaBackend(const Bootstrap& boot, const LayerConfig& cfg, const We
     }
     try {
       load_weights(w);
+      load_bias(epi.fc1_bias, 2 * cfg.recipe.intermediate_size, fc1_bias_, "fc1_bias");
+      load_bias(epi.fc2_bias, cfg.fleet.hidden_size, fc2_bias_, "fc2_bias");
     } catch (const Error& e) {
       if (W_ == 1 || e.code() != ErrorCode::kInvalidArgument) throw;
       weight_error_ = e.what();
@@ -133,6 +136,12 @@ ExpertWeightViews CudaBackend::expert_weight_views() {
   v.fc1_alpha = TensorView::contiguous(fc1_alpha_.ptr, DType::kF32, {El_}, dev_);
   v.fc2_alpha = TensorView::contiguous(fc2_alpha_.ptr, DType::kF32, {El_}, dev_);
   v.fc1_norm_const = TensorView::contiguous(fc1_nc_.ptr, DType::kF32, {El_}, dev_);
+  if (fc1_bias_.ptr)
+    v.fc1_bias = TensorView::contiguous(fc1_bias_.ptr, DType::kF32,
+                                        {El_, 2 * cfg_.recipe.intermediate_size}, dev_);
+  if (fc2_bias_.ptr)
+    v.fc2_bias =
+        TensorView::contiguous(fc2_bias_.ptr, DType::kF32, {El_, cfg_.fleet.hidden_size}, dev_);
   return v;
 }
 
@@ -268,6 +277,31 @@ void CudaBackend::load_weights(const WeightPack& w) {
   }
 }
 
+void CudaBackend::load_bias(const TensorView& v, int n, DeviceBuffer& dst, const char* name) {
+  if (!v.defined()) return;
+  if (v.dtype != DType::kF32 || v.ndim != 2 || v.shape[0] != El_ || v.shape[1] != n ||
+      !v.is_contiguous())
+    throw Error(ErrorCode::kInvalidArgument, std::string(name) + " is " + v.describe() +
+                                                 ", expected f32 [" + std::to_string(El_) + ", " +
+                                                 std::to_string(n) + "] contiguous");
+  const bool on_device = v.device.kind == DeviceKind::kCUDA;
+  if (on_device && v.device.index != dev_.index)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(name) + " is " + v.describe() +
+                    ", expected host memory or cuda:" + std::to_string(dev_.index));
+  std::vector<float> host(size_t(El_) * n);
+  check(cudaMemcpy(host.data(), v.data, host.size() * 4,
+                   on_device ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost),
+        name);
+  for (size_t i = 0; i < host.size(); ++i)
+    if (!std::isfinite(host[i]))
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(name) + "[" + std::to_string(i / n) + ", " + std::to_string(i % n) +
+                      "] = " + std::to_string(host[i]) + " is not finite");
+  dst.allocate(host.size() * 4, name);
+  check(cudaMemcpy(dst.ptr, host.data(), host.size() * 4, cudaMemcpyHostToDevice), name);
+}
+
 void CudaBackend::load_vector(const TensorView& v, DeviceBuffer& dst, const char* name) {
   std::vector<float> ones(El_, 1.0f);
   dst.allocate(size_t(El_) * 4, name);
@@ -290,7 +324,9 @@ void CudaBackend::release() {
     }
     comm_.reset();
   }
-  for (DeviceBuffer* b : {&w1_, &w2_, &s1_, &s2_, &fc1_alpha_, &fc2_alpha_, &fc1_nc_}) b->release();
+  for (DeviceBuffer* b :
+       {&w1_, &w2_, &s1_, &s2_, &fc1_alpha_, &fc2_alpha_, &fc1_nc_, &fc1_bias_, &fc2_bias_})
+    b->release();
   if (err_host_) cudaFreeHost(err_host_);
   err_host_ = nullptr;
   err_dev_ = nullptr;

@@ -163,6 +163,9 @@ class CudaBackend final : public LayerBackend {
   void load_weights(const WeightPack& w);
 
   void load_vector(const TensorView& v, DeviceBuffer& dst, const char* name);
+  // An expert bias (contract §3.1): absent, or f32 [E_local, n] contiguous on the host or this
+  // device, finite; copied into dst.
+  void load_bias(const TensorView& v, int n, DeviceBuffer& dst, const char* name);
 
   void release();
 
@@ -180,6 +183,7 @@ class CudaBackend final : public LayerBackend {
   ForwardPlan last_plan_;         // of the latest forward (diagnostics)
   void* stage_events_ = nullptr;  // cudaEvent_t[5] (W = 1) or [7] (W > 1), or null
   DeviceBuffer w1_, w2_, s1_, s2_, fc1_alpha_, fc2_alpha_, fc1_nc_;
+  DeviceBuffer fc1_bias_, fc2_bias_;  // [E_local, 2I], [E_local, H] f32; empty without biases
   kern::DeviceError* err_host_ = nullptr;
   kern::DeviceError* err_dev_ = nullptr;
   std::vector<std::unique_ptr<Workspace>> workspaces_;

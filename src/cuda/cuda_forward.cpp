@@ -63,6 +63,10 @@ kern::ForwardArgs CudaBackend::common_args(const ValidatedForward& in) const {
       in.epilogue.fc2_alpha.defined() ? in.epilogue.fc2_alpha.ptr<float>() : fc2_alpha_.as<float>();
   a.fc1_norm_const = in.epilogue.fc1_norm_const.defined() ? in.epilogue.fc1_norm_const.ptr<float>()
                                                           : fc1_nc_.as<float>();
+  a.fc1_bias = fc1_bias_.as<float>();
+  a.fc2_bias = fc2_bias_.as<float>();
+  a.swiglu_alpha = rc.swiglu_alpha;
+  a.swiglu_beta = rc.swiglu_beta;
   a.w1 = w1_.as<uint8_t>();
   a.s1 = s1_.as<uint8_t>();
   a.w2 = w2_.as<uint8_t>();
@@ -81,6 +85,8 @@ ForwardPlan CudaBackend::plan_for(int tokens, int capacity) const {
   p.local_experts = El_;
   p.world = W_;
   p.fp8 = fp8_;
+  p.extended_epilogue = fc1_bias_.ptr != nullptr || fc2_bias_.ptr != nullptr ||
+                        cfg_.recipe.swiglu_alpha != 1.0f || cfg_.recipe.swiglu_beta != 0.0f;
   p.num_sms = num_sms_;
   p.tokens = tokens;
   p.capacity = capacity;

@@ -77,6 +77,11 @@ std::unique_ptr<LayerBackend> make_cpu_backend(const Bootstrap& boot, const Laye
                                                const WeightPack& weights,
                                                const EpilogueVectors& epilogue);
 
+// Whether the CUDA backend runs expert biases and an activation slope / offset (contract §3.1)
+// for this configuration, and the reason naming `what` where it does not (config.cpp).
+bool cuda_runs_extended_epilogue(const LayerConfig& config);
+std::string extended_epilogue_reason(const LayerConfig& config, const std::string& what);
+
 // CUDA backend (src/cuda). Without a CUDA build these report "not built".
 bool cuda_backend_usable();
 std::vector<std::string> cuda_backend_unsupported_reasons(const LayerConfig& config,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/common/forward_args.h"
 #include "layer/backend.h"
 #include "moe_ep/plan.h"
 
@@ -54,6 +55,16 @@ const char* backend_name(Backend b) {
   return "?";
 }
 
+bool cuda_runs_extended_epilogue(const LayerConfig& c) {
+  return kern::has_extended_epilogue(c.recipe.recipe) && !c.recipe.fp8_mma;
+}
+
+std::string extended_epilogue_reason(const LayerConfig& c, const std::string& what) {
+  return what + " is not supported on the CUDA backend with recipe " +
+         recipe_name(c.recipe.recipe) + (c.recipe.fp8_mma ? " on fp8 tensor cores" : "") +
+         " (it runs with mxfp4_bf16 and bf16; the CPU backend runs it with every recipe)";
+}
+
 std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_size,
                                              Backend backend) {
   std::vector<std::string> r;
@@ -91,15 +102,14 @@ std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_siz
     r.push_back("swiglu_alpha = " + std::to_string(rc.swiglu_alpha) +
                 " and swiglu_beta = " + std::to_string(rc.swiglu_beta) + " must be finite");
   // The CPU backend runs expert biases and any slope / offset of the activation; the CUDA
-  // backend only the plain SwiGLU without biases so far.
-  if (backend == Backend::kCUDA) {
-    if (rc.has_expert_bias)
-      r.push_back("expert bias is not supported on the CUDA backend yet (the CPU backend runs it)");
+  // backend runs them with the recipes whose kernels have the extended epilogue.
+  if (backend == Backend::kCUDA && !cuda_runs_extended_epilogue(c)) {
+    if (rc.has_expert_bias) r.push_back(extended_epilogue_reason(c, "expert bias"));
     if (rc.has_custom_swiglu_alpha_beta || rc.swiglu_alpha != 1.0f || rc.swiglu_beta != 0.0f)
-      r.push_back("a SwiGLU with alpha / beta other than 1 / 0 (swiglu_alpha = " +
-                  std::to_string(rc.swiglu_alpha) +
-                  ", swiglu_beta = " + std::to_string(rc.swiglu_beta) +
-                  ") is not supported on the CUDA backend yet (the CPU backend runs it)");
+      r.push_back(extended_epilogue_reason(
+          c, "a SwiGLU with alpha / beta other than 1 / 0 (swiglu_alpha = " +
+                 std::to_string(rc.swiglu_alpha) +
+                 ", swiglu_beta = " + std::to_string(rc.swiglu_beta) + ")"));
   }
   for (auto& why : plan_options_reasons(c.plan_options, rc.recipe)) r.push_back(std::move(why));
   if (!rc.weight_scheme.empty() && !parse_recipe(rc.weight_scheme))

@@ -68,10 +68,10 @@ MegaLayer::MegaLayer(const Bootstrap& boot, const LayerConfig& config, const Wei
     validate_epilogue_vector(epilogue.fc1_alpha, el, "fc1_alpha");
     validate_epilogue_vector(epilogue.fc2_alpha, el, "fc2_alpha");
     validate_epilogue_vector(epilogue.fc1_norm_const, el, "fc1_norm_const");
-    if (epilogue.fc1_bias.defined() || epilogue.fc2_bias.defined())
-      throw Error(ErrorCode::kUnsupported,
-                  "moe_ep: configuration not supported:\n  - expert bias is not supported on "
-                  "the CUDA backend yet (the CPU backend runs it)");
+    if ((epilogue.fc1_bias.defined() || epilogue.fc2_bias.defined()) &&
+        !cuda_runs_extended_epilogue(config))
+      throw Error(ErrorCode::kUnsupported, "moe_ep: configuration not supported:\n  - " +
+                                               extended_epilogue_reason(config, "expert bias"));
     impl_ = make_cuda_backend(boot, config, weights, epilogue);
   } else {
     impl_ = make_cpu_backend(boot, config, weights, epilogue);  // checks inside its collective

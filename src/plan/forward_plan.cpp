@@ -121,6 +121,7 @@ std::string ForwardPlan::to_string() const {
          fp8 ? " fp8" : "", quant_per_thread, route_kind_name(route),
          tile16_row_split ? " row_split" : "");
   s += " fc1=" + gemm_string(fc1) + " fc2=" + gemm_string(fc2);
+  if (extended_epilogue) s += " epilogue=extended";
   if (world > 1) append(s, " W=%d combine=%s", world, combine_mode_name(combine));
   return s;
 }
@@ -308,6 +309,7 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
   p.world = in.world;
   p.combine = o.combine;
   p.fp8 = in.fp8;
+  p.extended_epilogue = in.extended_epilogue;
   p.fp8_forced_widths = o.fp8_fine_widths;
   const bool owner = in.world > 1;
   p.rows = owner ? in.world * in.capacity : in.tokens;

@@ -18,9 +18,11 @@ struct PlanInputs {
   int local_experts = 0;  // E_local
   int world = 1;          // W
   bool fp8 = false;       // mxfp4_mxfp8 on fp8 tensor cores (RecipeConfig::fp8_mma)
-  int num_sms = 132;      // multiprocessors of the device
-  int tokens = 0;         // T of this rank (an upper bound where the device holds the count)
-  int capacity = 0;       // the workspace's capacity (W > 1: the owner's grid covers W of them)
+  // Expert biases or an activation slope / offset (contract §3.1): the GEMMs' extended epilogue.
+  bool extended_epilogue = false;
+  int num_sms = 132;  // multiprocessors of the device
+  int tokens = 0;     // T of this rank (an upper bound where the device holds the count)
+  int capacity = 0;   // the workspace's capacity (W > 1: the owner's grid covers W of them)
 };
 
 // Mean routed rows per expert up to which a forward takes each tile (single GPU).

@@ -154,6 +154,10 @@ class CpuBackend final : public LayerBackend {
     v.fc1_alpha = TensorView::contiguous(fc1_alpha_.data(), DType::kF32, {shape_.El});
     v.fc2_alpha = TensorView::contiguous(fc2_alpha_.data(), DType::kF32, {shape_.El});
     v.fc1_norm_const = TensorView::contiguous(fc1_nc_.data(), DType::kF32, {shape_.El});
+    if (!fc1_bias_.empty())
+      v.fc1_bias = TensorView::contiguous(fc1_bias_.data(), DType::kF32, {shape_.El, 2 * shape_.I});
+    if (!fc2_bias_.empty())
+      v.fc2_bias = TensorView::contiguous(fc2_bias_.data(), DType::kF32, {shape_.El, shape_.H});
     return v;
   }
 

@@ -359,6 +359,66 @@ TEST(GpuLayer, GptOssClampNormConsts) {
   compare_shape(kGptOss, gpt_oss_options(), {0, 1, 7, 128, 159, 160}, 13);
 }
 
+// gpt-oss's expert semantics on the CUDA backend (contract §3.1): expert biases, the activation's
+// slope 1.702 and offset 1 after the clamp at 7, against the CPU oracle, with the top-k weight in
+// fc1 and in the final sum, at token counts that run every kernel the plan picks for the recipe
+// (decode tiles 8 / 16 / 32 and the m64 kernel for mxfp4_bf16; mma.sync and wgmma for bf16). The
+// biases are large enough that a kernel ignoring either of them fails the tolerance.
+TEST(GpuLayer, GptOssExpertSemantics) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kGptOss;
+  const std::vector<int> tokens = {1, 7, 30, 40, 128, 512};
+  Master m(s, 21);
+  const std::vector<float> b13 = random_vec(size_t(s.E) * 2 * s.I, 22, 0.5f);
+  const std::vector<float> b2 = random_vec(size_t(s.E) * s.H, 23, 0.5f);
+  for (Recipe r : {Recipe::kMxfp4Bf16, Recipe::kBf16})
+    for (bool in_fc1 : {false, true}) {
+      SCOPED_TRACE(std::string(recipe_name(r)) + (in_fc1 ? " weight in fc1" : " weight in sum"));
+      Options o;
+      o.limit = 7.0f;
+      o.apply_topk_in_fc1 = in_fc1;
+      const PackedExperts p = pack(s, r, m, o);
+      LayerConfig cfg = make_config(s, r, tokens.back(), true, o);
+      cfg.recipe.swiglu_alpha = 1.702f;
+      cfg.recipe.swiglu_beta = 1.0f;
+      cfg.recipe.has_expert_bias = true;
+      EXPECT_TRUE(unsupported_reasons(cfg, 1, Backend::kCUDA).empty());
+      EpilogueVectors ev = p.epilogue_view();
+      ev.fc1_bias =
+          TensorView::contiguous(const_cast<float*>(b13.data()), DType::kF32, {s.E, 2 * s.I});
+      ev.fc2_bias = TensorView::contiguous(const_cast<float*>(b2.data()), DType::kF32, {s.E, s.H});
+      Bootstrap cpu_boot, gpu_boot;
+      cpu_boot.backend = Backend::kCPU;
+      gpu_boot.backend = Backend::kCUDA;
+      MegaLayer cpu(cpu_boot, cfg, p.view(), ev);
+      MegaLayer gpu(gpu_boot, cfg, p.view(), ev);
+      gpu.warmup();
+      // The biases come back as the layer's own, on the device.
+      const ExpertWeightViews views = gpu.expert_weight_views();
+      ASSERT_TRUE(views.fc1_bias.defined() && views.fc2_bias.defined());
+      std::vector<float> back(b2.size());
+      cudaMemcpy(back.data(), views.fc2_bias.data, back.size() * 4, cudaMemcpyDeviceToHost);
+      EXPECT_TRUE(back == b2);
+      for (int T : tokens) {
+        SCOPED_TRACE("T = " + std::to_string(T));
+        EXPECT_TRUE(gpu.plan(T).extended_epilogue) << gpu.plan(T).to_string();
+        HostInputs h = make_inputs(T, s.H, s.K, s.E, 24 + T);
+        DeviceInputs d(h);
+        const std::vector<uint16_t> ref = cpu_bits(cpu, h);
+        const std::vector<uint16_t> got = forward_bits(gpu, d, h);
+        std::string why;
+        const double err = rel_l2(got, ref, &why);
+        EXPECT_LE(err, 5e-3) << why;
+        size_t same = 0;
+        for (size_t i = 0; i < ref.size(); ++i) same += got[i] == ref[i];
+        std::printf("[ gpt-oss ] %-10s fc1w=%d T=%-4d rel_l2=%.3e bitwise %.4f  %s\n",
+                    recipe_name(r), int(in_fc1), T, err, double(same) / double(ref.size()),
+                    gpu.last_plan().to_string().c_str());
+      }
+      EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    }
+}
+
 TEST(GpuLayer, MixtralAllRecipes) {
   SKIP_WITHOUT_GPU();
   compare_shape(kMixtral, Options{}, {0, 1, 7, 127, 128}, 14);

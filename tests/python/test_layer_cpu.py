@@ -331,6 +331,32 @@ def test_per_call_epilogue_vectors():
     assert R.rel_l2(doubled, R.bf16_bits(R.bf16_to_f32(base) * 2)) <= TOL
 
 
+def test_caller_epilogue_vectors_are_read_in_place():
+    # Vectors given at construction on the layer's device are the caller's own (they alias the
+    # model's parameters): expert_weight_views() hands them back, and a change in them (an EPLB
+    # move) reaches the next forward. Biases come back as the layer's copies.
+    pack = moe_ep.pack_expert_weights("nvfp4", *master_weights(8))
+    fc2_alpha = pack["fc2_alpha"].copy()
+    x, ids, w = inputs(6)
+    rng = np.random.default_rng(3)
+    b2 = (0.1 * rng.standard_normal((E, H))).astype(np.float32)
+    with moe_ep.MoeEpLayer(pack["w13"], pack["w2"], pack["w13_scale"], pack["w2_scale"],
+                           num_experts=E, max_tokens_per_rank=CAP, top_k=K, recipe="nvfp4",
+                           fc1_alpha=pack["fc1_alpha"], fc2_alpha=fc2_alpha,
+                           fc2_bias=b2) as layer:
+        views = layer.expert_weight_views()
+        assert views.fc2_alpha is fc2_alpha
+        assert views.fc1_norm_const.shape == (E,) and views.fc1_bias is None
+        assert np.array_equal(views.fc2_bias, b2) and views.fc2_bias is not b2
+        base = layer(x, ids, w)
+        fc2_alpha *= 2  # in place, as an expert move would write
+        doubled = layer(x, ids, w)
+        fc2_alpha /= 2
+        again = layer(x, ids, w)
+    assert not np.array_equal(doubled, base)
+    assert np.array_equal(again, base)
+
+
 # --- errors ------------------------------------------------------------------------------------
 def test_too_many_tokens_names_both_numbers(bf16_pack):
     x, ids, w = inputs(CAP + 1)

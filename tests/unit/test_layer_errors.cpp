@@ -651,7 +651,9 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   EXPECT_TRUE(any(rm, {"200", "64"})) << ::testing::PrintToString(rm);
   EXPECT_TRUE(any(rm, {"48", "64"})) << ::testing::PrintToString(rm);
 
-  // gpt-oss's expert semantics: the CPU backend runs them, the CUDA backend names each.
+  // gpt-oss's expert semantics: the CPU backend runs them with every recipe, the CUDA backend
+  // with mxfp4_bf16 and bf16 and names each elsewhere (here nvfp4, and mxfp4_bf16 asked for the
+  // fp8 path).
   LayerConfig oai = good;
   oai.recipe.has_expert_bias = true;
   oai.recipe.swiglu_alpha = 1.702f;
@@ -661,6 +663,16 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   const auto rc = unsupported_reasons(oai, 2, Backend::kCUDA);
   EXPECT_TRUE(any(rc, {"bias", "CUDA"})) << ::testing::PrintToString(rc);
   EXPECT_TRUE(any(rc, {"alpha", "1.702", "CUDA"})) << ::testing::PrintToString(rc);
+  for (Recipe r : {Recipe::kMxfp4Bf16, Recipe::kBf16}) {
+    LayerConfig runs = oai;
+    runs.recipe.recipe = r;
+    const auto rr = unsupported_reasons(runs, 2, Backend::kCUDA);
+    EXPECT_FALSE(any(rr, {"bias"}) || any(rr, {"alpha"})) << ::testing::PrintToString(rr);
+  }
+  LayerConfig oai_fp8 = oai;
+  oai_fp8.recipe.recipe = Recipe::kMxfp4Mxfp8;
+  oai_fp8.recipe.fp8_mma = true;
+  EXPECT_TRUE(any(unsupported_reasons(oai_fp8, 2, Backend::kCUDA), {"bias", "fp8 tensor cores"}));
   LayerConfig nan_alpha = good;
   nan_alpha.recipe.swiglu_alpha = std::nanf("");
   EXPECT_TRUE(any(unsupported_reasons(nan_alpha, 2), {"swiglu_alpha", "finite"}));

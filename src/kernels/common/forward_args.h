@@ -109,6 +109,16 @@ struct DeviceError {
   int limit;  // E
 };
 
+// The expert epilogue a GEMM kernel is instantiated for: the plain SwiGLU of contract §3, or the
+// extended one of §3.1 (expert biases, the activation's slope and offset: gpt-oss). A template
+// argument, so the plain kernels carry none of the extended one's loads and arithmetic.
+enum class ExpertEpilogue : uint8_t { kSwiglu, kExtended };
+
+// Recipes whose kernels are also built with the extended epilogue.
+constexpr bool has_extended_epilogue(Recipe r) {
+  return r == Recipe::kMxfp4Bf16 || r == Recipe::kBf16;
+}
+
 struct ForwardArgs {
   Recipe recipe = Recipe::kBf16;
   int H = 0, I = 0, K = 0, local_experts = 0, num_experts = 0, expert_base = 0;
@@ -122,6 +132,11 @@ struct ForwardArgs {
   float swiglu_limit = -1.0f;  // < 0: no clamp
   bool weight_in_fc1 = false;
   const float *fc1_alpha = nullptr, *fc2_alpha = nullptr, *fc1_norm_const = nullptr;
+  // The extended expert epilogue's (ExpertEpilogue::kExtended; contract §3.1, gpt-oss): expert
+  // biases f32 [local_experts, 2I] and [local_experts, H] (each may be null) and the
+  // activation's slope and offset. The plain SwiGLU kernels never read them.
+  const float *fc1_bias = nullptr, *fc2_bias = nullptr;
+  float swiglu_alpha = 1.0f, swiglu_beta = 0.0f;
   const uint8_t *w1 = nullptr, *s1 = nullptr, *w2 = nullptr, *s2 = nullptr;  // resident
   ResidentShape rs{};
   // Workspace scratch.

@@ -13,17 +13,17 @@
 namespace moe_ep::kern {
 
 // bf16 weights, tiles of 16 rows: one CTA per (tile, M-tile) of the mma.sync kernel.
-template <Recipe R, bool kFc1>
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 cudaError_t launch_mma16(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
-  sm90_moe_gemm_kernel<R, 16, kFc1>
+  sm90_moe_gemm_kernel<R, 16, kFc1, kEpi>
       <<<dim3(g.grid_tiles, g.mtiles), kThreads, GemmConfig<R, 16>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
 // bf16 weights, tiles of 128 rows: one CTA per (tile, M-tile) in a 1-D grid, M-tile fastest.
-template <Recipe R, bool kFc1>
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 cudaError_t launch_wgmma128(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
-  sm90_moe_wgmma_kernel<R, kFc1>
+  sm90_moe_wgmma_kernel<R, kFc1, kEpi>
       <<<unsigned(g.grid_ctas), kThreads, WgmmaConfig<R>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
@@ -31,31 +31,31 @@ cudaError_t launch_wgmma128(const ForwardArgs& a, const GemmPlan& g, cudaStream_
 // 4-bit weights, tiles of up to 160 rows: one CTA per (tile, M-tile), two warpgroups on its
 // halves sharing each B stage, two CTAs per SM.
 constexpr int kM64Warpgroups = 2, kM64CtasPerSm = 2;
-template <Recipe R, bool kFc1>
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 cudaError_t launch_wgmma_m64(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
   using C = Wgmma3Config<R, kM64Warpgroups, kM64CtasPerSm>;
-  sm90_moe_wgmma3_kernel<R, kFc1, kM64Warpgroups, kM64CtasPerSm>
+  sm90_moe_wgmma3_kernel<R, kFc1, kM64Warpgroups, kM64CtasPerSm, kEpi>
       <<<unsigned(g.grid_ctas), C::kNT, C::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
-template <Recipe R, bool kFc1>
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
   constexpr bool kFourBit = R != Recipe::kBf16;
   switch (g.kernel) {
     case GemmKernel::kNone:
       return cudaSuccess;
     case GemmKernel::kDecode:
-      if constexpr (kFourBit) return launch_decode_gemm<R, kFc1>(a, g, s);
+      if constexpr (kFourBit) return launch_decode_gemm<R, kFc1, kEpi>(a, g, s);
       break;
     case GemmKernel::kWgmmaM64:
-      if constexpr (kFourBit) return launch_wgmma_m64<R, kFc1>(a, g, s);
+      if constexpr (kFourBit) return launch_wgmma_m64<R, kFc1, kEpi>(a, g, s);
       break;
     case GemmKernel::kMma16:
-      if constexpr (!kFourBit) return launch_mma16<R, kFc1>(a, g, s);
+      if constexpr (!kFourBit) return launch_mma16<R, kFc1, kEpi>(a, g, s);
       break;
     case GemmKernel::kWgmma128:
-      if constexpr (!kFourBit) return launch_wgmma128<R, kFc1>(a, g, s);
+      if constexpr (!kFourBit) return launch_wgmma128<R, kFc1, kEpi>(a, g, s);
       break;
     case GemmKernel::kFp8:
       break;
@@ -66,25 +66,43 @@ cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s)
 template <Recipe R>
 cudaError_t launch_gemms(const ForwardArgs& a, const ForwardPlan& p, cudaStream_t s,
                          cudaEvent_t* ev) {
-  return launch_fc1_fc2([&] { return launch_gemm<R, true>(a, p.fc1, s); },
-                        [&] { return launch_gemm<R, false>(a, p.fc2, s); }, s, ev);
+  if (p.extended_epilogue) {
+    if constexpr (has_extended_epilogue(R)) {
+      constexpr ExpertEpilogue kExt = ExpertEpilogue::kExtended;
+      return launch_fc1_fc2([&] { return launch_gemm<R, true, kExt>(a, p.fc1, s); },
+                            [&] { return launch_gemm<R, false, kExt>(a, p.fc2, s); }, s, ev);
+    }
+    return cudaErrorInvalidConfiguration;  // the plan never asks it of this recipe
+  }
+  constexpr ExpertEpilogue kPlain = ExpertEpilogue::kSwiglu;
+  return launch_fc1_fc2([&] { return launch_gemm<R, true, kPlain>(a, p.fc1, s); },
+                        [&] { return launch_gemm<R, false, kPlain>(a, p.fc2, s); }, s, ev);
+}
+
+template <Recipe R, ExpertEpilogue kEpi>
+cudaError_t set_gemm_attributes_for() {
+  if constexpr (R != Recipe::kBf16) {
+    constexpr int kBytes = Wgmma3Config<R, kM64Warpgroups, kM64CtasPerSm>::kSmemBytes;
+    return first_error(
+        {set_decode_attributes<R, kEpi>(),
+         set_max_smem(sm90_moe_wgmma3_kernel<R, true, kM64Warpgroups, kM64CtasPerSm, kEpi>, kBytes),
+         set_max_smem(sm90_moe_wgmma3_kernel<R, false, kM64Warpgroups, kM64CtasPerSm, kEpi>,
+                      kBytes)});
+  } else {
+    return first_error(
+        {set_max_smem(sm90_moe_gemm_kernel<R, 16, true, kEpi>, GemmConfig<R, 16>::kSmemBytes),
+         set_max_smem(sm90_moe_gemm_kernel<R, 16, false, kEpi>, GemmConfig<R, 16>::kSmemBytes),
+         set_max_smem(sm90_moe_wgmma_kernel<R, true, kEpi>, WgmmaConfig<R>::kSmemBytes),
+         set_max_smem(sm90_moe_wgmma_kernel<R, false, kEpi>, WgmmaConfig<R>::kSmemBytes)});
+  }
 }
 
 template <Recipe R>
 cudaError_t set_gemm_attributes() {
-  if constexpr (R != Recipe::kBf16) {
-    constexpr int kBytes = Wgmma3Config<R, kM64Warpgroups, kM64CtasPerSm>::kSmemBytes;
-    return first_error(
-        {set_decode_attributes<R>(),
-         set_max_smem(sm90_moe_wgmma3_kernel<R, true, kM64Warpgroups, kM64CtasPerSm>, kBytes),
-         set_max_smem(sm90_moe_wgmma3_kernel<R, false, kM64Warpgroups, kM64CtasPerSm>, kBytes)});
-  } else {
-    return first_error(
-        {set_max_smem(sm90_moe_gemm_kernel<R, 16, true>, GemmConfig<R, 16>::kSmemBytes),
-         set_max_smem(sm90_moe_gemm_kernel<R, 16, false>, GemmConfig<R, 16>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma_kernel<R, true>, WgmmaConfig<R>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma_kernel<R, false>, WgmmaConfig<R>::kSmemBytes)});
-  }
+  if constexpr (has_extended_epilogue(R))
+    return first_error({set_gemm_attributes_for<R, ExpertEpilogue::kSwiglu>(),
+                        set_gemm_attributes_for<R, ExpertEpilogue::kExtended>()});
+  return set_gemm_attributes_for<R, ExpertEpilogue::kSwiglu>();
 }
 
 }  // namespace moe_ep::kern

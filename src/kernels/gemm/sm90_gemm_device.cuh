@@ -70,6 +70,39 @@ __device__ __forceinline__ float epilogue_value(float acc, float alpha) {
   return v;
 }
 
+// The activation of fc1's gate and up values g, u of h column `hcol` of expert e (contract §3
+// and §3.1): with the extended epilogue the expert's biases are added first (after the alpha,
+// before the clamp) and the activation takes the slope and offset; otherwise the plain SwiGLU.
+template <ExpertEpilogue kEpi>
+__device__ __forceinline__ float fc1_activation(const ForwardArgs& a, int e, int hcol, float g,
+                                                float u) {
+  if constexpr (kEpi == ExpertEpilogue::kExtended) {
+    if (a.fc1_bias != nullptr) {
+      const float* b = a.fc1_bias + size_t(e) * 2 * a.I;
+      g = fmt::add_rn(g, b[hcol]);
+      u = fmt::add_rn(u, b[a.I + hcol]);
+    }
+    return fmt::swiglu_ab(g, u, a.swiglu_limit, a.swiglu_alpha, a.swiglu_beta);
+  } else {
+    return fmt::swiglu(g, u, a.swiglu_limit);
+  }
+}
+
+// fc2's fp32 value v of output row `hrow` of pair `pair` before its bf16 rounding: with the
+// extended epilogue plus the expert's bias (times the pair's top-k weight where the weight was
+// applied in fc1); otherwise v. Rows past H and columns without a pair (padding) add nothing.
+template <ExpertEpilogue kEpi>
+__device__ __forceinline__ float fc2_value(const ForwardArgs& a, int e, int hrow, int pair,
+                                           float v) {
+  if constexpr (kEpi == ExpertEpilogue::kExtended) {
+    if (a.fc2_bias != nullptr && hrow < a.H && pair >= 0) {
+      const float b = a.fc2_bias[size_t(e) * a.H + hrow];
+      v = fmt::add_rn(v, a.weight_in_fc1 ? fmt::mul_rn(a.topk_weights[pair], b) : b);
+    }
+  }
+  return v;
+}
+
 // bf16x2 {s, s} with s = scale(b) * 2^63 for every scale byte b (UE8M0 bytes above 191 are
 // rejected at construction; below 65 the block is too small to matter and becomes 0).
 template <Recipe R>
@@ -266,7 +299,7 @@ __device__ __forceinline__ void store_y_tile(const ForwardArgs& a, const uint16_
 // is fragment 2*warp+f's mma.sync m16n8 accumulator for n-fragment nf, i.e. weight row
 // (2*warp+f)*16 + g + (i>>1)*8 of the M-tile and token column nf*8 + 2*t4 + (i&1). Scales it,
 // stages the tile in the (free) pipeline smem and stores it with store_h_tile / store_y_tile.
-template <Recipe R, int kN, bool kFc1>
+template <Recipe R, int kN, bool kFc1, ExpertEpilogue kEpi>
 __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
                                               const float (&acc)[2][kN / 8][4], unsigned char* smem,
                                               const int* pair_of, const float* tw_of) {
@@ -288,7 +321,7 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
         const int row = warp * 16 + g + (i >> 1) * 8;
         const float gv = epilogue_value<R, true>(acc[0][nf][i], alpha);
         const float uv = epilogue_value<R, true>(acc[1][nf][i], alpha);
-        float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
+        float hv = fc1_activation<kEpi>(a, e, mtile * kFc1TileH + row, gv, uv);
         if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
         hs[col * kHS + row] = hv;
       }
@@ -310,8 +343,10 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
           // The CPU's rounding, not the conversion instruction: for bf16 weights the value is
           // the accumulator itself, and ptxas (nvcc 13.0) scheduled the F2FP reading it above the
           // wgmma kernel's final WARPGROUP.DEPBAR (wrong, changing outputs).
-          ys[col * kYS + row] =
-              fmt::float_to_bf16_rne(epilogue_value<R, false>(acc[f][nf][i], alpha));
+          float v = epilogue_value<R, false>(acc[f][nf][i], alpha);
+          if constexpr (kEpi == ExpertEpilogue::kExtended)
+            v = fc2_value<kEpi>(a, e, mtile * kTileRows + row, pair_of[col], v);
+          ys[col * kYS + row] = fmt::float_to_bf16_rne(v);
         }
     __syncthreads();
     store_y_tile<kN>(a, ys, tile, pair_of, mtile, tid, kThreads);

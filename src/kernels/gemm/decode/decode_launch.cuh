@@ -41,7 +41,7 @@ static_assert(kSmemPerSm / 3 <= DecodeConfig<Recipe::kMxfp4Bf16, 8, 2, 4>::kMaxS
                   kSmemPerSm / 3 <= DecodeConfig<Recipe::kNvfp4, 8, 2, 4>::kMaxSmemBytes,
               "the room-for-fc2 ring fits the kernel's shared-memory attribute");
 
-template <Recipe R, bool kFc1>
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 cudaError_t launch_decode(const ForwardArgs& args, const DecodeLaunchPlan& d, int mtiles,
                           cudaStream_t s) {
   if (d.grid_tiles == 0) return cudaSuccess;
@@ -53,28 +53,31 @@ cudaError_t launch_decode(const ForwardArgs& args, const DecodeLaunchPlan& d, in
   return with_decode_variant(d, [&](auto v) {
     using V = decltype(v);
     using C = DecodeConfig<R, V::kTile, V::kFrags, V::kChunks>;
-    return launch_pdl(sm90_moe_decode_kernel<R, V::kTile, V::kFrags, kFc1, V::kChunks>,
+    return launch_pdl(sm90_moe_decode_kernel<R, V::kTile, V::kFrags, kFc1, V::kChunks, kEpi>,
                       dim3(d.grid_tiles, mtiles), dim3(C::kThreads), d.smem_bytes, s, a, d.stages,
                       d.first_wave);
   });
 }
 
-template <Recipe R, bool kFc1>
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 cudaError_t launch_decode_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
   for (int i = 0; i < g.num_decode_launches; ++i)
-    if (const cudaError_t e = launch_decode<R, kFc1>(a, g.decode[i], g.mtiles, s); e != cudaSuccess)
+    if (const cudaError_t e = launch_decode<R, kFc1, kEpi>(a, g.decode[i], g.mtiles, s);
+        e != cudaSuccess)
       return e;
   return cudaSuccess;
 }
 
-template <Recipe R>
+template <Recipe R, ExpertEpilogue kEpi>
 cudaError_t set_decode_attributes() {
   return for_each_decode_variant([](auto v) {
     using V = decltype(v);
     constexpr int kBytes = DecodeConfig<R, V::kTile, V::kFrags, V::kChunks>::kMaxSmemBytes;
     return first_error(
-        {set_max_smem(sm90_moe_decode_kernel<R, V::kTile, V::kFrags, true, V::kChunks>, kBytes),
-         set_max_smem(sm90_moe_decode_kernel<R, V::kTile, V::kFrags, false, V::kChunks>, kBytes)});
+        {set_max_smem(sm90_moe_decode_kernel<R, V::kTile, V::kFrags, true, V::kChunks, kEpi>,
+                      kBytes),
+         set_max_smem(sm90_moe_decode_kernel<R, V::kTile, V::kFrags, false, V::kChunks, kEpi>,
+                      kBytes)});
   });
 }
 

@@ -365,7 +365,7 @@ struct PipeConsumer {
 
 // One CTA computes one M-tile of one routing tile over the whole K range with the pipelined
 // consumer (PipeConsumer). wave: the CTAs of the launch's first wave (below).
-template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
+template <Recipe R, int kN, int kFW, bool kFc1, int kCps, ExpertEpilogue kEpi>
 __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stages,
                                             const int wave) {
   using C = DecodeConfig<R, kN, kFW, kCps>;
@@ -611,7 +611,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       const int col = it / kFc1TileH, row = it % kFc1TileH, j = row >> 4, r = row & 15;
       const float gv = gu[((2 * j) * kN + col) * C::kGuStride + r];
       const float uv = gu[((2 * j + 1) * kN + col) * C::kGuStride + r];
-      float hv = fmt::swiglu(gv, uv, a.swiglu_limit);
+      float hv = fc1_activation<kEpi>(a, e, mtile * kFc1TileH + row, gv, uv);
       if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
       hs[col * C::kHS + row] = hv;
     }
@@ -630,8 +630,10 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
           for (int i = 0; i < 4; ++i) {
             const int col = nf * 8 + 2 * t4 + (i & 1);
             const int row = (warp * kFW + f) * 16 + g + (i >> 1) * 8;
-            ys[col * kYS + row] =
-                fmt::float_to_bf16(epilogue_value<R, false>(acc[f][nf][i], alpha));
+            float v = epilogue_value<R, false>(acc[f][nf][i], alpha);
+            if constexpr (kEpi == ExpertEpilogue::kExtended)
+              v = fc2_value<kEpi>(a, e, mtile * kTileRows + row, pair_of[col], v);
+            ys[col * kYS + row] = fmt::float_to_bf16(v);
           }
     }
     __syncthreads();
@@ -647,10 +649,11 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
 constexpr int kDecode32Regs = 136;
 // (Tile 32 on 2-chunk slots runs the lean consumer at 96 registers and 4 CTAs per SM, for GEMMs
 // with a short K: the plan's tile32_chunks_per_slot.)
-template <Recipe R, int kN, int kFW, bool kFc1, int kCps>
+template <Recipe R, int kN, int kFW, bool kFc1, int kCps,
+          ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu>
 __global__ void __maxnreg__(kN > 16 && kCps == 4 ? kDecode32Regs : 96)
     sm90_moe_decode_kernel(const ForwardArgs a, const int stages, const int wave) {
-  decode_gemm<R, kN, kFW, kFc1, kCps>(a, stages, wave);
+  decode_gemm<R, kN, kFW, kFc1, kCps, kEpi>(a, stages, wave);
 }
 
 }  // namespace moe_ep::kern

@@ -29,7 +29,7 @@ struct GemmConfig {
   static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
 };
 
-template <Recipe R, int kN, bool kFc1>
+template <Recipe R, int kN, bool kFc1, ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu>
 __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardArgs a) {
   using C = GemmConfig<R, kN>;
   using RT = typename C::RT;
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) sm90_moe_gemm_kernel(const ForwardAr
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
 
-  gemm_epilogue<R, kN, kFc1>(a, tile, mtile, acc, smem, pair_of, tw_of);
+  gemm_epilogue<R, kN, kFc1, kEpi>(a, tile, mtile, acc, smem, pair_of, tw_of);
 }
 
 }  // namespace moe_ep::kern

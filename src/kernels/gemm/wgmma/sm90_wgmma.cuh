@@ -120,7 +120,7 @@ struct WgmmaConfig {
 
 // Grid: one CTA per (routing tile, M-tile), M-tile fastest, so the CTAs of one tile run
 // together and share its activation rows in L2.
-template <Recipe R, bool kFc1>
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu>
 __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const ForwardArgs a) {
   using C = WgmmaConfig<R>;
   using RT = typename C::RT;
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_wgmma_kernel(const Forwa
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tile
 
-  gemm_epilogue<R, kWgN, kFc1>(a, tile, mtile, acc, smem, pair_of, tw_of);
+  gemm_epilogue<R, kWgN, kFc1, kEpi>(a, tile, mtile, acc, smem, pair_of, tw_of);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -392,7 +392,8 @@ struct Wgmma3Config {
 // up value before SwiGLU; fc2: y before its bf16 rounding). `tid` 0..127 is the thread in the
 // half's warpgroup, `smem` its staging area (kWg3XS fp32 or kWg3YS bf16 per column), `sync` a
 // barrier over that warpgroup.
-template <Recipe R, bool kFc1, int kNF, class Value, class Sync>
+template <Recipe R, bool kFc1, int kNF, ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu, class Value,
+          class Sync>
 __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
                                              int half, const float (&acc)[kNF * 4],
                                              unsigned char* smem, const float* tw_of,
@@ -419,23 +420,28 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
     each_acc([&](int col, int r8, float v) { xs[col * kXS + slot0 + r8] = value(v, col); });
     sync();
     // Each thread reads the gate slot it overwrites, and nobody writes the up slots: no race.
+    const int hcol0 = mtile * kFc1TileH + half * kWg3HCols;
     for (int it = tid; it < rows * kWg3HCols; it += 128) {
       const int col = it / kWg3HCols, j = it % kWg3HCols;
       float* x = xs + col * kXS;
-      float hv = fmt::swiglu(x[j], x[kWg3HCols + j], a.swiglu_limit);
+      float hv = fc1_activation<kEpi>(a, tile.expert, hcol0 + j, x[j], x[kWg3HCols + j]);
       if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
       x[j] = hv;
     }
     sync();
-    store_h_rows<R, kWg3HCols, kXS>(a, xs, tile, mtile * kFc1TileH + half * kWg3HCols, tid, 128);
+    store_h_rows<R, kWg3HCols, kXS>(a, xs, tile, hcol0, tid, 128);
   } else {
     // y tile [col][kYS] bf16, then 16-byte row stores to y_rows[t*K+k] (or y_dst).
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
+    const int row0 = mtile * kTileRows + half * kWg3Rows;
     each_acc([&](int col, int r8, float v) {
-      ys[col * kYS + warp * 16 + g + r8] = fmt::float_to_bf16(value(v, col));
+      const int row = warp * 16 + g + r8;
+      float y = value(v, col);
+      if constexpr (kEpi == ExpertEpilogue::kExtended)
+        y = fc2_value<kEpi>(a, tile.expert, row0 + row, pair_of[col], y);
+      ys[col * kYS + row] = fmt::float_to_bf16(y);
     });
     sync();
-    const int row0 = mtile * kTileRows + half * kWg3Rows;
     for (int it = tid; it < rows * 8; it += 128) {
       const int col = it >> 3, p = it & 7;
       if (row0 + p * 8 >= a.H) continue;
@@ -471,7 +477,7 @@ __device__ __forceinline__ void with_n_class(int rows, F& f,
 // computes half M-tile group * kG + wg; a warpgroup past the matrix (kG not dividing the halves,
 // or fc2's padding rows past H) loads its share of B and takes part in the barriers, but neither
 // decodes nor multiplies.
-template <Recipe R, bool kFc1, int kG, int kMinB>
+template <Recipe R, bool kFc1, int kG, int kMinB, ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu>
 __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
   using C = Wgmma3Config<R, kG, kMinB>;
   using RT = typename C::RT;
@@ -663,11 +669,11 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   const float alpha = R == Recipe::kNvfp4 ? (kFc1 ? a.fc1_alpha : a.fc2_alpha)[tile.expert] : 1.0f;
   auto value = [alpha](float v, int) { return epilogue_value<R, kFc1>(v, alpha); };
   if constexpr (kG == 1) {
-    m64_epilogue<R, kFc1, kNF>(a, tile, mtile, half, acc, smem, tw_of, pair_of, wtid, value,
-                               [] { __syncthreads(); });
+    m64_epilogue<R, kFc1, kNF, kEpi>(a, tile, mtile, half, acc, smem, tw_of, pair_of, wtid, value,
+                                     [] { __syncthreads(); });
   } else {
-    m64_epilogue<R, kFc1, kNF>(a, tile, mtile, half, acc, smem + wg * C::kEpiBytes, tw_of, pair_of,
-                               wtid, value, [wg] { named_barrier(1 + wg, 128); });
+    m64_epilogue<R, kFc1, kNF, kEpi>(a, tile, mtile, half, acc, smem + wg * C::kEpiBytes, tw_of,
+                                     pair_of, wtid, value, [wg] { named_barrier(1 + wg, 128); });
   }
 }
 
