@@ -227,8 +227,7 @@ TEST_P(Eplb, RedundantCopyOnAnotherRankGivesTheSameBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Eplb,
-                         ::testing::Values(Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16,
-                                           Recipe::kBf16),
+                         ::testing::ValuesIn(kAllRecipes),
                          [](const auto& info) {
                            std::string s = recipe_name(info.param);
                            s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
