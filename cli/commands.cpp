@@ -14,9 +14,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <new>
 #include <sstream>
@@ -248,8 +248,7 @@ Options parse(const std::vector<std::string>& a) {
 }
 
 std::vector<Recipe> recipes_of(const std::string& list) {
-  if (list == "all")
-    return {std::begin(kAllRecipes), std::end(kAllRecipes)};
+  if (list == "all") return {std::begin(kAllRecipes), std::end(kAllRecipes)};
   std::vector<Recipe> out;
   for (auto& n : split(list)) {
     auto r = parse_recipe(n);

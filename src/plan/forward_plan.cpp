@@ -244,9 +244,8 @@ GemmPlan decode_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPl
     // two were level or faster.
     if (n == 8)
       gp.decode[0].frags_per_warp =
-          o.tile8_frags_per_warp
-              ? o.tile8_frags_per_warp
-              : (recipe_traits(in.recipe).e4m3_scales && per_sm == 1 ? 1 : 2);
+          o.tile8_frags_per_warp ? o.tile8_frags_per_warp
+                                 : (recipe_traits(in.recipe).e4m3_scales && per_sm == 1 ? 1 : 2);
   }
   return gp;
 }

@@ -200,7 +200,8 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& s, const ExpertWeigh
   const ActFormat act = act_format(recipe, H);
   const float limit = cfg.recipe.swiglu_limit ? *cfg.recipe.swiglu_limit : -1.0f;
   const float act_alpha = cfg.recipe.swiglu_alpha, act_beta = cfg.recipe.swiglu_beta;
-  const bool alphas = recipe_traits(recipe).alphas;  // nvfp4's and nvfp4_bf16's fc1/fc2 alphas
+  // The NVFP4 recipes' per-expert fc1 / fc2 alphas (nvfp4, nvfp4_bf16).
+  const bool alphas = recipe_traits(recipe).alphas;
   constexpr int kRows = 4;  // weight rows per task (the micro-kernel's R)
 
   // Decoded activations X [n_e, H] and fc1 results A [n_e, 2I] per expert.

@@ -388,8 +388,8 @@ inline RankInputs concat_ranks(const std::vector<RankInputs>& ranks) {
 // ---------------------------------------------------------------------------------------------
 // The independent float64 computation of docs/contract.md §3.1. Dot products, alphas, the
 // activation and the top-k sum run in double; only the roundings the spec names are applied: bf16
-// g/u (mxfp4_mxfp8), bf16 h (mxfp4_bf16, bf16, nvfp4_bf16), requantized h from the double h cast to float
-// (nvfp4, mxfp4_mxfp8), bf16 y and bf16 output. Activations are quantized with the formats.h
+// g/u (mxfp4_mxfp8), bf16 h (mxfp4_bf16, bf16, nvfp4_bf16), requantized h from the double h cast to
+// float (nvfp4, mxfp4_mxfp8), bf16 y and bf16 output. Activations are quantized with the formats.h
 // block functions (tested on their own).
 
 struct Reference {
@@ -560,8 +560,8 @@ inline double rel_l2(const Bits& a, const Bits& b) {
 }
 
 // Relative L2 allowed between the CPU backend and reference_forward. bf16 paths (mxfp4_bf16,
-// bf16, nvfp4_bf16): fp32 vs double sums flip a bf16 rounding of h or y now and then: 1e-3. nvfp4 and
-// mxfp4_mxfp8: products of 4-/8-bit operands are exact, so fp32 sums are too, but h is fp32 in
+// bf16, nvfp4_bf16): fp32 vs double sums flip a bf16 rounding of h or y now and then: 1e-3. nvfp4
+// and mxfp4_mxfp8: products of 4-/8-bit operands are exact, so fp32 sums are too, but h is fp32 in
 // the backend and double here, and an h on an E2M1/E4M3 rounding midpoint (seen: 15.5 vs
 // 15.499999) requantizes one code apart, the one source docs/contract.md §7 allows; at I = 128 a
 // single flip moves a rank's output by ~1.5e-3, so these recipes get docs/contract.md §7's 5e-3.

@@ -205,10 +205,10 @@ TEST(WeightPrep, Nvfp4Bf16AlphasAreTheGlobalScales) {
   const int E = 3, H = 128, I = 64;
   const Master m = random_master(E, H, I, 7);
   const std::vector<float> fc1_nc = {0.5f, 2.0f, 7.0f};
-  const PackedExperts p = pack_expert_weights(Recipe::kNvfp4Bf16, m.w13.data(), m.w2.data(), E,
-                                              H, I, 3.0f, fc1_nc.data());
-  const PackedExperts nv = pack_expert_weights(Recipe::kNvfp4, m.w13.data(), m.w2.data(), E, H, I,
-                                               3.0f, fc1_nc.data());
+  const PackedExperts p = pack_expert_weights(Recipe::kNvfp4Bf16, m.w13.data(), m.w2.data(), E, H,
+                                              I, 3.0f, fc1_nc.data());
+  const PackedExperts nv =
+      pack_expert_weights(Recipe::kNvfp4, m.w13.data(), m.w2.data(), E, H, I, 3.0f, fc1_nc.data());
   EXPECT_EQ(p.w13, nv.w13);
   EXPECT_EQ(p.w2, nv.w2);
   EXPECT_EQ(p.w13_scale, nv.w13_scale);

@@ -141,8 +141,8 @@ cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, con
   int* bad = nullptr;
   if ((err = cudaMalloc(&bad, 4 * sizeof(int))) != cudaSuccess) return err;
   cudaMemsetAsync(bad, 0, 4 * sizeof(int), stream);
-  preprocess_scales_kernel<<<blocks, threads, 0, stream>>>(p, nv_scales, raw_scale,
-                                                           out_scale, sbytes, bad);
+  preprocess_scales_kernel<<<blocks, threads, 0, stream>>>(p, nv_scales, raw_scale, out_scale,
+                                                           sbytes, bad);
   int host_bad[4] = {0, 0, 0, 0};
   err = cudaGetLastError();
   if (err == cudaSuccess)
@@ -154,9 +154,8 @@ cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, con
     std::snprintf(hex, sizeof hex, "0x%02x", host_bad[3]);
     *why = std::string(fc1 ? "w13_scale" : "w2_scale") + " byte " + hex + " at local expert " +
            std::to_string(host_bad[1]) + ", row " + std::to_string(host_bad[2]) +
-           (nv_scales
-                ? " is an E4M3 NaN"
-                : " is a UE8M0 NaN or a scale above 2^64 (bytes > 191 are not supported)");
+           (nv_scales ? " is an E4M3 NaN"
+                      : " is a UE8M0 NaN or a scale above 2^64 (bytes > 191 are not supported)");
   }
   return err;
 }
