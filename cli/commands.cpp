@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <new>
 #include <sstream>
@@ -78,7 +79,8 @@ const char* kUsage =
     "                     gpt-oss-120b, mixtral-8x7b\n"
     "  --experts E        use E experts instead of the shape's (keeps H, I and K); 1..65536,\n"
     "                     at least K and a multiple of the ranks\n"
-    "  --recipe LIST      all (default) or a comma list of nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16\n"
+    "  --recipe LIST      all (default) or a comma list of nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16,\n"
+    "                     nvfp4_bf16\n"
     "  --tokens LIST      tokens per rank, 0..16777216; a comma list runs each (default\n"
     "                     run/check: 64; bench: 1,8,32,128)\n"
     "  --ranks W          EP ranks, 1..64 (CPU: threads in this process; default 1)\n"
@@ -246,14 +248,14 @@ Options parse(const std::vector<std::string>& a) {
 }
 
 std::vector<Recipe> recipes_of(const std::string& list) {
-  if (list == "all")
-    return {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16};
+  if (list == "all") return {std::begin(kAllRecipes), std::end(kAllRecipes)};
   std::vector<Recipe> out;
   for (auto& n : split(list)) {
     auto r = parse_recipe(n);
     if (!r)
       throw Error(ErrorCode::kInvalidArgument,
-                  "--recipe '" + n + "' is not one of: all, nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16");
+                  "--recipe '" + n +
+                      "' is not one of: all, nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16, nvfp4_bf16");
     out.push_back(*r);
   }
   if (out.empty()) throw Error(ErrorCode::kInvalidArgument, "--recipe: no recipe given");

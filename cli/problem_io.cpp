@@ -93,11 +93,13 @@ ProblemLayout check_problem_header(const StFile& f) {
   // Metadata: the recipe and the recipe options.
   auto rit = f.metadata.find("recipe");
   if (rit == f.metadata.end())
-    c.fail("metadata 'recipe' is missing (expected one of nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16)");
+    c.fail(
+        "metadata 'recipe' is missing (expected one of nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16, "
+        "nvfp4_bf16)");
   const auto recipe = parse_recipe(rit->second);
   if (!recipe)
     c.fail("metadata 'recipe' is '" + rit->second +
-           "', expected one of nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16");
+           "', expected one of nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16, nvfp4_bf16");
   L.recipe = *recipe;
   if (auto it = f.metadata.find("swiglu_limit"); it != f.metadata.end()) {
     float v = NAN;

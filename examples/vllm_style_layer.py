@@ -56,7 +56,7 @@ def dequant(recipe, w, s):
         return (w.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     v = np.empty(w.shape[:-1] + (w.shape[-1] * 2,))
     v[..., 0::2], v[..., 1::2] = E2M1[w & 0xF], E2M1[w >> 4]
-    if recipe == "nvfp4":  # E4M3 scale bytes
+    if recipe in ("nvfp4", "nvfp4_bf16"):  # E4M3 scale bytes
         b = s.astype(np.int64)
         e, m = (b >> 3) & 0xF, b & 7
         sc = np.where(e == 0, m * 2.0**-9, (1 + m / 8) * np.exp2(e - 7.0))
@@ -72,7 +72,7 @@ def reference(ckpt, recipe, x_bits, ids, weights):
     W2 = dequant(recipe, ckpt["w2"], ckpt["w2_scale"])
     a1 = ckpt["fc1_alpha"].astype(np.float64)
     a2 = ckpt["fc2_alpha"].astype(np.float64)
-    scale = recipe == "nvfp4"
+    scale = recipe in ("nvfp4", "nvfp4_bf16")  # the NVFP4 weights' alphas
     inter = W13.shape[1] // 2
     out = np.zeros((x.shape[0], W2.shape[1]))
     for t in range(x.shape[0]):
@@ -99,7 +99,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--recipe", default="bf16",
-                    choices=["bf16", "mxfp4_bf16", "mxfp4_mxfp8", "nvfp4"])
+                    choices=["bf16", "mxfp4_bf16", "mxfp4_mxfp8", "nvfp4", "nvfp4_bf16"])
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--inter", type=int, default=256)
@@ -195,7 +195,8 @@ def main():
     # The reference is the unquantized model: for recipes that quantize activations the gap is
     # the recipe's own quantization error (FP8: a few percent, FP4: about 15 percent). The exact
     # per-recipe models are in tests/python (numpy_reference.py, torch_reference.py).
-    limit = {"bf16": 5e-3, "mxfp4_bf16": 5e-3, "mxfp4_mxfp8": 0.1, "nvfp4": 0.25}[args.recipe]
+    limit = {"bf16": 5e-3, "mxfp4_bf16": 5e-3, "mxfp4_mxfp8": 0.1, "nvfp4": 0.25,
+             "nvfp4_bf16": 5e-3}[args.recipe]
     print(("OK" if worst <= limit else "MISMATCH") + f": worst rel L2 {worst:.2e} (limit {limit})")
     return 0 if worst <= limit else 1
 

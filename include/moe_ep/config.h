@@ -21,10 +21,15 @@ enum class Recipe : uint8_t {
   kMxfp4Mxfp8,  // MXFP4 weights, MXFP8 activations (UE8M0 per 32), weight applied in fc1
   kMxfp4Bf16,   // MXFP4 weights, bf16 activations
   kBf16,        // bf16 weights and activations
+  kNvfp4Bf16,   // NVFP4 weights with their fp32 alphas, bf16 activations (W4A16)
 };
 
 const char* recipe_name(Recipe r);
 std::optional<Recipe> parse_recipe(const std::string& name);  // "nvfp4", "mxfp4_mxfp8", ...
+
+// Every recipe, in the order of the enum (CLI, benchmarks and tests iterate over it).
+inline constexpr Recipe kAllRecipes[] = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16,
+                                         Recipe::kBf16, Recipe::kNvfp4Bf16};
 
 // Per-recipe storage facts (docs/contract.md §3.1 checkpoint layout).
 struct RecipeTraits {
@@ -32,6 +37,7 @@ struct RecipeTraits {
   int weight_block;         // elements per weight scale (16 or 32; 0 for bf16)
   bool e4m3_scales;         // scale bytes are E4M3 (else UE8M0)
   bool topk_in_fc1_forced;  // the recipe always applies the top-k weight in fc1
+  bool alphas;              // fc1_alpha / fc2_alpha scale the GEMM results (NVFP4 weights)
 };
 RecipeTraits recipe_traits(Recipe r);
 
@@ -56,7 +62,7 @@ struct RecipeConfig {
   float swiglu_beta = 0.0f;
   bool apply_topk_in_fc1 = false;
   bool do_finalize = true;
-  float input_norm_const = 1.0f;  // nvfp4 only
+  float input_norm_const = 1.0f;  // nvfp4 only (not nvfp4_bf16: x is not quantized)
   DType activation_dtype = DType::kBF16;
   DType combine_dtype = DType::kBF16;
   // mxfp4_mxfp8 on the CUDA backend: run the expert GEMMs on fp8 tensor cores (weights kept in an

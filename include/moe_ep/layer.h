@@ -23,7 +23,8 @@ struct WeightPack {
   TensorView w13, w2, w13_scale, w2_scale;
 };
 
-// Per-expert fp32 [E_local] epilogue vectors (nvfp4). Left out: 1.0 for every expert.
+// Per-expert fp32 [E_local] epilogue vectors (fc1_alpha / fc2_alpha: nvfp4 and nvfp4_bf16;
+// fc1_norm_const: nvfp4). Left out: 1.0 for every expert.
 struct EpilogueVectors {
   TensorView fc1_alpha, fc2_alpha, fc1_norm_const;
   // Expert biases (gpt-oss; contract §3.1), at construction only: f32 [E_local, 2I] added to

@@ -19,8 +19,9 @@ def pack_expert_weights(recipe, w13, w2, *, input_norm_const=1.0, fc1_norm_const
     """Packs fp32 w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up) and w2 [E, H, I] for `recipe`.
 
     Returns a dict of numpy arrays: w13, w2, w13_scale, w2_scale (None for bf16; bf16 weights
-    come as uint16 bits), fc1_alpha, fc2_alpha, fc1_norm_const (float32 [E]). For nvfp4 the
-    alphas undo the per-expert global scales (alpha * acc is the true dot product).
+    come as uint16 bits), fc1_alpha, fc2_alpha, fc1_norm_const (float32 [E]). For nvfp4 and
+    nvfp4_bf16 the alphas undo the per-expert global scales (alpha * acc is the true dot
+    product).
     Slice [first:first + E_local] along dim 0 for one rank's share.
     """
     return dict(

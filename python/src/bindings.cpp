@@ -191,7 +191,8 @@ struct Spec {
     c.fleet.hidden_size = hidden_size;
     auto r = parse_recipe(recipe);
     if (!r)
-      invalid("unknown recipe '" + recipe + "' (expected nvfp4, mxfp4_mxfp8, mxfp4_bf16 or bf16)");
+      invalid("unknown recipe '" + recipe +
+              "' (expected nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16 or nvfp4_bf16)");
     c.recipe.recipe = *r;
     c.recipe.intermediate_size = intermediate_size;
     c.recipe.top_k = top_k;

@@ -43,13 +43,14 @@ float nvfp4_global_scale(float amax) {
 // Quantizes `rows` rows of `cols` fp32 elements of one expert into packed 4-bit data and scales.
 void quantize_rows_4bit(Recipe recipe, const float* w, int rows, int cols, float norm_const,
                         uint8_t* packed, uint8_t* scales) {
-  const int block = recipe == Recipe::kNvfp4 ? fmt::kNvfp4Block : fmt::kMxBlock;
+  const bool nv = recipe_traits(recipe).e4m3_scales;
+  const int block = nv ? fmt::kNvfp4Block : fmt::kMxBlock;
 #pragma omp parallel for schedule(static)
   for (int r = 0; r < rows; ++r) {
     const float* x = w + int64_t(r) * cols;
     uint8_t* p = packed + int64_t(r) * (cols / 2);
     uint8_t* s = scales + int64_t(r) * (cols / block);
-    if (recipe == Recipe::kNvfp4)
+    if (nv)
       fmt::quantize_row_nvfp4(x, cols, norm_const, p, s);
     else
       fmt::quantize_row_mxfp4(x, cols, p, s);
@@ -140,6 +141,13 @@ PackedExperts pack_expert_weights(Recipe recipe, const float* w13, const float* 
       p.fc1_alpha[e] = gs13 / input_norm_const;
       p.fc2_alpha[e] = gs2 / fc1_nc;
       p.fc1_norm_const[e] = fc1_nc;
+    } else if (recipe == Recipe::kNvfp4Bf16) {
+      // Neither x nor h is quantized: the alphas are the global scales themselves.
+      const float gs13 = nvfp4_global_scale(amax13), gs2 = nvfp4_global_scale(amax2);
+      nc13 = 1.0f / gs13;
+      nc2 = 1.0f / gs2;
+      p.fc1_alpha[e] = gs13;
+      p.fc2_alpha[e] = gs2;
     }
     quantize_rows_4bit(recipe, a13, 2 * I, H, nc13, p.w13.data() + e * n13 / 2,
                        p.w13_scale.data() + e * n13 / g);

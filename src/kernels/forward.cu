@@ -23,6 +23,8 @@ cudaError_t set_kernel_attributes(Recipe recipe) {
       return set_gemm_attributes_mxfp4_bf16();
     case Recipe::kBf16:
       return set_gemm_attributes_bf16();
+    case Recipe::kNvfp4Bf16:
+      return set_gemm_attributes_nvfp4_bf16();
   }
   return cudaErrorInvalidValue;
 }
@@ -39,6 +41,8 @@ cudaError_t launch_gemms(const ForwardArgs& a, const ForwardPlan& p, cudaStream_
       return launch_gemms_mxfp4_bf16(a, p, s, ev);
     case Recipe::kBf16:
       return launch_gemms_bf16(a, p, s, ev);
+    case Recipe::kNvfp4Bf16:
+      return launch_gemms_nvfp4_bf16(a, p, s, ev);
   }
   return cudaErrorInvalidValue;
 }

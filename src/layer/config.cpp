@@ -19,12 +19,14 @@ const char* recipe_name(Recipe r) {
       return "mxfp4_bf16";
     case Recipe::kBf16:
       return "bf16";
+    case Recipe::kNvfp4Bf16:
+      return "nvfp4_bf16";
   }
   return "?";
 }
 
 std::optional<Recipe> parse_recipe(const std::string& name) {
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16})
+  for (Recipe r : kAllRecipes)
     if (name == recipe_name(r)) return r;
   return std::nullopt;
 }
@@ -32,13 +34,15 @@ std::optional<Recipe> parse_recipe(const std::string& name) {
 RecipeTraits recipe_traits(Recipe r) {
   switch (r) {
     case Recipe::kNvfp4:
-      return {true, 16, true, false};
+      return {true, 16, true, false, true};
     case Recipe::kMxfp4Mxfp8:
-      return {true, 32, false, true};
+      return {true, 32, false, true, false};
     case Recipe::kMxfp4Bf16:
-      return {true, 32, false, false};
+      return {true, 32, false, false, false};
     case Recipe::kBf16:
-      return {false, 0, false, false};
+      return {false, 0, false, false, false};
+    case Recipe::kNvfp4Bf16:
+      return {true, 16, true, false, true};
   }
   return {};
 }
@@ -114,7 +118,7 @@ std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_siz
   for (auto& why : plan_options_reasons(c.plan_options, rc.recipe)) r.push_back(std::move(why));
   if (!rc.weight_scheme.empty() && !parse_recipe(rc.weight_scheme))
     r.push_back("weight scheme '" + rc.weight_scheme +
-                "' is not supported (only nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16)");
+                "' is not supported (only nvfp4, mxfp4_mxfp8, mxfp4_bf16, bf16, nvfp4_bf16)");
   if (rc.skip_final_all_reduce)
     r.push_back(
         "skip_final_all_reduce is not supported: the layer returns each token's full sum "

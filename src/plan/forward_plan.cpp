@@ -239,13 +239,14 @@ GemmPlan decode_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPl
   } else {
     gp.decode[0] = decode_launch(in, o, g, n, 4, gp.grid_tiles, per_sm);
     // Tile 8: one fragment per consumer warp (8 consumer warps, the same sums in the same order)
-    // for nvfp4 where the grid holds at most one CTA per SM (Qwen3 1 token 25.6 -> 23.1 us,
-    // gpt-oss 39.9-40.2 -> 37.7-38.1); at more CTAs per SM, and for mxfp4 (half the lanes would
-    // convert scale bytes), two were level or faster.
+    // for NVFP4 weights (nvfp4, nvfp4_bf16: the same weight stream and decode) where the grid
+    // holds at most one CTA per SM (nvfp4 Qwen3 1 token 25.6 -> 23.1 us, gpt-oss 39.9-40.2 ->
+    // 37.7-38.1); at more CTAs per SM, and for mxfp4 (half the lanes would convert scale bytes),
+    // two were level or faster.
     if (n == 8)
-      gp.decode[0].frags_per_warp = o.tile8_frags_per_warp
-                                        ? o.tile8_frags_per_warp
-                                        : (in.recipe == Recipe::kNvfp4 && per_sm == 1 ? 1 : 2);
+      gp.decode[0].frags_per_warp =
+          o.tile8_frags_per_warp ? o.tile8_frags_per_warp
+                                 : (recipe_traits(in.recipe).e4m3_scales && per_sm == 1 ? 1 : 2);
   }
   return gp;
 }

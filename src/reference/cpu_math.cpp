@@ -107,6 +107,7 @@ ActFormat act_format(Recipe r, int H) {
       return {H, H / kMxBlock};
     case Recipe::kMxfp4Bf16:
     case Recipe::kBf16:
+    case Recipe::kNvfp4Bf16:
       return {2 * H, 0};
   }
   return {};
@@ -123,6 +124,7 @@ void encode_activation(const RecipeConfig& rc, const ActFormat& f, const uint16_
       break;
     case Recipe::kMxfp4Bf16:
     case Recipe::kBf16:
+    case Recipe::kNvfp4Bf16:
       std::memcpy(row, x, size_t(H) * 2);
       break;
   }
@@ -140,7 +142,8 @@ void decode_activation(Recipe r, const ActFormat& f, const uint8_t* row, int H, 
       break;
     }
     case Recipe::kMxfp4Bf16:
-    case Recipe::kBf16: {
+    case Recipe::kBf16:
+    case Recipe::kNvfp4Bf16: {
       const uint16_t* x = reinterpret_cast<const uint16_t*>(row);
       for (int i = 0; i < H; ++i) out[i] = fmt::bf16_to_float(x[i]);
       break;
@@ -159,6 +162,7 @@ void dequant_weight_row(Recipe r, const uint8_t* data, const uint8_t* scales, si
                         float* out) {
   switch (r) {
     case Recipe::kNvfp4:
+    case Recipe::kNvfp4Bf16:
       dequant_4bit(data + row * (n / 2), scales + row * (n / kNvfp4Block), tables().e4m3,
                    kNvfp4Block, n, out);
       break;
@@ -196,6 +200,8 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& s, const ExpertWeigh
   const ActFormat act = act_format(recipe, H);
   const float limit = cfg.recipe.swiglu_limit ? *cfg.recipe.swiglu_limit : -1.0f;
   const float act_alpha = cfg.recipe.swiglu_alpha, act_beta = cfg.recipe.swiglu_beta;
+  // The NVFP4 recipes' per-expert fc1 / fc2 alphas (nvfp4, nvfp4_bf16).
+  const bool alphas = recipe_traits(recipe).alphas;
   constexpr int kRows = 4;  // weight rows per task (the micro-kernel's R)
 
   // Decoded activations X [n_e, H] and fc1 results A [n_e, 2I] per expert.
@@ -254,7 +260,7 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& s, const ExpertWeigh
       const float tw = pairs[e][p].topk_weight;
       for (int c = 0; c < I; ++c) {
         float g = a[c], u = a[I + c];
-        if (recipe == Recipe::kNvfp4) {
+        if (alphas) {
           g = fmt::mul_rn(ep.fc1_alpha[e], g);
           u = fmt::mul_rn(ep.fc1_alpha[e], u);
         } else if (recipe == Recipe::kMxfp4Mxfp8) {
@@ -281,6 +287,7 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& s, const ExpertWeigh
           break;
         case Recipe::kMxfp4Bf16:
         case Recipe::kBf16:
+        case Recipe::kNvfp4Bf16:
           for (int c = 0; c < I; ++c) out[c] = fmt::round_to_bf16(h[c]);
           break;
       }
@@ -309,14 +316,14 @@ void run_experts(const LayerConfig& cfg, const ExpertShape& s, const ExpertWeigh
       for (size_t p = 0; p < n; ++p) hr.push_back(Hh[e].data() + p * I);
       y.resize(n * kRows);
       dots_4rows(wr, hr, I, y.data(), kRows);
-      const float alpha = recipe == Recipe::kNvfp4 ? ep.fc2_alpha[e] : 1.0f;
+      const float alpha = alphas ? ep.fc2_alpha[e] : 1.0f;
       const float* b2 = ep.fc2_bias ? ep.fc2_bias + size_t(e) * H + j0 : nullptr;
       for (size_t p = 0; p < n; ++p) {
         uint16_t* o = out_row(pairs[e][p]) + j0;
         const float tw = pairs[e][p].topk_weight;
         for (int r = 0; r < kRows; ++r) {
           float v = y[p * kRows + r];
-          if (recipe == Recipe::kNvfp4) v = fmt::mul_rn(alpha, v);
+          if (alphas) v = fmt::mul_rn(alpha, v);
           if (b2) v = fmt::add_rn(v, weight_in_fc1 ? fmt::mul_rn(tw, b2[r]) : b2[r]);
           o[r] = fmt::float_to_bf16(v);
         }

@@ -301,7 +301,8 @@ const Shape kDsv3{"dsv3", 7168, 2048, 8, 8};
 const Shape kQwen3{"qwen3", 2048, 768, 16, 8};
 const Shape kGptOss{"gpt-oss", 2880, 2880, 8, 4};
 const Shape kMixtral{"mixtral", 4096, 14336, 2, 2};
-const Recipe kRecipes[] = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16};
+const Recipe kRecipes[] = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16,
+                           Recipe::kNvfp4Bf16};
 
 // CPU vs GPU for every recipe and the listed token counts (the last is the capacity).
 void compare_shape(const Shape& s, const Options& o, const std::vector<int>& tokens,
@@ -561,7 +562,7 @@ TEST(GpuLayer, GraphReplayWithNumTokens) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
   Master m(s, 18);
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Bf16}) {
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Bf16, Recipe::kNvfp4Bf16}) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
     auto gpu = make_layer(Backend::kCUDA, make_config(s, r, 256, true, Options{}), p);
@@ -840,7 +841,7 @@ template <class Body>
 void for_each_4bit_layer_and_tokens(const Shape& s, const Master& m, int cap,
                                     std::initializer_list<int> tokens, uint64_t input_seed,
                                     Body body) {
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16}) {
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kNvfp4Bf16}) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack(s, r, m, Options{});
     auto gpu = make_layer(Backend::kCUDA, make_config(s, r, cap, true, Options{}), p);
@@ -974,10 +975,11 @@ TEST(GpuLayer, DecodeOneFragmentWarpsSameBits) {
           EXPECT_TRUE(one == two) << "one fragment per warp differs from two";
           EXPECT_TRUE(run(1) == one) << "repeated forward is not bitwise identical";
           EXPECT_TRUE(any_nonzero(two)) << "every output is zero";
-          // The policy: one fragment for nvfp4 where the expected grid holds one CTA per SM.
+          // The policy: one fragment for NVFP4 weights (nvfp4, nvfp4_bf16) where the expected
+          // grid holds one CTA per SM.
           EXPECT_TRUE(run(0) == two) << "the policy's forward differs from two fragments";
           const int tiles = kern::expected_tiles(T * s.K, s.E, 8);
-          const bool nv = gpu.config().recipe.recipe == Recipe::kNvfp4;
+          const bool nv = recipe_traits(gpu.config().recipe.recipe).e4m3_scales;
           for (const bool fc1 : {true, false}) {
             const int ctas = tiles * (fc1 ? rs.fc1_mtiles : rs.fc2_mtiles);
             EXPECT_EQ(fw_of(fc1), nv && ctas <= sms ? 1 : 2)

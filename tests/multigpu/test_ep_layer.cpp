@@ -52,7 +52,7 @@ constexpr int kH = 1024, kI = 512, kE = 16, kK = 4;
 // The world size (MOE_EP_TEST_WORLD, rank_harness.h) and the experts per rank.
 const int kWorld = test_world(), kEl = kE / kWorld;
 constexpr Recipe kRecipes[] = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16,
-                               Recipe::kBf16};
+                               Recipe::kBf16, Recipe::kNvfp4Bf16};
 
 uint64_t mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -75,6 +75,10 @@ Options recipe_options(Recipe r) {
   if (r == Recipe::kNvfp4) o.random_fc1_norm = true;
   if (r == Recipe::kMxfp4Bf16) o.limit = 7.0f;
   if (r == Recipe::kBf16) o.apply_topk_in_fc1 = true;
+  if (r == Recipe::kNvfp4Bf16) {
+    o.limit = 7.0f;
+    o.apply_topk_in_fc1 = true;
+  }
   return o;
 }
 

@@ -109,7 +109,7 @@ def dequant_weights(recipe, w, scale):
     vals = np.empty(w.shape[:-1] + (w.shape[-1] * 2,), dtype=np.float64)
     vals[..., 0::2] = E2M1_VALUES[w & 0xF]
     vals[..., 1::2] = E2M1_VALUES[w >> 4]
-    if recipe == "nvfp4":
+    if recipe in ("nvfp4", "nvfp4_bf16"):  # NVFP4 weights: E4M3 per 16
         s, g = e4m3_decode(scale), 16
     else:
         s, g = ue8m0_decode(scale), 32
@@ -147,7 +147,7 @@ def expert_rows(recipe, w13, w2, w13_scale, w2_scale, x_bits, ids, weights, *, f
         if t_idx.size == 0:
             continue
         acc = xq[t_idx] @ W13[e].T  # [n, 2I]
-        if recipe == "nvfp4":
+        if recipe in ("nvfp4", "nvfp4_bf16"):  # the NVFP4 weights' alphas
             acc = acc * float(a1[e])
         elif recipe == "mxfp4_mxfp8":
             acc = round_bf16(acc)
@@ -165,7 +165,7 @@ def expert_rows(recipe, w13, w2, w13_scale, w2_scale, x_bits, ids, weights, *, f
         else:
             h = round_bf16(h)
         out = h @ W2[e].T  # [n, H]
-        if recipe == "nvfp4":
+        if recipe in ("nvfp4", "nvfp4_bf16"):
             out = out * float(a2[e])
         y[t_idx, k_idx] = bf16_bits(out)
     return y, in_fc1

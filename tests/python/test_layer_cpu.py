@@ -78,7 +78,7 @@ def test_bf16_matches_numpy_reference(bf16_pack, t):
         assert np.abs(R.bf16_to_f32(out)).max() > 0
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4_mxfp8", "mxfp4_bf16"])
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4_mxfp8", "mxfp4_bf16", "nvfp4_bf16"])
 @pytest.mark.parametrize("limit,in_fc1", [(None, False), (0.75, True)])
 def test_4bit_recipes_match_numpy_reference(recipe, limit, in_fc1):
     nc = 2.0 if recipe == "nvfp4" else 1.0
@@ -125,7 +125,7 @@ def test_repeated_calls_are_bitwise_identical(bf16_pack):
     assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "mxfp4_mxfp8"])
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp4_mxfp8", "nvfp4_bf16"])
 def test_finalized_equals_sum_of_unfinalized(recipe):
     pack = moe_ep.pack_expert_weights(recipe, *master_weights(5))
     x, ids, w = inputs(13, seed=6)
@@ -511,7 +511,7 @@ def test_properties(bf16_pack):
 
 def test_pack_expert_weights_shapes():
     w13, w2 = master_weights()
-    for recipe, g in (("nvfp4", 16), ("mxfp4_mxfp8", 32), ("mxfp4_bf16", 32)):
+    for recipe, g in (("nvfp4", 16), ("mxfp4_mxfp8", 32), ("mxfp4_bf16", 32), ("nvfp4_bf16", 16)):
         p = moe_ep.pack_expert_weights(recipe, w13, w2)
         assert p["w13"].shape == (E, 2 * I, H // 2) and p["w13"].dtype == np.uint8
         assert p["w2"].shape == (E, H, I // 2)

@@ -16,7 +16,7 @@ import torch_reference as TR  # noqa: E402
 
 E, H, I, K, CAP = 8, 256, 128, 4, 64
 TOL = 5e-3
-RECIPES = ["bf16", "mxfp4_bf16", "mxfp4_mxfp8", "nvfp4"]
+RECIPES = ["bf16", "mxfp4_bf16", "mxfp4_mxfp8", "nvfp4", "nvfp4_bf16"]
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_BACKEND = HAS_CUDA and moe_ep.cuda_backend_available()

@@ -56,7 +56,7 @@ def dequant_weights(recipe, w, scale):
     w = w.view(torch.uint8).long()
     lut = torch.tensor(E2M1, dtype=torch.float64, device=w.device)
     vals = torch.stack([lut[w & 0xF], lut[w >> 4]], dim=-1).reshape(*w.shape[:-1], -1)
-    if recipe == "nvfp4":
+    if recipe in ("nvfp4", "nvfp4_bf16"):  # NVFP4 weights: E4M3 per 16
         s = scale.view(torch.uint8).view(torch.float8_e4m3fn).to(torch.float64)
         g = 16
     else:
@@ -92,7 +92,7 @@ def moe_forward(recipe, w13, w2, w13_scale, w2_scale, x, ids, weights, *, fc1_al
         if t_idx.numel() == 0:
             continue
         acc = xq[t_idx] @ W13[e].T
-        if recipe == "nvfp4":
+        if recipe in ("nvfp4", "nvfp4_bf16"):  # the NVFP4 weights' alphas
             acc = acc * float(a1[e])
         elif recipe == "mxfp4_mxfp8":
             acc = round_bf16(acc)
@@ -110,7 +110,7 @@ def moe_forward(recipe, w13, w2, w13_scale, w2_scale, x, ids, weights, *, fc1_al
         else:
             h = round_bf16(h)
         out = h @ W2[e].T
-        if recipe == "nvfp4":
+        if recipe in ("nvfp4", "nvfp4_bf16"):
             out = out * float(a2[e])
         y[t_idx, k_idx] = out.to(torch.float32).to(torch.bfloat16)
     if return_rows:

@@ -278,15 +278,18 @@ inline HostPack random_pack(Recipe recipe, int E, int H, int I, uint64_t seed,
   fill_bytes(p.w13);
   fill_bytes(p.w2);
   const double q_rms = 2.93;  // rms of a uniformly random E2M1 code
-  if (recipe == Recipe::kNvfp4) {
-    // E4M3 scale codes 0x30..0x48 (0.5 .. 4.0); rms about 2.
+  if (p.traits().e4m3_scales) {
+    // NVFP4 weights (nvfp4, nvfp4_bf16). E4M3 scale codes 0x30..0x48 (0.5 .. 4.0); rms about 2.
+    // The norm constants are nvfp4's only (nvfp4_bf16 quantizes neither x nor h).
+    const bool nvfp4 = recipe == Recipe::kNvfp4;
     for (auto& b : p.w13_scale) b = uint8_t(0x30 + rng.below(0x19));
     for (auto& b : p.w2_scale) b = uint8_t(0x30 + rng.below(0x19));
     for (int e = 0; e < E; ++e) {
       const double spread = std::exp2(rng.uniform() * 2.0 - 1.0);
-      p.fc1_norm_const[e] = float(std::exp2(double(rng.below(3) - 1)));  // 0.5, 1, 2
-      p.fc1_alpha[e] =
-          float(spread * g_std / (std::sqrt(double(H)) * 2.0 * q_rms) / input_norm_const);
+      const float nc = float(std::exp2(double(rng.below(3) - 1)));  // 0.5, 1, 2
+      p.fc1_norm_const[e] = nvfp4 ? nc : 1.0f;
+      p.fc1_alpha[e] = float(spread * g_std / (std::sqrt(double(H)) * 2.0 * q_rms) /
+                             (nvfp4 ? input_norm_const : 1.0f));
       p.fc2_alpha[e] = float(spread * y_std / (std::sqrt(double(I)) * 2.0 * q_rms * h_std) /
                              p.fc1_norm_const[e]);
     }
@@ -385,8 +388,8 @@ inline RankInputs concat_ranks(const std::vector<RankInputs>& ranks) {
 // ---------------------------------------------------------------------------------------------
 // The independent float64 computation of docs/contract.md §3.1. Dot products, alphas, the
 // activation and the top-k sum run in double; only the roundings the spec names are applied: bf16
-// g/u (mxfp4_mxfp8), bf16 h (mxfp4_bf16, bf16), requantized h from the double h cast to float
-// (nvfp4, mxfp4_mxfp8), bf16 y and bf16 output. Activations are quantized with the formats.h
+// g/u (mxfp4_mxfp8), bf16 h (mxfp4_bf16, bf16, nvfp4_bf16), requantized h from the double h cast to
+// float (nvfp4, mxfp4_mxfp8), bf16 y and bf16 output. Activations are quantized with the formats.h
 // block functions (tested on their own).
 
 struct Reference {
@@ -416,6 +419,7 @@ inline Reference reference_forward(const LayerConfig& cfg, const HostPack& pack,
   const bool topk_in_fc1 = cfg.recipe.apply_topk_in_fc1 || recipe_traits(recipe).topk_in_fc1_forced;
   const double L = cfg.recipe.swiglu_limit ? double(*cfg.recipe.swiglu_limit) : -1.0;
   const double act_alpha = cfg.recipe.swiglu_alpha, act_beta = cfg.recipe.swiglu_beta;
+  const bool alphas = recipe_traits(recipe).alphas;  // nvfp4, nvfp4_bf16
   const int W = int(ranks.size());
 
   // Activations as the fc1 GEMM sees them.
@@ -474,7 +478,7 @@ inline Reference reference_forward(const LayerConfig& cfg, const HostPack& pack,
       const double tw = ranks[js[i].rank].w[size_t(js[i].t) * K + js[i].k];
       for (int j = 0; j < I; ++j) {
         double g = gu[i * 2 * I + j], u = gu[i * 2 * I + I + j];
-        if (recipe == Recipe::kNvfp4) {
+        if (alphas) {
           g *= double(pack.fc1_alpha[e]);
           u *= double(pack.fc1_alpha[e]);
         }
@@ -509,7 +513,7 @@ inline Reference reference_forward(const LayerConfig& cfg, const HostPack& pack,
       pack.row(false, e, row, wrow.data());
       for (size_t i = 0; i < n; ++i) {
         double acc = dot_d(ha.data() + i * I, wrow.data(), I);
-        if (recipe == Recipe::kNvfp4) acc *= double(pack.fc2_alpha[e]);
+        if (alphas) acc *= double(pack.fc2_alpha[e]);
         if (!pack.fc2_bias.empty()) {
           const double tw = ranks[js[i].rank].w[size_t(js[i].t) * K + js[i].k];
           acc += (topk_in_fc1 ? tw : 1.0) * double(pack.fc2_bias[size_t(e) * H + row]);
@@ -556,8 +560,8 @@ inline double rel_l2(const Bits& a, const Bits& b) {
 }
 
 // Relative L2 allowed between the CPU backend and reference_forward. bf16 paths (mxfp4_bf16,
-// bf16): fp32 vs double sums flip a bf16 rounding of h or y now and then: 1e-3. nvfp4 and
-// mxfp4_mxfp8: products of 4-/8-bit operands are exact, so fp32 sums are too, but h is fp32 in
+// bf16, nvfp4_bf16): fp32 vs double sums flip a bf16 rounding of h or y now and then: 1e-3. nvfp4
+// and mxfp4_mxfp8: products of 4-/8-bit operands are exact, so fp32 sums are too, but h is fp32 in
 // the backend and double here, and an h on an E2M1/E4M3 rounding midpoint (seen: 15.5 vs
 // 15.499999) requantizes one code apart, the one source docs/contract.md §7 allows; at I = 128 a
 // single flip moves a rank's output by ~1.5e-3, so these recipes get docs/contract.md §7's 5e-3.

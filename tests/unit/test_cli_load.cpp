@@ -189,7 +189,7 @@ TEST(SafetensorsReader, BufferParserAgreesWithTheFileReader) {
 
 TEST(ProblemFile, LoadsWhatSaveWroteForEveryRecipeAndRankCount) {
   TempDir d;
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16}) {
+  for (Recipe r : kAllRecipes) {
     for (int W : {1, 2}) {
       SCOPED_TRACE(std::string(recipe_name(r)) + " W=" + std::to_string(W));
       Problem p = small_problem(r, W, 5);

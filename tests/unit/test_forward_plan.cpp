@@ -150,6 +150,9 @@ TEST(ForwardPlan, OneFragmentWarpsWhereOneCtaPerSm) {
   EXPECT_EQ(nv.fc1.decode[0].frags_per_warp, 1);
   const ForwardPlan mx = make_forward_plan(qwen3(Recipe::kMxfp4Mxfp8, 1), {});
   EXPECT_EQ(mx.fc1.decode[0].frags_per_warp, 2);
+  // nvfp4_bf16 streams and decodes the same NVFP4 weights as nvfp4: the same plan.
+  const ForwardPlan nb = make_forward_plan(qwen3(Recipe::kNvfp4Bf16, 1), {});
+  EXPECT_EQ(nb.to_string(), nv.to_string());
   PlanOptions o;
   o.tile8_frags_per_warp = 2;
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 1), o).fc1.decode[0].frags_per_warp, 2);
@@ -362,7 +365,7 @@ TEST(ForwardPlan, ResidentSizesMatchTheCheckpoint) {
     int H, I;
   };
   for (const Shape s : {Shape{7168, 2048}, Shape{2048, 768}, Shape{2880, 2880}}) {
-    for (const Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kBf16}) {
+    for (const Recipe r : kAllRecipes) {
       const ResidentShape rs = resident_shape(r, s.H, s.I);
       const size_t per_elem_x2 = r == Recipe::kBf16 ? 4 : 1;  // bytes per 2 elements
       EXPECT_EQ(rs.fc1_bytes, size_t(2) * s.I * s.H * per_elem_x2 / 2) << s.H;
@@ -370,7 +373,7 @@ TEST(ForwardPlan, ResidentSizesMatchTheCheckpoint) {
       EXPECT_GE(fc2_rows, size_t(s.H));
       EXPECT_LT(fc2_rows, size_t(s.H) + kTileRows);
       EXPECT_EQ(rs.fc2_bytes, fc2_rows * s.I * per_elem_x2 / 2) << s.H;
-      const int block = r == Recipe::kNvfp4 ? 16 : 32;
+      const int block = recipe_traits(r).e4m3_scales ? 16 : 32;
       if (r != Recipe::kBf16) {
         EXPECT_EQ(rs.fc1_scale_bytes, size_t(2) * s.I * (s.H / block));
         EXPECT_EQ(rs.fc2_scale_bytes, fc2_rows * (s.I / block));

@@ -226,14 +226,11 @@ TEST_P(Eplb, RedundantCopyOnAnotherRankGivesTheSameBits) {
   for (int r = 0; r < kW; ++r) EXPECT_EQ(bitwise_diff(after[r], before[r], kH), "") << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, Eplb,
-                         ::testing::Values(Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16,
-                                           Recipe::kBf16),
-                         [](const auto& info) {
-                           std::string s = recipe_name(info.param);
-                           s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Recipes, Eplb, ::testing::ValuesIn(kAllRecipes), [](const auto& info) {
+  std::string s = recipe_name(info.param);
+  s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
+  return s;
+});
 
 }  // namespace
 }  // namespace moe_ep::test

@@ -888,10 +888,9 @@ TEST(Config, NanScalesAreRejectedAtConstruction) {
     bool fc1;
     uint8_t byte;
   };
-  const Case cases[] = {{Recipe::kNvfp4, true, 0x7F},
-                        {Recipe::kNvfp4, false, 0xFF},
-                        {Recipe::kMxfp4Mxfp8, true, 0xFF},
-                        {Recipe::kMxfp4Bf16, false, 0xFF}};
+  const Case cases[] = {{Recipe::kNvfp4, true, 0x7F},      {Recipe::kNvfp4, false, 0xFF},
+                        {Recipe::kMxfp4Mxfp8, true, 0xFF}, {Recipe::kMxfp4Bf16, false, 0xFF},
+                        {Recipe::kNvfp4Bf16, true, 0xFF},  {Recipe::kNvfp4Bf16, false, 0x7F}};
   for (const auto& cs : cases) {
     SCOPED_TRACE(std::string(recipe_name(cs.recipe)) + (cs.fc1 ? " w13_scale" : " w2_scale"));
     HostPack pack = random_pack(cs.recipe, kE, kH, kI, 58);

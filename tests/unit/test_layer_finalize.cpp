@@ -129,7 +129,7 @@ TEST_P(Finalize, EmptySlotWeightsAreNeverRead) {
 
 std::vector<FinalizeCase> finalize_cases() {
   std::vector<FinalizeCase> v;
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16})
+  for (Recipe r : kAllRecipes)
     for (bool f : {false, true}) v.push_back({r, f, f ? 4 : 2});
   v.push_back({Recipe::kNvfp4, false, 1});
   return v;
@@ -182,7 +182,7 @@ TEST(Determinism, RepeatedCallsAreBitwiseIdentical) {
 // construction); 1 vs 7 threads per process gives 1 vs 7 (W = 1) or 1 vs 3 (W = 2) per rank.
 TEST(Determinism, ThreadCountDoesNotChangeBits) {
   for (int W : {1, 2})
-    for (Recipe recipe : {Recipe::kNvfp4, Recipe::kMxfp4Bf16, Recipe::kBf16}) {
+    for (Recipe recipe : {Recipe::kNvfp4, Recipe::kMxfp4Bf16, Recipe::kBf16, Recipe::kNvfp4Bf16}) {
       SCOPED_TRACE(std::string(recipe_name(recipe)) + " W=" + std::to_string(W));
       // Big enough that a parallel backend splits the work.
       const int H = 512, I = 256, E = 4;

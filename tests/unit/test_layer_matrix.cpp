@@ -153,8 +153,7 @@ std::string recipe_tag(Recipe r) {
 std::vector<MatrixCase> matrix_cases() {
   std::vector<MatrixCase> v;
   for (int W : {1, 2, 4, 8})
-    for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16})
-      v.push_back({W, r});
+    for (Recipe r : kAllRecipes) v.push_back({W, r});
   return v;
 }
 

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 
 #include "layer_test_util.h"
 #include "moe_ep/weight_prep.h"
@@ -28,7 +29,7 @@ constexpr Shape kShapes[] = {
 };
 
 constexpr Recipe kRecipes[] = {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16,
-                               Recipe::kBf16};
+                               Recipe::kBf16, Recipe::kNvfp4Bf16};
 
 // The tolerance is reference_tolerance (layer_test_util.h); besides, most elements must agree
 // bitwise: a missing or extra rounding step (e.g. of g and u to bf16) changes most of them.
@@ -111,7 +112,7 @@ TEST_P(RecipeVsFloat64, RelativeL2WithinTolerance) {
 std::vector<RecipeCase> recipe_cases() {
   std::vector<RecipeCase> v;
   for (int s = 0; s < 4; ++s)
-    for (int r = 0; r < 4; ++r) v.push_back({s, r});
+    for (int r = 0; r < int(std::size(kRecipes)); ++r) v.push_back({s, r});
   return v;
 }
 
@@ -188,7 +189,7 @@ TEST(RecipeVsFloat64Tokens, Qwen3AtW4WithTokenCounts0To128) {
   const Shape& sh = kShapes[1];
   const int W = 4, E = 16, K = 8, El = E / W;
   const int counts[W] = {0, 1, 7, 128};
-  for (Recipe recipe : {Recipe::kNvfp4, Recipe::kMxfp4Bf16}) {
+  for (Recipe recipe : {Recipe::kNvfp4, Recipe::kMxfp4Bf16, Recipe::kNvfp4Bf16}) {
     SCOPED_TRACE(recipe_name(recipe));
     LayerConfig cfg = make_config(recipe, E, 128, sh.H, sh.I, K);
     cfg.recipe.swiglu_limit = 7.0f;

@@ -40,14 +40,14 @@ float max_abs(const float* x, int64_t n) {
 
 // Dequantized weight element (global scale not applied) of a 4-bit pack.
 float deq(Recipe r, const uint8_t* data, const uint8_t* scales, int64_t i) {
-  return r == Recipe::kNvfp4 ? fmt::dequant_nvfp4(data, scales, int(i))
-                             : fmt::dequant_mxfp4(data, scales, int(i));
+  return recipe_traits(r).e4m3_scales ? fmt::dequant_nvfp4(data, scales, int(i))
+                                      : fmt::dequant_mxfp4(data, scales, int(i));
 }
 
 TEST(WeightPrep, ShapesAndViews) {
   const int E = 4, H = 64, I = 96;
   const Master m = random_master(E, H, I, 1);
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16}) {
+  for (Recipe r : kAllRecipes) {
     SCOPED_TRACE(recipe_name(r));
     const PackedExperts p = pack_expert_weights(r, m.w13.data(), m.w2.data(), E, H, I);
     EXPECT_EQ(p.num_experts, E);
@@ -118,8 +118,8 @@ TEST(WeightPrep, Bf16IsRoundedMaster) {
 void check_elements(Recipe r, const float* w, const uint8_t* data, const uint8_t* scales, int64_t n,
                     int g, float gs) {
   for (int64_t i = 0; i < n; ++i) {
-    const float s = r == Recipe::kNvfp4 ? fmt::e4m3_to_float(scales[i / g])
-                                        : fmt::ue8m0_to_float(scales[i / g]);
+    const float s = recipe_traits(r).e4m3_scales ? fmt::e4m3_to_float(scales[i / g])
+                                                 : fmt::ue8m0_to_float(scales[i / g]);
     const double d = double(deq(r, data, scales, i)) * gs;
     const double bound = std::max(std::fabs(w[i]) / 4.0, double(s) * gs / 4.0);
     ASSERT_LE(std::fabs(d - w[i]), bound * (1 + 1e-6)) << "element " << i << " w " << w[i];
@@ -194,6 +194,76 @@ TEST(WeightPrep, Nvfp4GlobalScalesAndAlphas) {
     // Each factor is within ~1/4 of itself at worst, ~9% on average for Gaussian data.
     EXPECT_LT(worst, 0.25) << "alpha does not undo the global and input scales";
     EXPECT_GT(worst, 0.0);
+  }
+}
+
+// nvfp4_bf16 packs the weights exactly as nvfp4 does (the same global scales and block codes),
+// but neither x nor h is quantized: the alphas are the global scales themselves whatever
+// input_norm_const and fc1_norm_const say, the norm constants stay 1, and alpha * acc with bf16
+// activations is the dot product of the master values.
+TEST(WeightPrep, Nvfp4Bf16AlphasAreTheGlobalScales) {
+  const int E = 3, H = 128, I = 64;
+  const Master m = random_master(E, H, I, 7);
+  const std::vector<float> fc1_nc = {0.5f, 2.0f, 7.0f};
+  const PackedExperts p = pack_expert_weights(Recipe::kNvfp4Bf16, m.w13.data(), m.w2.data(), E, H,
+                                              I, 3.0f, fc1_nc.data());
+  const PackedExperts nv =
+      pack_expert_weights(Recipe::kNvfp4, m.w13.data(), m.w2.data(), E, H, I, 3.0f, fc1_nc.data());
+  EXPECT_EQ(p.w13, nv.w13);
+  EXPECT_EQ(p.w2, nv.w2);
+  EXPECT_EQ(p.w13_scale, nv.w13_scale);
+  EXPECT_EQ(p.w2_scale, nv.w2_scale);
+  const int64_t n13 = int64_t(2) * I * H, n2 = int64_t(H) * I;
+  for (int e = 0; e < E; ++e) {
+    SCOPED_TRACE(e);
+    const float gs13 = max_abs(m.w13.data() + e * n13, n13) / 2688.0f;
+    const float gs2 = max_abs(m.w2.data() + e * n2, n2) / 2688.0f;
+    EXPECT_FLOAT_EQ(p.fc1_alpha[e], gs13);
+    EXPECT_FLOAT_EQ(p.fc2_alpha[e], gs2);
+    EXPECT_EQ(p.fc1_norm_const[e], 1.0f);
+    std::mt19937 rng(20 + e);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(H);
+    for (float& v : x) v = fmt::bf16_to_float(fmt::float_to_bf16(nd(rng)));
+    double worst = 0;
+    for (int row = 0; row < 2 * I; ++row) {
+      const float* w = m.w13.data() + e * n13 + int64_t(row) * H;
+      const uint8_t* wq = p.w13.data() + e * n13 / 2 + int64_t(row) * H / 2;
+      const uint8_t* ws = p.w13_scale.data() + e * n13 / 16 + int64_t(row) * H / 16;
+      double acc = 0, exact = 0, norm = 0;
+      for (int k = 0; k < H; ++k) {
+        acc += double(x[k]) * fmt::dequant_nvfp4(wq, ws, k);
+        exact += double(x[k]) * w[k];
+        norm += std::fabs(double(x[k]) * w[k]);
+      }
+      worst = std::max(worst, std::fabs(acc * p.fc1_alpha[e] - exact) / norm);
+    }
+    EXPECT_LT(worst, 0.25) << "alpha does not undo the global scale";
+    EXPECT_GT(worst, 0.0);
+  }
+}
+
+// dequantize_expert gives every packed value times its block scale (no alphas), for every 4-bit
+// recipe; bad expert indices are refused.
+TEST(WeightPrep, DequantizeExpertIsCodeTimesScale) {
+  const int E = 2, H = 64, I = 32;
+  const Master m = random_master(E, H, I, 8);
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kNvfp4Bf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack_expert_weights(r, m.w13.data(), m.w2.data(), E, H, I);
+    std::vector<float> w13(size_t(2) * I * H), w2(size_t(H) * I);
+    for (int e = 0; e < E; ++e) {
+      dequantize_expert(p, e, w13.data(), w2.data());
+      const int64_t n13 = int64_t(w13.size()), n2 = int64_t(w2.size());
+      const int g = recipe_traits(r).weight_block;
+      for (int64_t i = 0; i < n13; ++i)
+        ASSERT_EQ(w13[i], deq(r, p.w13.data() + e * n13 / 2, p.w13_scale.data() + e * n13 / g, i))
+            << "w13 " << i;
+      for (int64_t i = 0; i < n2; ++i)
+        ASSERT_EQ(w2[i], deq(r, p.w2.data() + e * n2 / 2, p.w2_scale.data() + e * n2 / g, i))
+            << "w2 " << i;
+    }
+    EXPECT_THROW(dequantize_expert(p, E, w13.data(), w2.data()), Error);
   }
 }
 

@@ -40,6 +40,7 @@ constexpr int frag_bytes(Recipe r) { return r == Recipe::kBf16 ? 16 * 64 * 2 : 1
 constexpr int frag_scale_bytes(Recipe r) {
   switch (r) {
     case Recipe::kNvfp4:
+    case Recipe::kNvfp4Bf16:
       return 16 * 4;  // one E4M3 per 16 along K
     case Recipe::kMxfp4Mxfp8:
     case Recipe::kMxfp4Bf16:

@@ -67,9 +67,12 @@ cudaError_t launch_gemms_mxfp4_bf16(const ForwardArgs& a, const ForwardPlan& p, 
                                     cudaEvent_t* ev);
 cudaError_t launch_gemms_bf16(const ForwardArgs& a, const ForwardPlan& p, cudaStream_t s,
                               cudaEvent_t* ev);
+cudaError_t launch_gemms_nvfp4_bf16(const ForwardArgs& a, const ForwardPlan& p, cudaStream_t s,
+                                    cudaEvent_t* ev);
 cudaError_t set_gemm_attributes_nvfp4();
 cudaError_t set_gemm_attributes_mxfp4_mxfp8();
 cudaError_t set_gemm_attributes_mxfp4_bf16();
 cudaError_t set_gemm_attributes_bf16();
+cudaError_t set_gemm_attributes_nvfp4_bf16();
 
 }  // namespace moe_ep::kern

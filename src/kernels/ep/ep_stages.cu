@@ -218,6 +218,9 @@ cudaError_t launch_ep_source(const EpSourceArgs& a, cudaStream_t s) {
     case Recipe::kBf16:
       ep_source_kernel<Recipe::kBf16><<<blocks, kEpThreads, 0, s>>>(a);
       break;
+    case Recipe::kNvfp4Bf16:
+      ep_source_kernel<Recipe::kNvfp4Bf16><<<blocks, kEpThreads, 0, s>>>(a);
+      break;
   }
   return cudaGetLastError();
 }
@@ -236,6 +239,8 @@ cudaError_t launch_ep_unpack(const EpUnpackArgs& a, cudaStream_t s) {
       return launch_pdl(ep_unpack_kernel<Recipe::kMxfp4Bf16>, grid, block, 0, s, a);
     case Recipe::kBf16:
       return launch_pdl(ep_unpack_kernel<Recipe::kBf16>, grid, block, 0, s, a);
+    case Recipe::kNvfp4Bf16:
+      return launch_pdl(ep_unpack_kernel<Recipe::kNvfp4Bf16>, grid, block, 0, s, a);
   }
   return cudaErrorInvalidValue;
 }

@@ -54,18 +54,28 @@ constexpr float kTwo63 = 9223372036854775808.0f;  // 2^63
 template <Recipe R>
 struct RecipeKernelTraits {
   static constexpr bool kFourBit = R != Recipe::kBf16;
-  static constexpr bool kNvScale = R == Recipe::kNvfp4;  // E4M3 per 16, else UE8M0 per 32
+  // NVFP4 weights (nvfp4, nvfp4_bf16): E4M3 scales per 16 and the per-expert fc1 / fc2 alphas;
+  // else UE8M0 per 32 (MXFP4) and no alphas.
+  static constexpr bool kNvScale = R == Recipe::kNvfp4 || R == Recipe::kNvfp4Bf16;
+  static constexpr bool kAlphas = kNvScale;
   static constexpr int kFragBytes = kFourBit ? 512 : 2048;
-  static constexpr int kScaleBytes = R == Recipe::kNvfp4 ? 64 : (kFourBit ? 32 : 0);
+  static constexpr int kScaleBytes = kNvScale ? 64 : (kFourBit ? 32 : 0);
   static constexpr float kAccScale = kFourBit ? kTwo63 : 1.0f;
 };
 
-// A GEMM accumulator as the epilogue uses it: the 4-bit decode's 2^63 taken out, then nvfp4's
-// alpha (fc1 and fc2) or mxfp4_mxfp8's bf16 rounding of g and u (fc1), as the CPU does.
+// The expert's fc1 or fc2 alpha where the recipe has them (NVFP4 weights), else 1.
+template <Recipe R, bool kFc1>
+__device__ __forceinline__ float gemm_alpha(const ForwardArgs& a, int expert) {
+  if constexpr (RecipeKernelTraits<R>::kAlphas) return (kFc1 ? a.fc1_alpha : a.fc2_alpha)[expert];
+  return 1.0f;
+}
+
+// A GEMM accumulator as the epilogue uses it: the 4-bit decode's 2^63 taken out, then the NVFP4
+// recipes' alpha (fc1 and fc2) or mxfp4_mxfp8's bf16 rounding of g and u (fc1), as the CPU does.
 template <Recipe R, bool kFc1>
 __device__ __forceinline__ float epilogue_value(float acc, float alpha) {
   const float v = acc * RecipeKernelTraits<R>::kAccScale;
-  if constexpr (R == Recipe::kNvfp4) return fmt::mul_rn(alpha, v);
+  if constexpr (RecipeKernelTraits<R>::kAlphas) return fmt::mul_rn(alpha, v);
   if constexpr (kFc1 && R == Recipe::kMxfp4Mxfp8) return fmt::round_to_bf16(v);
   return v;
 }
@@ -108,7 +118,7 @@ __device__ __forceinline__ float fc2_value(const ForwardArgs& a, int e, int hrow
 template <Recipe R>
 __device__ __forceinline__ uint32_t scale_multiplier(int b) {
   float s;
-  if constexpr (R == Recipe::kNvfp4) {
+  if constexpr (RecipeKernelTraits<R>::kNvScale) {
     s = fmt::e4m3_to_float(uint8_t(b)) * kTwo63;
   } else {
     s = b >= 65 && b <= 191 ? fmt::exp2i(b - 64) : 0.0f;
@@ -213,7 +223,8 @@ __device__ __forceinline__ void tile_columns(const ForwardArgs& a, const TileInf
 }
 
 // One scale block of h requantized and stored as the bf16 q * s the fc2 GEMM reads (nvfp4 16
-// values with fc1_norm_const nc, mxfp8 32 values, bf16 8 values unquantized): the quantize
+// values with fc1_norm_const nc, mxfp8 32 values; the bf16-activation recipes 8 values rounded
+// to bf16): the quantize
 // kernels' exact element math (qmath::nvfp4_block_bf16 / mxfp8_block_bf16, bit for bit
 // fmt::quantize_block_* and the dequantization, checked on the host), not the reference's
 // division per element: this runs in every fc1 CTA's epilogue, and at two m64 CTAs per SM an
@@ -312,7 +323,7 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
     // h tile [kN][64 (+4)] fp32: column n = token slot, row = h index within this M-tile.
     float* hs = reinterpret_cast<float*>(smem);
     constexpr int kHS = kFc1TileH + 4;
-    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
+    const float alpha = gemm_alpha<R, true>(a, e);
 #pragma unroll
     for (int nf = 0; nf < kNF; ++nf)
 #pragma unroll
@@ -331,7 +342,7 @@ __device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileIn
     // y tile [kN][128 (+8)] bf16, then 16-byte row stores to y_rows[t*K+k].
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
     constexpr int kYS = kTileRows + 8;
-    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
+    const float alpha = gemm_alpha<R, false>(a, e);
 #pragma unroll
     for (int f = 0; f < 2; ++f)
 #pragma unroll

@@ -423,6 +423,8 @@ cudaError_t set_prepare_attributes(Recipe recipe) {
       return all(std::integral_constant<Recipe, Recipe::kMxfp4Bf16>{});
     case Recipe::kBf16:
       return all(std::integral_constant<Recipe, Recipe::kBf16>{});
+    case Recipe::kNvfp4Bf16:
+      return all(std::integral_constant<Recipe, Recipe::kNvfp4Bf16>{});
   }
   return cudaErrorInvalidValue;
 }
@@ -437,6 +439,8 @@ cudaError_t launch_prepare(const ForwardArgs& a, const ForwardPlan& p, bool pdl,
       return launch_prepare_recipe<Recipe::kMxfp4Bf16>(a, p, pdl, s);
     case Recipe::kBf16:
       return launch_prepare_recipe<Recipe::kBf16>(a, p, pdl, s);
+    case Recipe::kNvfp4Bf16:
+      return launch_prepare_recipe<Recipe::kNvfp4Bf16>(a, p, pdl, s);
   }
   return cudaErrorInvalidValue;
 }

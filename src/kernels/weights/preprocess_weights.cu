@@ -128,6 +128,7 @@ cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, con
   p.mtiles = fc1 ? rs.fc1_mtiles : rs.fc2_mtiles;
   p.chunks = fc1 ? rs.fc1_chunks : rs.fc2_chunks;
   const bool four_bit = recipe != Recipe::kBf16;
+  const bool nv_scales = recipe_traits(recipe).e4m3_scales;  // E4M3 per 16, else UE8M0 per 32
   const size_t wbytes = fc1 ? rs.fc1_bytes : rs.fc2_bytes;
   const size_t sbytes = fc1 ? rs.fc1_scale_bytes : rs.fc2_scale_bytes;
   why->clear();
@@ -140,8 +141,8 @@ cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, con
   int* bad = nullptr;
   if ((err = cudaMalloc(&bad, 4 * sizeof(int))) != cudaSuccess) return err;
   cudaMemsetAsync(bad, 0, 4 * sizeof(int), stream);
-  preprocess_scales_kernel<<<blocks, threads, 0, stream>>>(p, recipe == Recipe::kNvfp4, raw_scale,
-                                                           out_scale, sbytes, bad);
+  preprocess_scales_kernel<<<blocks, threads, 0, stream>>>(p, nv_scales, raw_scale, out_scale,
+                                                           sbytes, bad);
   int host_bad[4] = {0, 0, 0, 0};
   err = cudaGetLastError();
   if (err == cudaSuccess)
@@ -153,9 +154,8 @@ cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, con
     std::snprintf(hex, sizeof hex, "0x%02x", host_bad[3]);
     *why = std::string(fc1 ? "w13_scale" : "w2_scale") + " byte " + hex + " at local expert " +
            std::to_string(host_bad[1]) + ", row " + std::to_string(host_bad[2]) +
-           (recipe == Recipe::kNvfp4
-                ? " is an E4M3 NaN"
-                : " is a UE8M0 NaN or a scale above 2^64 (bytes > 191 are not supported)");
+           (nv_scales ? " is an E4M3 NaN"
+                      : " is a UE8M0 NaN or a scale above 2^64 (bytes > 191 are not supported)");
   }
   return err;
 }

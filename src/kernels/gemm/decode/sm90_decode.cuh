@@ -592,7 +592,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
     // then the h tile [kN][64 (+4)] fp32, then the shared requantizing store.
     float* gu = reinterpret_cast<float*>(smem);
     float* hs = gu + kTileFrags * kN * C::kGuStride;
-    const float alpha = R == Recipe::kNvfp4 ? a.fc1_alpha[e] : 1.0f;
+    const float alpha = gemm_alpha<R, true>(a, e);
     if (warp < kCW) {
 #pragma unroll
       for (int f = 0; f < kFW; ++f)
@@ -620,7 +620,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   } else {
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
     constexpr int kYS = kTileRows + 8;
-    const float alpha = R == Recipe::kNvfp4 ? a.fc2_alpha[e] : 1.0f;
+    const float alpha = gemm_alpha<R, false>(a, e);
     if (warp < kCW) {
 #pragma unroll
       for (int f = 0; f < kFW; ++f)

@@ -666,7 +666,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   if (!active) return;
 
   // acc[nf*4 + i]: row warp*16 + g + (i>>1)*8 of the half's 64, column nf*8 + 2*t4 + (i&1).
-  const float alpha = R == Recipe::kNvfp4 ? (kFc1 ? a.fc1_alpha : a.fc2_alpha)[tile.expert] : 1.0f;
+  const float alpha = gemm_alpha<R, kFc1>(a, tile.expert);
   auto value = [alpha](float v, int) { return epilogue_value<R, kFc1>(v, alpha); };
   if constexpr (kG == 1) {
     m64_epilogue<R, kFc1, kNF, kEpi>(a, tile, mtile, half, acc, smem, tw_of, pair_of, wtid, value,
