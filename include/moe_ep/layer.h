@@ -30,7 +30,8 @@ struct EpilogueVectors {
   // Expert biases (gpt-oss; contract §3.1), at construction only: f32 [E_local, 2I] added to
   // fc1's result after the alpha, before the clamp (gate rows, then up rows), and f32
   // [E_local, H] added to fc2's fp32 result before its bf16 rounding (times the top-k weight
-  // where the recipe applies it in fc1). The CUDA backend runs them for mxfp4_bf16 and bf16.
+  // where the recipe applies it in fc1). The CUDA backend runs them for mxfp4_bf16, nvfp4_bf16 and
+  // bf16.
   TensorView fc1_bias, fc2_bias;
 };
 

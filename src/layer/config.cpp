@@ -66,7 +66,8 @@ bool cuda_runs_extended_epilogue(const LayerConfig& c) {
 std::string extended_epilogue_reason(const LayerConfig& c, const std::string& what) {
   return what + " is not supported on the CUDA backend with recipe " +
          recipe_name(c.recipe.recipe) + (c.recipe.fp8_mma ? " on fp8 tensor cores" : "") +
-         " (it runs with mxfp4_bf16 and bf16; the CPU backend runs it with every recipe)";
+         " (it runs with mxfp4_bf16, nvfp4_bf16 and bf16; the CPU backend runs it with every "
+         "recipe)";
 }
 
 std::vector<std::string> unsupported_reasons(const LayerConfig& c, int world_size,

@@ -363,8 +363,8 @@ TEST(GpuLayer, GptOssClampNormConsts) {
 // gpt-oss's expert semantics on the CUDA backend (contract §3.1): expert biases, the activation's
 // slope 1.702 and offset 1 after the clamp at 7, against the CPU oracle, with the top-k weight in
 // fc1 and in the final sum, at token counts that run every kernel the plan picks for the recipe
-// (decode tiles 8 / 16 / 32 and the m64 kernel for mxfp4_bf16; mma.sync and wgmma for bf16). The
-// biases are large enough that a kernel ignoring either of them fails the tolerance.
+// (decode tiles 8 / 16 / 32 and the m64 kernel for the 4-bit ones; mma.sync and wgmma for bf16).
+// The biases are large enough that a kernel ignoring either of them fails the tolerance.
 TEST(GpuLayer, GptOssExpertSemantics) {
   SKIP_WITHOUT_GPU();
   const Shape s = kGptOss;
@@ -372,7 +372,7 @@ TEST(GpuLayer, GptOssExpertSemantics) {
   Master m(s, 21);
   const std::vector<float> b13 = random_vec(size_t(s.E) * 2 * s.I, 22, 0.5f);
   const std::vector<float> b2 = random_vec(size_t(s.E) * s.H, 23, 0.5f);
-  for (Recipe r : {Recipe::kMxfp4Bf16, Recipe::kBf16})
+  for (Recipe r : {Recipe::kMxfp4Bf16, Recipe::kNvfp4Bf16, Recipe::kBf16})
     for (bool in_fc1 : {false, true}) {
       SCOPED_TRACE(std::string(recipe_name(r)) + (in_fc1 ? " weight in fc1" : " weight in sum"));
       Options o;

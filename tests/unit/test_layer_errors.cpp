@@ -652,8 +652,8 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   EXPECT_TRUE(any(rm, {"48", "64"})) << ::testing::PrintToString(rm);
 
   // gpt-oss's expert semantics: the CPU backend runs them with every recipe, the CUDA backend
-  // with mxfp4_bf16 and bf16 and names each elsewhere (here nvfp4, and mxfp4_bf16 asked for the
-  // fp8 path).
+  // with mxfp4_bf16, nvfp4_bf16 and bf16 and names each elsewhere (here nvfp4, and the fp8 path
+  // of mxfp4_mxfp8).
   LayerConfig oai = good;
   oai.recipe.has_expert_bias = true;
   oai.recipe.swiglu_alpha = 1.702f;
@@ -663,7 +663,7 @@ TEST(Config, UnsupportedReasonsListsEveryProblemAtOnce) {
   const auto rc = unsupported_reasons(oai, 2, Backend::kCUDA);
   EXPECT_TRUE(any(rc, {"bias", "CUDA"})) << ::testing::PrintToString(rc);
   EXPECT_TRUE(any(rc, {"alpha", "1.702", "CUDA"})) << ::testing::PrintToString(rc);
-  for (Recipe r : {Recipe::kMxfp4Bf16, Recipe::kBf16}) {
+  for (Recipe r : {Recipe::kMxfp4Bf16, Recipe::kNvfp4Bf16, Recipe::kBf16}) {
     LayerConfig runs = oai;
     runs.recipe.recipe = r;
     const auto rr = unsupported_reasons(runs, 2, Backend::kCUDA);

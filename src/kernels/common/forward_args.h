@@ -117,7 +117,7 @@ enum class ExpertEpilogue : uint8_t { kSwiglu, kExtended };
 
 // Recipes whose kernels are also built with the extended epilogue.
 constexpr bool has_extended_epilogue(Recipe r) {
-  return r == Recipe::kMxfp4Bf16 || r == Recipe::kBf16;
+  return r == Recipe::kMxfp4Bf16 || r == Recipe::kNvfp4Bf16 || r == Recipe::kBf16;
 }
 
 struct ForwardArgs {
