@@ -11,7 +11,7 @@
 #include "moe_ep/status.h"
 #include "problem.h"
 #include "problem_io.h"
-#include "safetensors.h"
+#include "checkpoint/safetensors.h"
 
 int main(int argc, char** argv) {
   using namespace moe_ep;

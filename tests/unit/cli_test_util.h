@@ -15,7 +15,7 @@
 #include "moe_ep/status.h"
 #include "problem.h"
 #include "problem_io.h"
-#include "safetensors.h"
+#include "checkpoint/safetensors.h"
 
 namespace moe_ep::cli::test {
 
