@@ -56,6 +56,10 @@ LayerConfig Problem::config() const {
   c.recipe.top_k = shape.K;
   c.recipe.swiglu_limit = swiglu_limit;
   c.recipe.apply_topk_in_fc1 = apply_topk_in_fc1;
+  c.recipe.swiglu_alpha = swiglu_alpha;
+  c.recipe.swiglu_beta = swiglu_beta;
+  c.recipe.input_norm_const = input_norm_const;
+  c.recipe.has_expert_bias = !fc1_bias.empty() || !fc2_bias.empty();
   return c;
 }
 
@@ -230,7 +234,15 @@ void run_rank(const Problem& p, Backend backend, int iterations, int r, const Bo
   b.rank = r;
   b.backend = backend;
   b.device = r;
-  MegaLayer layer(b, p.config(), p.pack.view(r * El, El), p.pack.epilogue_view(r * El, El));
+  EpilogueVectors ep = p.pack.epilogue_view(r * El, El);
+  const int64_t bias13 = 2 * int64_t(p.shape.I), bias2 = p.shape.H;
+  if (!p.fc1_bias.empty())
+    ep.fc1_bias = TensorView::contiguous(const_cast<float*>(p.fc1_bias.data()) + r * El * bias13,
+                                         DType::kF32, {El, bias13});
+  if (!p.fc2_bias.empty())
+    ep.fc2_bias = TensorView::contiguous(const_cast<float*>(p.fc2_bias.data()) + r * El * bias2,
+                                         DType::kF32, {El, bias2});
+  MegaLayer layer(b, p.config(), p.pack.view(r * El, El), ep);
   if (info) {
     info->backend = layer.backend();
     info->workspace_bytes = layer.workspace_bytes(layer.default_workspace());

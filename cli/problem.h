@@ -27,6 +27,11 @@ struct Problem {
   int capacity = 0;
   std::optional<float> swiglu_limit;
   bool apply_topk_in_fc1 = false;
+  // Expert semantics of checkpoints (gpt-oss; contract §3.1): the activation's slope and offset,
+  // nvfp4's layer input constant, and expert biases f32 [E * 2I] and [E * H] (empty: none).
+  float swiglu_alpha = 1.0f, swiglu_beta = 0.0f;
+  float input_norm_const = 1.0f;
+  std::vector<float> fc1_bias, fc2_bias;
   std::vector<float> w13, w2;  // fp32 master weights (empty when loaded already packed)
   PackedExperts pack;
   std::vector<std::vector<uint16_t>> x;    // per rank: bf16 [T, H]
