@@ -25,10 +25,10 @@ void make_checkpoint_inputs(const Checkpoint& ckpt, int layer, Problem& p, int t
 
 struct GoldenLayer {
   int tokens = 0;
-  std::vector<uint16_t> x;             // bf16 [T, H] (the goldens' f32, bf16-representable)
-  std::vector<int32_t> ids;            // [T, K]
-  std::vector<float> weights;          // [T, K]
-  std::vector<double> routed_output;   // [T, H], transformers' routed experts' output
+  std::vector<uint16_t> x;            // bf16 [T, H] (the goldens' f32, bf16-representable)
+  std::vector<int32_t> ids;           // [T, K]
+  std::vector<float> weights;         // [T, K]
+  std::vector<double> routed_output;  // [T, H], transformers' routed experts' output
 };
 
 // The goldens of `layer` from `path` (every tensor checked against H and K first); nullopt

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench_cpu.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint_problem.h"
 #include "memory_budget.h"
 #include "moe_ep/checkpoint.h"
@@ -30,7 +31,6 @@
 #include "moe_ep/status.h"
 #include "problem.h"
 #include "problem_io.h"
-#include "checkpoint/safetensors.h"
 
 namespace moe_ep::cli {
 namespace {
@@ -247,7 +247,8 @@ Options parse(const std::vector<std::string>& a) {
                         "problem (its shape, recipe, ranks, tokens and routing)");
   }
   if (!o.model.empty()) {
-    for (const char* f : {"--shape", "--experts", "--load", "--save", "--routing", "--swiglu-limit"})
+    for (const char* f :
+         {"--shape", "--experts", "--load", "--save", "--routing", "--swiglu-limit"})
       if (given(f))
         throw Error(ErrorCode::kInvalidArgument,
                     std::string(f) +
@@ -517,8 +518,8 @@ int cmd_run_model(const Options& o, bool check_only) {
               info.hidden_size, info.moe_intermediate_size, info.num_experts, info.top_k,
               info.moe_layers.size(), info.num_hidden_layers);
   const std::vector<int> layers = layers_of(o.layers, info);
-  const std::vector<Recipe> recipes = o.recipes == "all" ? std::vector<Recipe>{info.native_recipe}
-                                                         : recipes_of(o.recipes);
+  const std::vector<Recipe> recipes =
+      o.recipes == "all" ? std::vector<Recipe>{info.native_recipe} : recipes_of(o.recipes);
   const std::vector<int> token_list = tokens_of(o, "64");
   const int W = o.ranks;
   if (info.num_experts % W)

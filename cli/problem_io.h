@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "problem.h"
 #include "checkpoint/safetensors.h"
+#include "problem.h"
 
 namespace moe_ep::cli {
 

@@ -53,10 +53,10 @@ struct LayerCheckpoint {
   // swiglu_alpha / beta, input_norm_const, has_expert_bias). fleet.max_tokens_per_rank is the
   // caller's (0 here).
   LayerConfig config;
-  PackedExperts experts;                   // this rank's E_local experts
-  std::vector<float> fc1_bias, fc2_bias;   // f32 [E_local * 2I] (gate rows, then up), [E_local * H]
-  WeightPack weights() const;              // views of `experts`
-  EpilogueVectors epilogue() const;        // alphas, norm constants and biases (views)
+  PackedExperts experts;                  // this rank's E_local experts
+  std::vector<float> fc1_bias, fc2_bias;  // f32 [E_local * 2I] (gate rows, then up), [E_local * H]
+  WeightPack weights() const;             // views of `experts`
+  EpilogueVectors epilogue() const;       // alphas, norm constants and biases (views)
 };
 
 class Checkpoint {

@@ -656,7 +656,8 @@ NB_MODULE(_moe_ep, m) {
               nb::gil_scoped_release release;
               lc = new LayerCheckpoint(c.load_layer(layer, r, world_size, rank));
             }
-            nb::capsule owner(lc, [](void* p) noexcept { delete static_cast<LayerCheckpoint*>(p); });
+            nb::capsule owner(lc,
+                              [](void* p) noexcept { delete static_cast<LayerCheckpoint*>(p); });
             const WeightPack wp = lc->weights();
             const EpilogueVectors ev = lc->epilogue();
             nb::dict d;
@@ -699,14 +700,17 @@ NB_MODULE(_moe_ep, m) {
             const int64_t K = c.info().top_k;
             auto* ids = new std::vector<int32_t>(size_t(T * K));
             auto* w = new std::vector<float>(size_t(T * K));
-            nb::capsule own_ids(ids, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
-            nb::capsule own_w(w, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+            nb::capsule own_ids(
+                ids, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+            nb::capsule own_w(w,
+                              [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
             {
               nb::gil_scoped_release release;
               c.route(layer, x.data(), int(T), ids->data(), w->data());
             }
             return nb::make_tuple(
-                to_python(TensorView::contiguous(ids->data(), DType::kI32, {T, K}), own_ids, kNumpy),
+                to_python(TensorView::contiguous(ids->data(), DType::kI32, {T, K}), own_ids,
+                          kNumpy),
                 to_python(TensorView::contiguous(w->data(), DType::kF32, {T, K}), own_w, kNumpy));
           },
           "layer"_a, "hidden_states"_a)

@@ -39,10 +39,9 @@ LoadedExperts per_expert(const ModelDir& dir, const CheckpointInfo& info, const 
   std::set<std::string> expected;
   std::vector<const TensorRef*> gate(E), up(E), down(E);
   for (int e = 0; e < E; ++e) {
-    for (auto [proj, shape, out] :
-         {std::tuple{&n.gate, std::vector<int64_t>{I, H}, &gate},
-          std::tuple{&n.up, std::vector<int64_t>{I, H}, &up},
-          std::tuple{&n.down, std::vector<int64_t>{H, I}, &down}}) {
+    for (auto [proj, shape, out] : {std::tuple{&n.gate, std::vector<int64_t>{I, H}, &gate},
+                                    std::tuple{&n.up, std::vector<int64_t>{I, H}, &up},
+                                    std::tuple{&n.down, std::vector<int64_t>{H, I}, &down}}) {
       const std::string name = n.expert(e, *proj + ".weight");
       (*out)[size_t(e)] = &dir.require(name, {"BF16"}, shape, why);
       expected.insert(name);
@@ -130,7 +129,8 @@ LoadedExperts gpt_oss_bf16(const ModelDir& dir, const CheckpointInfo& info, cons
   for (int k = 0; k < C; ++k)  // w2[k][h][i] = down_proj[k][i][h]
     for (int64_t i = 0; i < I; ++i)
       for (int64_t h = 0; h < H; ++h)
-        w2[(size_t(k) * H + size_t(h)) * I + size_t(i)] = src[(size_t(k) * I + size_t(i)) * H + size_t(h)];
+        w2[(size_t(k) * H + size_t(h)) * I + size_t(i)] =
+            src[(size_t(k) * I + size_t(i)) * H + size_t(h)];
   const std::vector<float> b13 = read_bias_rows(dir, gub, range.first, C, 2 * I);
   out.fc1_bias.resize(b13.size());
   for (int k = 0; k < C; ++k)

@@ -55,7 +55,7 @@ namespace {
 using io::checkpoint_error;
 using io::JsonFields;
 
-constexpr int64_t kMaxDim = 1 << 20;   // H, I
+constexpr int64_t kMaxDim = 1 << 20;  // H, I
 constexpr int64_t kMaxExperts = 1 << 16;
 constexpr int64_t kMaxLayers = 1 << 12;
 
@@ -94,7 +94,9 @@ std::string weight_format_of(const io::ModelDir& dir, const JsonFields& cfg,
   if (const auto& qc = dir.quant_config()) {
     JsonFields top(*qc, dir.quant_config_path());
     const io::JsonValue* q = top.get("quantization");
-    if (!q) top.bad("quantization", "missing (ModelOpt writes {\"quantization\": {\"quant_algo\": ...}})");
+    if (!q)
+      top.bad("quantization",
+              "missing (ModelOpt writes {\"quantization\": {\"quant_algo\": ...}})");
     return modelopt(JsonFields(*q, dir.quant_config_path() + " field 'quantization'"));
   }
   if (const io::JsonValue* q = cfg.get("quantization_config")) {
@@ -102,13 +104,13 @@ std::string weight_format_of(const io::ModelDir& dir, const JsonFields& cfg,
     const std::string method = qf.string("quant_method");
     if (method == "mxfp4") {
       if (info.model_type != "gpt_oss")
-        qf.bad("quant_method", "mxfp4 is read for gpt_oss checkpoints, this one is " +
-                                   info.model_type);
+        qf.bad("quant_method",
+               "mxfp4 is read for gpt_oss checkpoints, this one is " + info.model_type);
       return "mxfp4";
     }
     if (method == "modelopt") return modelopt(qf);
-    qf.bad("quant_method", "'" + method +
-                               "' is not supported (bf16, gpt-oss mxfp4 and ModelOpt nvfp4 are)");
+    qf.bad("quant_method",
+           "'" + method + "' is not supported (bf16, gpt-oss mxfp4 and ModelOpt nvfp4 are)");
   }
   return "bf16";
 }
@@ -126,9 +128,8 @@ CheckpointInfo parse_config(const io::ModelDir& dir) {
     info.moe_intermediate_size = required_int(f, "moe_intermediate_size", 1, kMaxDim);
     info.num_experts = required_int(f, "num_experts", 1, kMaxExperts);
     info.top_k = required_int(f, "num_experts_per_tok", 1, info.num_experts);
-    const int step = f.has("decoder_sparse_step")
-                         ? required_int(f, "decoder_sparse_step", 1, kMaxLayers)
-                         : 1;
+    const int step =
+        f.has("decoder_sparse_step") ? required_int(f, "decoder_sparse_step", 1, kMaxLayers) : 1;
     const std::vector<int64_t> mlp_only = f.int_list_or_empty("mlp_only_layers");
     for (int l = 0; l < L; ++l)
       if (std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() && (l + 1) % step == 0)
@@ -153,14 +154,13 @@ CheckpointInfo parse_config(const io::ModelDir& dir) {
     info.norm_topk_prob = f.boolean_or("norm_topk_prob").value_or(true);
     info.routed_scaling_factor = float(f.number_or("routed_scaling_factor").value_or(2.5));
     info.n_group = f.has("n_group") ? required_int(f, "n_group", 1, info.num_experts) : 8;
-    info.topk_group =
-        f.has("topk_group") ? required_int(f, "topk_group", 1, info.n_group) : 4;
+    info.topk_group = f.has("topk_group") ? required_int(f, "topk_group", 1, info.n_group) : 4;
     if (info.num_experts % info.n_group)
       f.bad("n_group", std::to_string(info.n_group) + " does not divide n_routed_experts " +
                            std::to_string(info.num_experts));
     if (info.topk_group > info.n_group)
-      f.bad("topk_group", std::to_string(info.topk_group) + " exceeds n_group " +
-                              std::to_string(info.n_group));
+      f.bad("topk_group",
+            std::to_string(info.topk_group) + " exceeds n_group " + std::to_string(info.n_group));
     if (auto s = f.string_or("scoring_func"); s && *s != "sigmoid")
       f.bad("scoring_func", "'" + *s + "', expected 'sigmoid' (DeepSeek-V3's router)");
     info.has_expert_bias = false;
@@ -215,8 +215,8 @@ Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
 const CheckpointInfo& Checkpoint::info() const { return impl_->info; }
 uint64_t Checkpoint::bytes_read() const { return impl_->dir.bytes_read(); }
 
-LayerCheckpoint Checkpoint::load_layer(int layer, std::optional<Recipe> recipe_opt,
-                                       int world_size, int rank) const {
+LayerCheckpoint Checkpoint::load_layer(int layer, std::optional<Recipe> recipe_opt, int world_size,
+                                       int rank) const {
   const CheckpointInfo& info = impl_->info;
   const std::string where = "Checkpoint(" + info.dir + ").load_layer: ";
   if (std::find(info.moe_layers.begin(), info.moe_layers.end(), layer) == info.moe_layers.end()) {
@@ -240,9 +240,7 @@ LayerCheckpoint Checkpoint::load_layer(int layer, std::optional<Recipe> recipe_o
   if (!loads_into(info.weight_format, recipe))
     checkpoint_error(where + "a " + info.weight_format + " checkpoint (" + info.model_type +
                      ") does not load into the " + recipe_name(recipe) + " recipe" +
-                     (info.weight_format == "mxfp4"
-                          ? " (mxfp4_bf16 or mxfp4_mxfp8)"
-                          : " (nvfp4)"));
+                     (info.weight_format == "mxfp4" ? " (mxfp4_bf16 or mxfp4_mxfp8)" : " (nvfp4)"));
   const int El = info.num_experts / world_size;
   const io::ExpertRange range{layer, rank * El, El};
 

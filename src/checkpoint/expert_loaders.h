@@ -16,7 +16,7 @@ namespace moe_ep::io {
 
 // Tensor names of one layer's experts.
 struct ExpertNames {
-  std::string per_expert;  // "model.layers.3.mlp.experts." (then "{e}.gate_proj.weight", ...)
+  std::string per_expert;      // "model.layers.3.mlp.experts." (then "{e}.gate_proj.weight", ...)
   std::string gate, up, down;  // "gate_proj", "up_proj", "down_proj" (Mixtral: w1, w3, w2)
   std::string fused;  // "model.layers.3.mlp.experts." (then "gate_up_proj", "down_proj", ...)
   std::string expert(int e, const std::string& proj) const {

@@ -354,8 +354,8 @@ JsonValue read_json_file(const std::string& path, uint64_t max_bytes) {
 JsonFields::JsonFields(const JsonValue& object, std::string source)
     : obj_(object), source_(std::move(source)) {
   if (!obj_.is_object())
-    throw Error(ErrorCode::kInvalidArgument, source_ + ": expected a JSON object, found " +
-                                                 JsonValue::kind_name(obj_.kind()));
+    throw Error(ErrorCode::kInvalidArgument,
+                source_ + ": expected a JSON object, found " + JsonValue::kind_name(obj_.kind()));
 }
 
 void JsonFields::bad(const std::string& key, const std::string& why) const {
@@ -385,7 +385,8 @@ int64_t JsonFields::integer(const std::string& key) const {
 std::optional<double> JsonFields::number_or(const std::string& key) const {
   const JsonValue* v = get(key);
   if (!v) return std::nullopt;
-  if (!v->is_number()) bad(key, std::string("expected a number, found ") + JsonValue::kind_name(v->kind()));
+  if (!v->is_number())
+    bad(key, std::string("expected a number, found ") + JsonValue::kind_name(v->kind()));
   return v->number();
 }
 double JsonFields::number(const std::string& key) const {
@@ -396,7 +397,8 @@ double JsonFields::number(const std::string& key) const {
 std::optional<std::string> JsonFields::string_or(const std::string& key) const {
   const JsonValue* v = get(key);
   if (!v) return std::nullopt;
-  if (!v->is_string()) bad(key, std::string("expected a string, found ") + JsonValue::kind_name(v->kind()));
+  if (!v->is_string())
+    bad(key, std::string("expected a string, found ") + JsonValue::kind_name(v->kind()));
   return v->text();
 }
 std::string JsonFields::string(const std::string& key) const {
@@ -407,18 +409,21 @@ std::string JsonFields::string(const std::string& key) const {
 std::optional<bool> JsonFields::boolean_or(const std::string& key) const {
   const JsonValue* v = get(key);
   if (!v) return std::nullopt;
-  if (!v->is_bool()) bad(key, std::string("expected true or false, found ") + JsonValue::kind_name(v->kind()));
+  if (!v->is_bool())
+    bad(key, std::string("expected true or false, found ") + JsonValue::kind_name(v->kind()));
   return v->boolean();
 }
 std::vector<int64_t> JsonFields::int_list_or_empty(const std::string& key) const {
   const JsonValue* v = get(key);
   std::vector<int64_t> out;
   if (!v) return out;
-  if (!v->is_array()) bad(key, std::string("expected a list of integers, found ") + JsonValue::kind_name(v->kind()));
+  if (!v->is_array())
+    bad(key, std::string("expected a list of integers, found ") + JsonValue::kind_name(v->kind()));
   for (const JsonValue& x : v->items()) {
     if (!x.is_integer())
-      bad(key, "expected a list of integers, found an entry " +
-                   (x.is_number() ? "'" + x.text() + "'" : std::string(JsonValue::kind_name(x.kind()))));
+      bad(key,
+          "expected a list of integers, found an entry " +
+              (x.is_number() ? "'" + x.text() + "'" : std::string(JsonValue::kind_name(x.kind()))));
     out.push_back(int64_t(x.number()));
   }
   return out;

@@ -14,12 +14,12 @@ namespace {
 [[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
 
 bool is_file(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 bool is_dir(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
@@ -38,8 +38,7 @@ ModelDir::ModelDir(const std::string& dir) : dir_(dir) {
     bad("checkpoint " + dir_ + ": config.json is missing (a Hugging Face model directory has one)");
   config_ = read_json_file(config_path());
   if (!config_.is_object())
-    bad(config_path() + ": expected a JSON object, found " +
-        JsonValue::kind_name(config_.kind()));
+    bad(config_path() + ": expected a JSON object, found " + JsonValue::kind_name(config_.kind()));
   if (is_file(quant_config_path())) {
     quant_config_ = read_json_file(quant_config_path());
     if (!quant_config_->is_object())
@@ -122,8 +121,8 @@ const TensorRef& ModelDir::require(const std::string& name,
   for (const char* d : dtypes) dtype_list += (dtype_list.empty() ? "" : " or ") + std::string(d);
   const TensorRef* r = find(name);
   if (!r)
-    bad("checkpoint " + dir_ + ": tensor '" + name + "' is missing (expected " + dtype_list +
-        " " + shape_string(shape) + ": " + why + ")");
+    bad("checkpoint " + dir_ + ": tensor '" + name + "' is missing (expected " + dtype_list + " " +
+        shape_string(shape) + ": " + why + ")");
   const StTensor& t = *r->tensor;
   const std::string where =
       "checkpoint file " + shard_path(r->shard) + ": tensor '" + name + "' field ";

@@ -37,12 +37,14 @@ LoadedExperts load_mxfp4_experts(const ModelDir& dir, const CheckpointInfo& info
                      " and intermediate_size " + std::to_string(I) +
                      " must be multiples of the MXFP4 block 32");
   const std::string p = n.fused;
-  const TensorRef& gub = dir.require(p + "gate_up_proj_blocks", {"U8"}, {E, 2 * I, H / 32, 16}, why);
+  const TensorRef& gub =
+      dir.require(p + "gate_up_proj_blocks", {"U8"}, {E, 2 * I, H / 32, 16}, why);
   const TensorRef& gus =
       dir.require(p + "gate_up_proj_scales", {"U8", "F8_E8M0"}, {E, 2 * I, H / 32}, why);
   const TensorRef& gubias = dir.require(p + "gate_up_proj_bias", {"BF16", "F32"}, {E, 2 * I}, why);
   const TensorRef& dnb = dir.require(p + "down_proj_blocks", {"U8"}, {E, H, I / 32, 16}, why);
-  const TensorRef& dns = dir.require(p + "down_proj_scales", {"U8", "F8_E8M0"}, {E, H, I / 32}, why);
+  const TensorRef& dns =
+      dir.require(p + "down_proj_scales", {"U8", "F8_E8M0"}, {E, H, I / 32}, why);
   const TensorRef& dnbias = dir.require(p + "down_proj_bias", {"BF16", "F32"}, {E, H}, why);
   reject_unexpected(dir, {p},
                     {p + "gate_up_proj_blocks", p + "gate_up_proj_scales", p + "gate_up_proj_bias",

@@ -103,9 +103,9 @@ LoadedExperts load_nvfp4_experts(const ModelDir& dir, const CheckpointInfo& info
   std::vector<Linear> gate(E), up(E), down(E);
   std::set<std::string> expected;
   for (int e = 0; e < E; ++e) {
-    for (auto [proj, out, rows, cols] : {std::tuple{&n.gate, &gate, I, H},
-                                         std::tuple{&n.up, &up, I, H},
-                                         std::tuple{&n.down, &down, H, I}}) {
+    for (auto [proj, out, rows, cols] :
+         {std::tuple{&n.gate, &gate, I, H}, std::tuple{&n.up, &up, I, H},
+          std::tuple{&n.down, &down, H, I}}) {
       const std::string base = n.expert(e, *proj);
       Linear& l = (*out)[size_t(e)];
       l.weight = &dir.require(base + ".weight", {"U8"}, {rows, cols / 2}, why);

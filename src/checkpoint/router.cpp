@@ -37,8 +37,8 @@ void route_tokens(const ModelDir& dir, const CheckpointInfo& info, int layer, co
   const int64_t E = info.num_experts, H = info.hidden_size;
   const int K = info.top_k;
   const std::string l = "model.layers." + std::to_string(layer) + ".";
-  const std::string why = "the router of layer " + std::to_string(layer) + ", E = " +
-                          std::to_string(E) + ", H = " + std::to_string(H);
+  const std::string why = "the router of layer " + std::to_string(layer) +
+                          ", E = " + std::to_string(E) + ", H = " + std::to_string(H);
   std::string wname = l + (info.model_type == "gpt_oss" ? "mlp.router.weight" : "mlp.gate.weight");
   if (info.model_type == "mixtral" && !dir.find(wname)) wname = l + "block_sparse_moe.gate.weight";
   const std::vector<float> w = dir.read_floats(dir.require(wname, {"BF16", "F32"}, {E, H}, why));

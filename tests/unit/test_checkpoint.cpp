@@ -161,7 +161,8 @@ TEST(Checkpoint, FusedExpertsLoadTheirRowRangeOnly) {
     const LayerCheckpoint lc = c.load_layer(0, std::nullopt, 4, r);
     EXPECT_EQ(c.bytes_read() - before, uint64_t(3) * kI * kH * 2);
     const size_t b13 = size_t(2) * kI * kH * 2, b2 = size_t(kH) * kI * 2;
-    EXPECT_EQ(lc.experts.w13, slice(w.bytes(layer_prefix(0) + "mlp.experts.gate_up_proj"), r * b13, b13));
+    EXPECT_EQ(lc.experts.w13,
+              slice(w.bytes(layer_prefix(0) + "mlp.experts.gate_up_proj"), r * b13, b13));
     EXPECT_EQ(lc.experts.w2, slice(w.bytes(layer_prefix(0) + "mlp.experts.down_proj"), r * b2, b2));
   }
 }
@@ -249,8 +250,8 @@ TEST(Checkpoint, GptOssMxfp4DeinterleavesGateAndUpRowsScalesAndBiases) {
       const int El = kE / W;
       const uint64_t before = c.bytes_read();
       const LayerCheckpoint lc = c.load_layer(1, Recipe::kMxfp4Mxfp8, W, r);
-      const uint64_t per_expert = uint64_t(2 * kI) * (kH / 2 + kH / 32 + 2) +
-                                  uint64_t(kH) * (kI / 2 + kI / 32 + 2);
+      const uint64_t per_expert =
+          uint64_t(2 * kI) * (kH / 2 + kH / 32 + 2) + uint64_t(kH) * (kI / 2 + kI / 32 + 2);
       EXPECT_EQ(c.bytes_read() - before, per_expert * El);
       EXPECT_EQ(lc.config.recipe.recipe, Recipe::kMxfp4Mxfp8);
       EXPECT_EQ(lc.config.recipe.swiglu_limit, 7.0f);
@@ -266,17 +267,21 @@ TEST(Checkpoint, GptOssMxfp4DeinterleavesGateAndUpRowsScalesAndBiases) {
           const size_t dst_g = size_t(k) * 2 * kI + j, dst_u = dst_g + kI;
           ASSERT_EQ(slice(lc.experts.w13, dst_g * row, row), slice(blocks, src_g * row, row));
           ASSERT_EQ(slice(lc.experts.w13, dst_u * row, row), slice(blocks, src_u * row, row));
-          ASSERT_EQ(slice(lc.experts.w13_scale, dst_g * srow, srow), slice(scales, src_g * srow, srow));
-          ASSERT_EQ(slice(lc.experts.w13_scale, dst_u * srow, srow), slice(scales, src_u * srow, srow));
+          ASSERT_EQ(slice(lc.experts.w13_scale, dst_g * srow, srow),
+                    slice(scales, src_g * srow, srow));
+          ASSERT_EQ(slice(lc.experts.w13_scale, dst_u * srow, srow),
+                    slice(scales, src_u * srow, srow));
           ASSERT_EQ(lc.fc1_bias[dst_g], bf16_at(bias, src_g));
           ASSERT_EQ(lc.fc1_bias[dst_u], bf16_at(bias, src_u));
         }
         const size_t b2 = size_t(kH) * kI / 2, s2 = size_t(kH) * kI / 32;
-        EXPECT_EQ(slice(lc.experts.w2, k * b2, b2), slice(w.bytes(p + "down_proj_blocks"), e * b2, b2));
+        EXPECT_EQ(slice(lc.experts.w2, k * b2, b2),
+                  slice(w.bytes(p + "down_proj_blocks"), e * b2, b2));
         EXPECT_EQ(slice(lc.experts.w2_scale, k * s2, s2),
                   slice(w.bytes(p + "down_proj_scales"), e * s2, s2));
         for (int h = 0; h < kH; ++h)
-          ASSERT_EQ(lc.fc2_bias[size_t(k) * kH + h], bf16_at(w.bytes(p + "down_proj_bias"), size_t(e) * kH + h));
+          ASSERT_EQ(lc.fc2_bias[size_t(k) * kH + h],
+                    bf16_at(w.bytes(p + "down_proj_bias"), size_t(e) * kH + h));
       }
       const EpilogueVectors ep = lc.epilogue();
       EXPECT_EQ(ep.fc1_bias.shape[0], El);
@@ -325,19 +330,20 @@ TEST(Checkpoint, GptOssBf16TransposesAndDeinterleaves) {
 
 // E4M3 scale bytes in [0x20, 0x50] (finite, positive), u8 weights.
 void add_modelopt(ModelDirWriter& w, const std::vector<float>& in_gate,
-                  const std::vector<float>& in_down, float ws2_gate = 0.01f,
-                  float ws2_up = 0.01f) {
+                  const std::vector<float>& in_down, float ws2_gate = 0.01f, float ws2_up = 0.01f) {
   for (int l = 0; l < kL; ++l)
     for (int e = 0; e < kE; ++e) {
       const std::string p = layer_prefix(l) + "mlp.experts." + std::to_string(e) + ".";
-      for (auto [proj, rows, cols] : {std::tuple{"gate_proj", kI, kH},
-                                      std::tuple{"up_proj", kI, kH},
-                                      std::tuple{"down_proj", kH, kI}}) {
+      for (auto [proj, rows, cols] :
+           {std::tuple{"gate_proj", kI, kH}, std::tuple{"up_proj", kI, kH},
+            std::tuple{"down_proj", kH, kI}}) {
         const std::string b = p + proj;
         w.add_bytes(b + ".weight", "U8", {rows, cols / 2});
         w.add_bytes(b + ".weight_scale", "F8_E4M3", {rows, cols / 16}, 0x20, 0x50);
         const bool down = std::string(proj) == "down_proj";
-        const float ws2 = down ? 0.02f * float(e + 1) : std::string(proj) == "up_proj" ? ws2_up : ws2_gate;
+        const float ws2 = down                             ? 0.02f * float(e + 1)
+                          : std::string(proj) == "up_proj" ? ws2_up
+                                                           : ws2_gate;
         w.add_f32(b + ".weight_scale_2", {}, {ws2});
         w.add_f32(b + ".input_scale", {}, {down ? in_down[size_t(e)] : in_gate[size_t(e)]});
       }
@@ -402,8 +408,8 @@ TEST(Checkpoint, ModelOptNvfp4GateUpScalesFoldWhenExactElseRefused) {
     add_modelopt(w, ones, ones, 0.01f, 0.03f);
     w.write(qwen3_config());
     w.write_text("hf_quant_config.json", kModelOptQuant);
-    EXPECT_MENTIONS(load_error(w.dir), "gate weight_scale_2 0.00999999", "up weight_scale_2 0.0299999",
-                    "not a power of two", "expert 0");
+    EXPECT_MENTIONS(load_error(w.dir), "gate weight_scale_2 0.00999999",
+                    "up weight_scale_2 0.0299999", "not a power of two", "expert 0");
   }
 }
 
@@ -480,7 +486,8 @@ TEST(Checkpoint, RejectsEveryInconsistency) {
     qwen(w);
     w.tensors.erase(up1);
     w.write(qwen3_config());
-    EXPECT_MENTIONS(load_error(w.dir), "tensor 'model.layers.0.mlp.experts.1.up_proj.weight' is missing",
+    EXPECT_MENTIONS(load_error(w.dir),
+                    "tensor 'model.layers.0.mlp.experts.1.up_proj.weight' is missing",
                     "BF16 [64, 64]");
   }
   {
@@ -557,8 +564,7 @@ TEST(Checkpoint, RejectsEveryInconsistency) {
     w.tensors[layer_prefix(0) + "mlp.experts.3.down_proj.weight_scale"].data[7] = 0x7f;
     w.write(qwen3_config());
     w.write_text("hf_quant_config.json", kModelOptQuant);
-    EXPECT_MENTIONS(load_error(w.dir), "experts.3.down_proj.weight_scale", "byte 7",
-                    "NaN of E4M3");
+    EXPECT_MENTIONS(load_error(w.dir), "experts.3.down_proj.weight_scale", "byte 7", "NaN of E4M3");
     w.add_f32(layer_prefix(0) + "mlp.experts.2.up_proj.input_scale", {}, {0.0f});
     w.write(qwen3_config());
     EXPECT_MENTIONS(load_error(w.dir, 0, std::nullopt, 2, 0), "experts.2.up_proj.input_scale",
@@ -590,8 +596,8 @@ TEST(Checkpoint, JsonReaderIsStrict) {
                 ->items()
                 .size(),
             7u);
-  for (const char* bad : {"{\"a\":1,\"a\":2}", "{\"a\":NaN}", "[1,]", "{\"a\":01}", "[1] 2",
-                          "\"abc", "{\"a\" 1}"}) {
+  for (const char* bad :
+       {"{\"a\":1,\"a\":2}", "{\"a\":NaN}", "[1,]", "{\"a\":01}", "[1] 2", "\"abc", "{\"a\" 1}"}) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(io::parse_json(bad, "t"), Error);
   }

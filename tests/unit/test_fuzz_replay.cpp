@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "cli_test_util.h"
 #include "checkpoint_load_one.h"
+#include "cli_test_util.h"
 #include "load_one.h"
 
 namespace moe_ep::cli::test {
@@ -70,8 +70,10 @@ TEST(CheckpointFuzzReplay, SeedsLoadOrAreRejectedCleanly) {
     EXPECT_EQ(loaded, f.find("/valid-") != std::string::npos);
   }
   // Truncations and single-byte changes of the valid config: never anything but an Error.
-  const auto seed = bytes_of(std::string(MOE_EP_FUZZ_DIR) + "/checkpoint_corpus/valid-qwen3-config");
-  for (size_t cut = 0; cut < seed.size(); cut += 7) moe_ep::fuzz::checkpoint_load_one(seed.data(), cut);
+  const auto seed =
+      bytes_of(std::string(MOE_EP_FUZZ_DIR) + "/checkpoint_corpus/valid-qwen3-config");
+  for (size_t cut = 0; cut < seed.size(); cut += 7)
+    moe_ep::fuzz::checkpoint_load_one(seed.data(), cut);
   for (size_t i = 1; i < seed.size(); i += 3) {
     auto m = seed;
     m[i] = uint8_t(m[i] ^ 0x15);
