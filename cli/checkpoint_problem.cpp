@@ -41,6 +41,30 @@ Problem problem_from_checkpoint(const Checkpoint& ckpt, int layer, Recipe recipe
   return p;
 }
 
+void set_checkpoint_master_weights(const Checkpoint& ckpt, int layer, Problem& p) {
+  const CheckpointInfo& info = ckpt.info();
+  const int E = info.num_experts, H = info.hidden_size, I = info.moe_intermediate_size;
+  const size_t n13 = size_t(2) * I * H, n2 = size_t(H) * I;
+  p.w13.assign(size_t(E) * n13, 0.0f);
+  p.w2.assign(size_t(E) * n2, 0.0f);
+  const Recipe native = info.native_recipe;
+  const LayerCheckpoint lc = ckpt.load_layer(layer, native, 1, 0);
+  const float in_nc = lc.config.recipe.input_norm_const;
+  for (int e = 0; e < E; ++e) {
+    float* w13 = p.w13.data() + size_t(e) * n13;
+    float* w2 = p.w2.data() + size_t(e) * n2;
+    dequantize_expert(lc.experts, e, w13, w2);
+    if (native == Recipe::kNvfp4) {
+      // alpha = input_scale * weight_scale_2 and input_norm_const = 1 / input_scale, so the
+      // weights' global scale is alpha * norm const (fc2: fc2_alpha * fc1_norm_const).
+      const float s13 = lc.experts.fc1_alpha[size_t(e)] * in_nc;
+      const float s2 = lc.experts.fc2_alpha[size_t(e)] * lc.experts.fc1_norm_const[size_t(e)];
+      for (size_t i = 0; i < n13; ++i) w13[i] *= s13;
+      for (size_t i = 0; i < n2; ++i) w2[i] *= s2;
+    }
+  }
+}
+
 void make_checkpoint_inputs(const Checkpoint& ckpt, int layer, Problem& p, int tokens_per_rank,
                             uint64_t seed, std::string* note) {
   make_random_inputs(p, std::vector<int>(size_t(p.world_size), tokens_per_rank), seed, "uniform");

@@ -17,6 +17,11 @@ namespace moe_ep::cli {
 // placed side by side (Problem::pack holds all E experts, rank-major). No inputs yet.
 Problem problem_from_checkpoint(const Checkpoint& ckpt, int layer, Recipe recipe, int world_size);
 
+// The fp32 master weights of the problem's layer (Problem::w13 / w2, for dense_reference): a
+// bf16 checkpoint's own values, or a quantized checkpoint's weights dequantized with their
+// global scales (what its format defines the weights to be).
+void set_checkpoint_master_weights(const Checkpoint& ckpt, int layer, Problem& p);
+
 // Random bf16 hidden states N(0, 1) (seeded), `tokens_per_rank` on every rank, routed by the
 // model's router; where the checkpoint has no router tensors, uniform random top-k and `note`
 // says why.

@@ -541,6 +541,14 @@ int cmd_run_model(const Options& o, bool check_only) {
       memory_stage("loading layer " + std::to_string(l) + " (" + recipe_name(r) + ")");
       Problem p = problem_from_checkpoint(ckpt, l, r, W);
       p.apply_topk_in_fc1 = o.topk_in_fc1;
+      // float64 math on the checkpoint's own weights (err_vs_fp64) where they fit in memory.
+      try {
+        for (int T : token_list) check_memory_for(shape, r, W, T, true, o.memory);
+        set_checkpoint_master_weights(ckpt, l, p);
+      } catch (const Error&) {
+        p.w13.clear();
+        p.w2.clear();
+      }
       for (int T : token_list) {
         std::string note;
         make_checkpoint_inputs(ckpt, l, p, T, o.seed, &note);

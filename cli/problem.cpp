@@ -197,21 +197,24 @@ std::vector<double> dense_reference(const Problem& p, int rank) {
       if (e < 0) continue;
       const float* w13 = p.w13.data() + size_t(e) * 2 * I * H;
       const float* w2 = p.w2.data() + size_t(e) * H * I;
+      const float* b13 = p.fc1_bias.empty() ? nullptr : p.fc1_bias.data() + size_t(e) * 2 * I;
+      const float* b2 = p.fc2_bias.empty() ? nullptr : p.fc2_bias.data() + size_t(e) * H;
       for (int j = 0; j < I; ++j) {
         double g = 0, u = 0;
         for (int i = 0; i < H; ++i) {
           g += double(w13[size_t(j) * H + i]) * x[i];
           u += double(w13[size_t(I + j) * H + i]) * x[i];
         }
+        if (b13) g += b13[j], u += b13[I + j];
         if (limit >= 0) {
           g = std::min(g, double(limit));
           u = std::clamp(u, -double(limit), double(limit));
         }
-        h[j] = u * g / (1.0 + std::exp(-g));
+        h[j] = (u + p.swiglu_beta) * g / (1.0 + std::exp(-double(p.swiglu_alpha) * g));
       }
       const double c = p.topk_w[rank][size_t(t) * K + k];
       for (int i = 0; i < H; ++i) {
-        double y = 0;
+        double y = b2 ? double(b2[i]) : 0.0;
         for (int j = 0; j < I; ++j) y += double(w2[size_t(i) * I + j]) * h[j];
         out[size_t(t) * H + i] += c * y;
       }

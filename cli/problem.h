@@ -50,7 +50,8 @@ Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_si
 void make_random_inputs(Problem& p, const std::vector<int>& tokens_per_rank, uint64_t seed,
                         const std::string& routing);
 
-// float64 math on the master weights, no quantization: what every recipe approximates.
+// float64 math on the master weights, no quantization: what every recipe approximates (with
+// the problem's activation alpha / beta, clamp and expert biases).
 std::vector<double> dense_reference(const Problem& p, int rank);
 
 struct RunResult {

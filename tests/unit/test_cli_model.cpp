@@ -70,6 +70,36 @@ TEST(CliModel, GptOssMxfp4WithBiasesRunsAndSaysItRoutesUniformlyWithoutARouter) 
   EXPECT_MENTIONS(r.out, "gpt_oss, mxfp4 weights", "gpt_oss L1", "mxfp4_bf16", "bitwise = ref",
                   "uniform routing", "mlp.router.weight' is missing");
   EXPECT_EQ(r.out.find("gpt_oss L0"), std::string::npos);
+  // err_vs_fp64 is float64 gpt-oss math (biases, alpha, +1, clamp) on the dequantized weights.
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("PASS   bitwise"), r.out.find("e-03 PASS   bitwise") + 5) << r.out;
+}
+
+TEST(CliModel, ModelOptNvfp4MatchesFloat64MathOnItsOwnWeights) {
+  // Random E2M1 bytes and E4M3 block scales; global scales as ModelOpt calibrates them
+  // (input_scale = amax / (6 * 448) for inputs of amax ~ 4). A wrong epilogue constant (alpha,
+  // norm constant) would put err_vs_fp64 near 1; activation quantization alone keeps it ~0.1.
+  ModelDirWriter w;
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 4; ++e)
+      for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+        const std::string b =
+            "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + "." + proj;
+        w.add_bytes(b + ".weight", "U8", {64, 32});
+        w.add_bytes(b + ".weight_scale", "F8_E4M3", {64, 4}, 0x28, 0x40);
+        w.add_f32(b + ".weight_scale_2", {}, {0.01f});
+        const bool down = std::string(proj) == "down_proj";
+        w.add_f32(b + ".input_scale", {}, {(down ? 3.0f : 4.0f) / 2688.0f * (1 + 0.1f * e)});
+      }
+  w.write(R"({"model_type":"qwen3_moe","hidden_size":64,"moe_intermediate_size":64,)"
+          R"("num_experts":4,"num_experts_per_tok":2,"num_hidden_layers":2})");
+  w.write_text("hf_quant_config.json",
+               R"({"quantization":{"quant_algo":"NVFP4","group_size":16}})");
+  const CliResult r =
+      run_cli({"run", "--model", w.dir, "--ranks", "2", "--tokens", "16", "--backend", "cpu"});
+  EXPECT_EQ(r.status, 0) << r.error << r.out;
+  EXPECT_MENTIONS(r.out, "qwen3_moe, nvfp4 weights", "nvfp4", "bitwise = ref");
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
 }
 
 TEST(CliModel, ComparesWithGoldensWhenTheDirectoryHasThem) {
