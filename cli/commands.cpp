@@ -24,12 +24,14 @@
 #include <vector>
 
 #include "bench_cpu.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint_problem.h"
 #include "memory_budget.h"
+#include "moe_ep/checkpoint.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/status.h"
 #include "problem.h"
 #include "problem_io.h"
-#include "safetensors.h"
 
 namespace moe_ep::cli {
 namespace {
@@ -53,6 +55,8 @@ struct Options {
   uint64_t seed = 1;
   std::string routing = "uniform";
   std::string load, save, json;
+  std::string model;           // --model DIR: a Hugging Face checkpoint
+  std::string layers = "all";  // --layers: its MoE layers to run
   std::optional<float> swiglu_limit;
   bool topk_in_fc1 = false;
   bool explain = false;
@@ -103,6 +107,13 @@ const char* kUsage =
     "  --json FILE        bench: write the records as JSON\n"
     "  --memory BYTES     check the problem's host memory against BYTES instead of this\n"
     "                     machine's available memory (1..2^50)\n"
+    "  --model DIR        run/check the MoE layers of a Hugging Face checkpoint directory\n"
+    "                     (config.json, *.safetensors: bf16 Qwen3-MoE / Mixtral / DeepSeek-V3 /\n"
+    "                     gpt-oss, gpt-oss MXFP4, ModelOpt NVFP4; docs/checkpoints.md): each\n"
+    "                     rank loads its own experts; random bf16 inputs routed by the model's\n"
+    "                     router; with DIR/goldens.safetensors also transformers' outputs on the\n"
+    "                     golden inputs (rel. L2 printed). --recipe defaults to the native one\n"
+    "  --layers LIST      with --model: all (default) or a comma list of decoder layer indices\n"
     "  --explain          run/check: print the launch plan of each forward (rank 0; the kernels,\n"
     "                     tiles, grids and rings the CUDA backend chose)\n";
 
@@ -209,6 +220,10 @@ Options parse(const std::vector<std::string>& a) {
       o.save = value(f);
     else if (f == "--json")
       o.json = value(f);
+    else if (f == "--model")
+      o.model = value(f);
+    else if (f == "--layers")
+      o.layers = value(f);
     else if (f == "--swiglu-limit")
       o.swiglu_limit = positive_float(f, value(f));
     else if (f == "--topk-in-fc1")
@@ -233,8 +248,19 @@ Options parse(const std::vector<std::string>& a) {
                         " cannot be combined with --load: the file defines the "
                         "problem (its shape, recipe, ranks, tokens and routing)");
   }
+  if (!o.model.empty()) {
+    for (const char* f :
+         {"--shape", "--experts", "--load", "--save", "--routing", "--swiglu-limit"})
+      if (given(f))
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string(f) +
+                        " cannot be combined with --model: the checkpoint defines the layer "
+                        "(its shape, weights, activation and router)");
+  } else if (given("--layers")) {
+    throw Error(ErrorCode::kInvalidArgument, "--layers needs --model DIR");
+  }
   if (o.command == "bench") {
-    for (const char* f : {"--load", "--save"})
+    for (const char* f : {"--load", "--save", "--model"})
       if (given(f))
         throw Error(ErrorCode::kInvalidArgument,
                     std::string(f) + " is for run and check, not bench");
@@ -411,6 +437,11 @@ Row run_one(const Problem& p, Backend backend, int iters, bool verbose, RunResul
     ref.recipe = p.recipe;
     ref.swiglu_limit = p.swiglu_limit;
     ref.apply_topk_in_fc1 = p.apply_topk_in_fc1;
+    ref.swiglu_alpha = p.swiglu_alpha;
+    ref.swiglu_beta = p.swiglu_beta;
+    ref.input_norm_const = p.input_norm_const;
+    ref.fc1_bias = p.fc1_bias;
+    ref.fc2_bias = p.fc2_bias;
     ref.pack = p.pack;
     ref.world_size = 1;
     ref.x = {concat(p.x)};
@@ -456,7 +487,118 @@ void saved(const std::string& path, const SaveSummary& s) {
   std::fflush(stdout);
 }
 
+// The decoder layers --layers names, each one of the checkpoint's MoE layers.
+std::vector<int> layers_of(const std::string& list, const CheckpointInfo& info) {
+  if (list == "all") return info.moe_layers;
+  std::vector<int> out;
+  for (auto& v : split(list)) {
+    const int l = int(int_in("--layers", v, 0, info.num_hidden_layers - 1));
+    if (std::find(info.moe_layers.begin(), info.moe_layers.end(), l) == info.moe_layers.end())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--layers " + v + ": decoder layer " + v + " of " + info.dir +
+                      " has no routed experts (its first MoE layer is " +
+                      std::to_string(info.moe_layers.front()) + ")");
+    out.push_back(l);
+  }
+  if (out.empty()) throw Error(ErrorCode::kInvalidArgument, "--layers: no layer given");
+  return out;
+}
+
+// Relative L2 error of bf16 values against a float64 reference; NaN when the sizes differ.
+double golden_error(const std::vector<uint16_t>& got, const std::vector<double>& ref) {
+  return got.size() == ref.size() ? rel_l2(got, ref) : NAN;
+}
+
+int cmd_run_model(const Options& o, bool check_only) {
+  const Backend backend = backend_of(o.backend);
+  const int iters = check_only ? 1 : (o.iters ? o.iters : 5);
+  memory_stage("reading the headers of " + o.model);
+  const Checkpoint ckpt(o.model);
+  const CheckpointInfo& info = ckpt.info();
+  std::printf("model %s: %s, %s weights, H %d, I %d, E %d, K %d, %zu MoE layers of %d\n",
+              info.dir.c_str(), info.model_type.c_str(), info.weight_format.c_str(),
+              info.hidden_size, info.moe_intermediate_size, info.num_experts, info.top_k,
+              info.moe_layers.size(), info.num_hidden_layers);
+  const std::vector<int> layers = layers_of(o.layers, info);
+  const std::vector<Recipe> recipes =
+      o.recipes == "all" ? std::vector<Recipe>{info.native_recipe} : recipes_of(o.recipes);
+  const std::vector<int> token_list = tokens_of(o, "64");
+  const int W = o.ranks;
+  if (info.num_experts % W)
+    throw Error(ErrorCode::kInvalidArgument,
+                "E = " + std::to_string(info.num_experts) + " experts of " + info.dir +
+                    " are not divisible by " + (o.gpus > 0 ? "--gpus " : "--ranks ") +
+                    std::to_string(W) + ": every rank holds E / W experts");
+  const ModelShape shape{info.model_type, info.hidden_size, info.moe_intermediate_size,
+                         info.num_experts, info.top_k};
+  for (Recipe r : recipes)
+    for (int T : token_list) check_memory_for(shape, r, W, T, false, o.memory);
+  const std::string goldens = info.dir + "/goldens.safetensors";
+  const bool has_goldens = access(goldens.c_str(), R_OK) == 0;
+  std::vector<Row> rows;
+  std::vector<std::string> golden_lines;
+  bool golden_bad = false;
+  for (int l : layers) {
+    for (Recipe r : recipes) {
+      memory_stage("loading layer " + std::to_string(l) + " (" + recipe_name(r) + ")");
+      Problem p = problem_from_checkpoint(ckpt, l, r, W);
+      p.apply_topk_in_fc1 = o.topk_in_fc1;
+      // float64 math on the checkpoint's own weights (err_vs_fp64) where they fit in memory.
+      try {
+        for (int T : token_list) check_memory_for(shape, r, W, T, true, o.memory);
+        set_checkpoint_master_weights(ckpt, l, p);
+      } catch (const Error&) {
+        p.w13.clear();
+        p.w2.clear();
+      }
+      for (int T : token_list) {
+        std::string note;
+        make_checkpoint_inputs(ckpt, l, p, T, o.seed, &note);
+        memory_stage("running layer " + std::to_string(l) + " (" + recipe_name(r) + ", " +
+                     std::to_string(T) + " tokens per rank)");
+        Row row = run_one(p, backend, iters, true, nullptr);
+        row.shape = info.model_type + " L" + std::to_string(l);
+        if (!note.empty()) row.note += (row.note.empty() ? "" : " ") + note;
+        rows.push_back(row);
+      }
+      if (has_goldens) {
+        const auto g = read_golden_layer(goldens, l, info.hidden_size, info.top_k);
+        if (!g) continue;
+        set_golden_inputs(p, *g);
+        const RunResult res = run_layers(p, backend, 1);
+        std::vector<uint16_t> got = concat(res.out);
+        const double err = golden_error(got, g->routed_output);
+        golden_bad = golden_bad || std::isnan(err) || has_nonfinite(got);
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "layer %-3d %-12s %d tokens on %d rank(s), %s: rel. L2 vs transformers' "
+                      "routed_output %.3e",
+                      l, recipe_name(r), g->tokens, W, backend_name(res.backend), err);
+        golden_lines.push_back(line);
+      }
+    }
+  }
+  print_table(rows);
+  if (!golden_lines.empty()) {
+    std::printf("\ngoldens (%s: transformers' MoE block on its own inputs and router):\n",
+                goldens.c_str());
+    for (auto& g : golden_lines) std::printf("  %s\n", g.c_str());
+  }
+  if (o.explain) {
+    std::printf("\nlaunch plans (rank 0):\n");
+    for (auto& r : rows)
+      std::printf("  %-12s T=%-6d %s\n", r.recipe.c_str(), r.tokens, r.plan.c_str());
+  }
+  size_t failed = golden_bad ? 1 : 0;
+  for (auto& r : rows) failed += r.pass ? 0 : 1;
+  if (failed)
+    std::printf("\n%zu result(s) FAIL (NaN/Inf, missing or outside tolerance): exit status 1\n",
+                failed);
+  return failed ? 1 : 0;
+}
+
 int cmd_run(const Options& o, bool check_only) {
+  if (!o.model.empty()) return cmd_run_model(o, check_only);
   const Backend backend = backend_of(o.backend);
   const int iters = check_only ? 1 : (o.iters ? o.iters : 5);
   std::vector<Row> rows;
@@ -562,7 +704,10 @@ int main_impl(const std::vector<std::string>& args) {
   if (o.command == "run" && o.gpus == 0 && !o.ranks_given && o.backend == "auto" &&
       o.load.empty()) {
     int n = visible_gpu_count();
-    if (auto shape = find_shape(o.shape)) {
+    if (!o.model.empty()) {
+      const int E = Checkpoint(o.model).info().num_experts;
+      while (n > 1 && E % n != 0) --n;
+    } else if (auto shape = find_shape(o.shape)) {
       const int E = o.experts > 0 ? o.experts : shape->E;
       while (n > 1 && E % n != 0) --n;
     }

@@ -56,6 +56,10 @@ LayerConfig Problem::config() const {
   c.recipe.top_k = shape.K;
   c.recipe.swiglu_limit = swiglu_limit;
   c.recipe.apply_topk_in_fc1 = apply_topk_in_fc1;
+  c.recipe.swiglu_alpha = swiglu_alpha;
+  c.recipe.swiglu_beta = swiglu_beta;
+  c.recipe.input_norm_const = input_norm_const;
+  c.recipe.has_expert_bias = !fc1_bias.empty() || !fc2_bias.empty();
   return c;
 }
 
@@ -193,21 +197,24 @@ std::vector<double> dense_reference(const Problem& p, int rank) {
       if (e < 0) continue;
       const float* w13 = p.w13.data() + size_t(e) * 2 * I * H;
       const float* w2 = p.w2.data() + size_t(e) * H * I;
+      const float* b13 = p.fc1_bias.empty() ? nullptr : p.fc1_bias.data() + size_t(e) * 2 * I;
+      const float* b2 = p.fc2_bias.empty() ? nullptr : p.fc2_bias.data() + size_t(e) * H;
       for (int j = 0; j < I; ++j) {
         double g = 0, u = 0;
         for (int i = 0; i < H; ++i) {
           g += double(w13[size_t(j) * H + i]) * x[i];
           u += double(w13[size_t(I + j) * H + i]) * x[i];
         }
+        if (b13) g += b13[j], u += b13[I + j];
         if (limit >= 0) {
           g = std::min(g, double(limit));
           u = std::clamp(u, -double(limit), double(limit));
         }
-        h[j] = u * g / (1.0 + std::exp(-g));
+        h[j] = (u + p.swiglu_beta) * g / (1.0 + std::exp(-double(p.swiglu_alpha) * g));
       }
       const double c = p.topk_w[rank][size_t(t) * K + k];
       for (int i = 0; i < H; ++i) {
-        double y = 0;
+        double y = b2 ? double(b2[i]) : 0.0;
         for (int j = 0; j < I; ++j) y += double(w2[size_t(i) * I + j]) * h[j];
         out[size_t(t) * H + i] += c * y;
       }
@@ -230,7 +237,15 @@ void run_rank(const Problem& p, Backend backend, int iterations, int r, const Bo
   b.rank = r;
   b.backend = backend;
   b.device = r;
-  MegaLayer layer(b, p.config(), p.pack.view(r * El, El), p.pack.epilogue_view(r * El, El));
+  EpilogueVectors ep = p.pack.epilogue_view(r * El, El);
+  const int64_t bias13 = 2 * int64_t(p.shape.I), bias2 = p.shape.H;
+  if (!p.fc1_bias.empty())
+    ep.fc1_bias = TensorView::contiguous(const_cast<float*>(p.fc1_bias.data()) + r * El * bias13,
+                                         DType::kF32, {El, bias13});
+  if (!p.fc2_bias.empty())
+    ep.fc2_bias = TensorView::contiguous(const_cast<float*>(p.fc2_bias.data()) + r * El * bias2,
+                                         DType::kF32, {El, bias2});
+  MegaLayer layer(b, p.config(), p.pack.view(r * El, El), ep);
   if (info) {
     info->backend = layer.backend();
     info->workspace_bytes = layer.workspace_bytes(layer.default_workspace());

@@ -27,6 +27,11 @@ struct Problem {
   int capacity = 0;
   std::optional<float> swiglu_limit;
   bool apply_topk_in_fc1 = false;
+  // Expert semantics of checkpoints (gpt-oss; contract §3.1): the activation's slope and offset,
+  // nvfp4's layer input constant, and expert biases f32 [E * 2I] and [E * H] (empty: none).
+  float swiglu_alpha = 1.0f, swiglu_beta = 0.0f;
+  float input_norm_const = 1.0f;
+  std::vector<float> fc1_bias, fc2_bias;
   std::vector<float> w13, w2;  // fp32 master weights (empty when loaded already packed)
   PackedExperts pack;
   std::vector<std::vector<uint16_t>> x;    // per rank: bf16 [T, H]
@@ -45,7 +50,8 @@ Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_si
 void make_random_inputs(Problem& p, const std::vector<int>& tokens_per_rank, uint64_t seed,
                         const std::string& routing);
 
-// float64 math on the master weights, no quantization: what every recipe approximates.
+// float64 math on the master weights, no quantization: what every recipe approximates (with
+// the problem's activation alpha / beta, clamp and expert biases).
 std::vector<double> dense_reference(const Problem& p, int rank);
 
 struct RunResult {

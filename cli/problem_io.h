@@ -12,10 +12,20 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "problem.h"
-#include "safetensors.h"
 
 namespace moe_ep::cli {
+
+// The safetensors reader and writer of the core library (src/checkpoint/safetensors.h).
+using io::parse_safetensors_buffer;
+using io::read_safetensors;
+using io::read_safetensors_header;
+using io::read_tensor_data;
+using io::st_dtype_bytes;
+using io::StFile;
+using io::StTensor;
+using io::write_safetensors;
 
 // The problem's dimensions as the header of a file says them (checked for consistency).
 struct ProblemLayout {

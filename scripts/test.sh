@@ -56,5 +56,14 @@ if [ "${SANITIZE:-1}" != 0 ]; then
     -print_final_stats=1 "$SAN/fuzz-corpus" tests/fuzz/corpus 2>"$SAN/fuzz.log" ||
     { tail -60 "$SAN/fuzz.log"; echo "[test] the fuzzer found a crash: $(ls "$SAN/fuzz-crashes")"; exit 1; }
   grep -E "^(Done|stat::number_of_executed_units|stat::new_units_added)" "$SAN/fuzz.log" || true
+  CKPT_FUZZ_SECONDS=${CKPT_FUZZ_SECONDS:-30}
+  echo "[test] fuzzing the checkpoint loaders' JSON files for $CKPT_FUZZ_SECONDS s (ASan + UBSan)"
+  mkdir -p "$SAN/fuzz-ckpt-corpus"
+  "$SAN/tests/moe_ep_fuzz_checkpoint" -max_total_time="$CKPT_FUZZ_SECONDS" -max_len=16384 \
+    -timeout=20 -rss_limit_mb=3000 -dict=tests/fuzz/checkpoint.dict \
+    -artifact_prefix="$SAN/fuzz-crashes/" -print_final_stats=1 "$SAN/fuzz-ckpt-corpus" \
+    tests/fuzz/checkpoint_corpus 2>"$SAN/fuzz-ckpt.log" ||
+    { tail -60 "$SAN/fuzz-ckpt.log"; echo "[test] the fuzzer found a crash: $(ls "$SAN/fuzz-crashes")"; exit 1; }
+  grep -E "^(Done|stat::number_of_executed_units|stat::new_units_added)" "$SAN/fuzz-ckpt.log" || true
 fi
 echo "[test] all passed"

@@ -51,6 +51,7 @@ _by_name = {cls.code: cls for cls in _BY_CODE}
 _moe_ep._set_error_classes([_by_name.get(n, Error) for n in _moe_ep._error_code_names()])
 
 from ._moe_ep import CpuFleet  # noqa: E402
+from .checkpoint import Checkpoint  # noqa: E402
 from .distributed import bootstrap_from_process_group, nccl_unique_id  # noqa: E402
 from .layer import (  # noqa: E402
     ExpertWeightViews,
@@ -73,6 +74,7 @@ def cuda_backend_available():
 __all__ = [
     "BackendError",
     "CapacityError",
+    "Checkpoint",
     "CpuFleet",
     "DestroyedError",
     "Error",

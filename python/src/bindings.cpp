@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_ep/checkpoint.h"
 #include "moe_ep/config.h"
 #include "moe_ep/layer.h"
 #include "moe_ep/status.h"
@@ -608,4 +609,112 @@ NB_MODULE(_moe_ep, m) {
       },
       "recipe"_a, "w13"_a, "w2"_a, "input_norm_const"_a = 1.0f,
       "fc1_norm_const"_a.none() = nb::none());
+
+  // Hugging Face checkpoints (include/moe_ep/checkpoint.h); moe_ep/checkpoint.py wraps them.
+  nb::class_<Checkpoint>(m, "_Checkpoint")
+      .def(
+          "__init__",
+          [](Checkpoint* self, const std::string& dir) {
+            nb::gil_scoped_release release;
+            new (self) Checkpoint(dir);
+          },
+          "dir"_a)
+      .def("info",
+           [](const Checkpoint& c) {
+             const CheckpointInfo& i = c.info();
+             nb::dict d;
+             d["dir"] = i.dir;
+             d["model_type"] = i.model_type;
+             d["weight_format"] = i.weight_format;
+             d["hidden_size"] = i.hidden_size;
+             d["moe_intermediate_size"] = i.moe_intermediate_size;
+             d["num_experts"] = i.num_experts;
+             d["top_k"] = i.top_k;
+             d["num_hidden_layers"] = i.num_hidden_layers;
+             d["moe_layers"] = i.moe_layers;
+             d["swiglu_limit"] = i.swiglu_limit;
+             d["swiglu_alpha"] = i.swiglu_alpha;
+             d["swiglu_beta"] = i.swiglu_beta;
+             d["has_expert_bias"] = i.has_expert_bias;
+             d["native_recipe"] = std::string(recipe_name(i.native_recipe));
+             d["router"] = i.router;
+             d["norm_topk_prob"] = i.norm_topk_prob;
+             d["routed_scaling_factor"] = i.routed_scaling_factor;
+             d["n_group"] = i.n_group;
+             d["topk_group"] = i.topk_group;
+             return d;
+           })
+      .def(
+          "load_layer",
+          [](const Checkpoint& c, int layer, std::optional<std::string> recipe, int world_size,
+             int rank) {
+            std::optional<Recipe> r;
+            if (recipe) {
+              r = parse_recipe(*recipe);
+              if (!r) invalid("unknown recipe '" + *recipe + "'");
+            }
+            LayerCheckpoint* lc;
+            {
+              nb::gil_scoped_release release;
+              lc = new LayerCheckpoint(c.load_layer(layer, r, world_size, rank));
+            }
+            nb::capsule owner(lc,
+                              [](void* p) noexcept { delete static_cast<LayerCheckpoint*>(p); });
+            const WeightPack wp = lc->weights();
+            const EpilogueVectors ev = lc->epilogue();
+            nb::dict d;
+            d["w13"] = to_python(wp.w13, owner, kNumpy);
+            d["w2"] = to_python(wp.w2, owner, kNumpy);
+            d["w13_scale"] = to_python(wp.w13_scale, owner, kNumpy);
+            d["w2_scale"] = to_python(wp.w2_scale, owner, kNumpy);
+            d["fc1_alpha"] = to_python(ev.fc1_alpha, owner, kNumpy);
+            d["fc2_alpha"] = to_python(ev.fc2_alpha, owner, kNumpy);
+            d["fc1_norm_const"] = to_python(ev.fc1_norm_const, owner, kNumpy);
+            d["fc1_bias"] = to_python(ev.fc1_bias, owner, kNumpy);
+            d["fc2_bias"] = to_python(ev.fc2_bias, owner, kNumpy);
+            const LayerConfig& cfg = lc->config;
+            nb::dict conf;
+            conf["num_experts"] = cfg.fleet.num_experts;
+            conf["hidden_size"] = cfg.fleet.hidden_size;
+            conf["intermediate_size"] = cfg.recipe.intermediate_size;
+            conf["top_k"] = cfg.recipe.top_k;
+            conf["recipe"] = std::string(recipe_name(cfg.recipe.recipe));
+            conf["swiglu_limit"] = cfg.recipe.swiglu_limit;
+            conf["swiglu_alpha"] = cfg.recipe.swiglu_alpha;
+            conf["swiglu_beta"] = cfg.recipe.swiglu_beta;
+            conf["input_norm_const"] = cfg.recipe.input_norm_const;
+            conf["has_expert_bias"] = cfg.recipe.has_expert_bias;
+            conf["layer"] = lc->layer;
+            conf["rank"] = lc->rank;
+            conf["world_size"] = lc->world_size;
+            d["config"] = conf;
+            return d;
+          },
+          "layer"_a, "recipe"_a.none() = nb::none(), "world_size"_a = 1, "rank"_a = 0)
+      .def(
+          "route",
+          [](const Checkpoint& c, int layer,
+             nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> x) {
+            const int64_t T = int64_t(x.shape(0)), H = int64_t(x.shape(1));
+            if (H != c.info().hidden_size)
+              invalid("route: hidden_states has " + std::to_string(H) +
+                      " columns, expected hidden_size " + std::to_string(c.info().hidden_size));
+            const int64_t K = c.info().top_k;
+            auto* ids = new std::vector<int32_t>(size_t(T * K));
+            auto* w = new std::vector<float>(size_t(T * K));
+            nb::capsule own_ids(
+                ids, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+            nb::capsule own_w(w,
+                              [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+            {
+              nb::gil_scoped_release release;
+              c.route(layer, x.data(), int(T), ids->data(), w->data());
+            }
+            return nb::make_tuple(
+                to_python(TensorView::contiguous(ids->data(), DType::kI32, {T, K}), own_ids,
+                          kNumpy),
+                to_python(TensorView::contiguous(w->data(), DType::kF32, {T, K}), own_w, kNumpy));
+          },
+          "layer"_a, "hidden_states"_a)
+      .def("bytes_read", &Checkpoint::bytes_read);
 }

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "moe_ep/status.h"
 #include "problem.h"
 #include "problem_io.h"
-#include "safetensors.h"
 
 int main(int argc, char** argv) {
   using namespace moe_ep;

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "commands.h"
 #include "moe_ep/status.h"
 #include "problem.h"
 #include "problem_io.h"
-#include "safetensors.h"
 
 namespace moe_ep::cli::test {
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_load_one.h"
 #include "cli_test_util.h"
 #include "load_one.h"
 
@@ -54,6 +55,29 @@ TEST(FuzzReplay, EveryFoundCrashIsNowHandled) {
       EXPECT_FALSE(accepted);
       EXPECT_NE(load_error(f), "");
     }
+  }
+}
+
+TEST(CheckpointFuzzReplay, SeedsLoadOrAreRejectedCleanly) {
+  // valid-* seeds describe the target's own model and must load; the others (other families'
+  // configs, a ModelOpt quant config beside bf16 tensors) must be rejected with a moe_ep::Error.
+  const auto files = files_in(std::string(MOE_EP_FUZZ_DIR) + "/checkpoint_corpus");
+  ASSERT_GE(files.size(), 5u) << "the checkpoint seed corpus is missing";
+  for (const auto& f : files) {
+    SCOPED_TRACE(f);
+    const auto b = bytes_of(f);
+    const bool loaded = moe_ep::fuzz::checkpoint_load_one(b.data(), b.size());
+    EXPECT_EQ(loaded, f.find("/valid-") != std::string::npos);
+  }
+  // Truncations and single-byte changes of the valid config: never anything but an Error.
+  const auto seed =
+      bytes_of(std::string(MOE_EP_FUZZ_DIR) + "/checkpoint_corpus/valid-qwen3-config");
+  for (size_t cut = 0; cut < seed.size(); cut += 7)
+    moe_ep::fuzz::checkpoint_load_one(seed.data(), cut);
+  for (size_t i = 1; i < seed.size(); i += 3) {
+    auto m = seed;
+    m[i] = uint8_t(m[i] ^ 0x15);
+    moe_ep::fuzz::checkpoint_load_one(m.data(), m.size());
   }
 }
 

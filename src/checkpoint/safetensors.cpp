@@ -1,4 +1,4 @@
-#include "safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -7,161 +7,15 @@
 #include <limits>
 #include <sstream>
 
+#include "checkpoint/json.h"
 #include "moe_ep/status.h"
 
-namespace moe_ep::cli {
+namespace moe_ep::io {
 namespace {
 
 [[noreturn]] void bad(const std::string& label, const std::string& why) {
   throw Error(ErrorCode::kInvalidArgument, "safetensors file " + label + ": " + why);
 }
-
-// A strict reader of the JSON the header may hold: one object of objects, strings and arrays of
-// integers. Anything else is an error naming the byte offset; nothing recurses deeper than the
-// format's two levels.
-struct Json {
-  const std::string& s;
-  const std::string& label;
-  size_t i = 0;
-
-  [[noreturn]] void fail(const std::string& what) {
-    bad(label, "malformed header at byte " + std::to_string(i) + " of " + std::to_string(s.size()) +
-                   ": " + what);
-  }
-  void ws() {
-    while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
-  }
-  void expect(char c) {
-    ws();
-    if (i >= s.size()) fail(std::string("expected '") + c + "', found the end of the header");
-    if (s[i] != c) fail(std::string("expected '") + c + "', found '" + printable(s[i]) + "'");
-    ++i;
-  }
-  static std::string printable(char c) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) return std::string(1, c);
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "\\x%02x", u);
-    return buf;
-  }
-  bool peek(char c) {
-    ws();
-    return i < s.size() && s[i] == c;
-  }
-  static void put_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xc0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3f));
-    } else {
-      out += char(0xe0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    }
-  }
-  std::string str() {
-    expect('"');
-    std::string out;
-    for (;;) {
-      if (i >= s.size()) fail("a string is not terminated");
-      const char c = s[i++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("a control character inside a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i >= s.size()) fail("a string ends inside an escape");
-      const char e = s[i++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          if (s.size() - i < 4) fail("a \\u escape needs four hex digits");
-          uint32_t cp = 0;
-          for (int k = 0; k < 4; ++k) {
-            const char h = s[i++];
-            cp <<= 4;
-            if (h >= '0' && h <= '9')
-              cp |= uint32_t(h - '0');
-            else if (h >= 'a' && h <= 'f')
-              cp |= uint32_t(h - 'a' + 10);
-            else if (h >= 'A' && h <= 'F')
-              cp |= uint32_t(h - 'A' + 10);
-            else
-              fail("a \\u escape needs four hex digits");
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default:
-          fail("unknown escape '\\" + printable(e) + "'");
-      }
-    }
-  }
-  // A JSON integer (no fraction, no exponent) that fits int64.
-  int64_t integer(const std::string& what) {
-    ws();
-    const size_t start = i;
-    bool neg = false;
-    if (i < s.size() && s[i] == '-') neg = true, ++i;
-    if (i >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i])))
-      fail("expected an integer in " + what);
-    uint64_t v = 0;
-    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
-      const uint64_t d = uint64_t(s[i] - '0');
-      if (v > (uint64_t(std::numeric_limits<int64_t>::max()) - d) / 10)
-        fail("the integer in " + what + " starting '" + s.substr(start, 24) +
-             "' does not fit 64 bits");
-      v = v * 10 + d;
-      ++i;
-    }
-    if (i < s.size() && (s[i] == '.' || s[i] == 'e' || s[i] == 'E'))
-      fail("expected an integer in " + what + ", found a fraction or exponent");
-    return neg ? -int64_t(v) : int64_t(v);
-  }
-  std::vector<int64_t> int_array(const std::string& what) {
-    std::vector<int64_t> v;
-    expect('[');
-    if (peek(']')) {
-      ++i;
-      return v;
-    }
-    for (;;) {
-      if (v.size() >= 64) fail(what + " has more than 64 entries");
-      v.push_back(integer(what));
-      if (peek(',')) {
-        ++i;
-        continue;
-      }
-      expect(']');
-      return v;
-    }
-  }
-};
 
 std::string json_escape(const std::string& v) {
   std::string o;
@@ -253,7 +107,9 @@ StFile parse_safetensors_header(const std::string& header, uint64_t data_size,
   StFile out;
   out.label = label;
   out.data_size = data_size;
-  Json j{header, label};
+  // The header is one object of objects, strings and arrays of integers, checked as it is read
+  // (nothing nests deeper than the format's two levels).
+  JsonReader j{header, "safetensors file " + label + ": malformed header"};
   j.expect('{');
   bool first = true;
   bool seen_metadata = false;
@@ -388,6 +244,20 @@ void read_tensor_data(const std::string& path, const StFile& file, StTensor& t) 
   t.loaded = true;
 }
 
+void read_tensor_range(const std::string& path, const StFile& file, const StTensor& t,
+                       uint64_t offset, uint64_t count, uint8_t* out) {
+  if (t.end > file.data_size || t.begin > t.end || offset > t.nbytes() ||
+      count > t.nbytes() - offset)
+    bad(path, "reading bytes [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                  ") of a " + std::to_string(t.nbytes()) + "-byte tensor: outside the tensor");
+  if (count == 0) return;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) bad(path, "cannot be opened");
+  f.seekg(std::streamoff(file.data_start + t.begin + offset));
+  f.read(reinterpret_cast<char*>(out), std::streamsize(count));
+  if (!f) bad(path, "reading " + std::to_string(count) + " bytes of tensor data failed");
+}
+
 StFile read_safetensors(const std::string& path) {
   StFile out = read_safetensors_header(path);
   for (auto& [name, t] : out.tensors) read_tensor_data(path, out, t);
@@ -458,4 +328,4 @@ uint64_t write_safetensors(const std::string& path, const StFile& file) {
   return 8 + n + off;
 }
 
-}  // namespace moe_ep::cli
+}  // namespace moe_ep::io

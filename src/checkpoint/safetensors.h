@@ -1,6 +1,6 @@
 // A small reader/writer of the safetensors format (8-byte little-endian header length, a JSON
 // header {name: {dtype, shape, data_offsets}, "__metadata__": {str: str}}, then raw data), for
-// `moe-ep --load/--save`.
+// the checkpoint loaders (src/checkpoint/) and `moe-ep --load/--save`.
 //
 // Reading is in two steps so that nothing is read from a file that does not describe itself
 // consistently: the header is parsed and checked in full first (every tensor's dtype, shape,
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace moe_ep::cli {
+namespace moe_ep::io {
 
 struct StTensor {
   std::string dtype;  // "BF16", "F32", "I32", "U8", "F8_E4M3", ...
@@ -53,6 +53,10 @@ StFile parse_safetensors_header(const std::string& json, uint64_t data_size,
 StFile read_safetensors_header(const std::string& path);
 // Reads one tensor's bytes (its offsets were checked against the file by the header reader).
 void read_tensor_data(const std::string& path, const StFile& file, StTensor& t);
+// Reads bytes [offset, offset + count) of tensor `t`'s data into `out` (the range is checked
+// against the tensor; a checkpoint loader reads one rank's experts this way).
+void read_tensor_range(const std::string& path, const StFile& file, const StTensor& t,
+                       uint64_t offset, uint64_t count, uint8_t* out);
 // Header, then every tensor's bytes.
 StFile read_safetensors(const std::string& path);
 
@@ -64,4 +68,4 @@ StFile parse_safetensors_buffer(const uint8_t* bytes, size_t size, const std::st
 // size in bytes.
 uint64_t write_safetensors(const std::string& path, const StFile& file);
 
-}  // namespace moe_ep::cli
+}  // namespace moe_ep::io
