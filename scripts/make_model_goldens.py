@@ -124,12 +124,6 @@ def quantize_mxfp4(w):
     return pack_nibbles(codes), (e + 127).astype(np.uint8)
 
 
-def dequantize_mxfp4(blocks, scales):
-    vals = e2m1_values(unpack_nibbles(blocks))
-    return (vals * np.exp2(scales.astype(np.float64) - 127)[..., None]).reshape(
-        blocks.shape[:-2] + (-1,))
-
-
 def e4m3_round(x):
     """(value as float64, float8_e4m3fn tensor) of x, round to nearest even (torch's cast)."""
     t = torch.from_numpy(np.asarray(x, dtype=np.float32)).to(torch.float8_e4m3fn)
@@ -140,15 +134,14 @@ def quantize_nvfp4(w, amax_global):
     """NVIDIA ModelOpt's NVFP4 for one linear weight [out, in]: weight_scale_2 = amax / (6 * 448)
     (fp32), one E4M3 scale per 16 inputs = e4m3(block amax / 6 / weight_scale_2), codes =
     e2m1(w / (scale * weight_scale_2)). Returns weight uint8 [out, in/2], weight_scale
-    float8_e4m3fn [out, in/16], weight_scale_2 float32 scalar, and the dequantized weight."""
+    float8_e4m3fn [out, in/16] and weight_scale_2 float32 scalar."""
     w = np.asarray(w, dtype=np.float64)
     scale_2 = np.float32(amax_global / (6.0 * 448.0))
     blocks = w.reshape(w.shape[0], -1, 16)
     s_val, s_t = e4m3_round(np.abs(blocks).max(axis=-1) / 6.0 / float(scale_2))
     denom = s_val[..., None] * float(scale_2)
     codes = e2m1_codes(np.where(denom > 0, blocks / np.where(denom > 0, denom, 1), 0))
-    deq = (e2m1_values(codes) * denom).reshape(w.shape)
-    return pack_nibbles(codes.reshape(w.shape)), s_t, scale_2, deq
+    return pack_nibbles(codes.reshape(w.shape)), s_t, scale_2
 
 
 def dequantize_nvfp4(weight, weight_scale, weight_scale_2):
@@ -264,20 +257,17 @@ def write_modelopt_nvfp4(model_dir, model, calib):
     """The routed experts of a Qwen3-MoE in NVIDIA ModelOpt's NVFP4 export format: per linear
     `weight` uint8 [out, in/2], `weight_scale` float8_e4m3fn [out, in/16], `weight_scale_2` and
     `input_scale` float32 scalars; gate and up of an expert share weight_scale_2 and input_scale
-    (ModelOpt's export gives the linears that read one input one global scale). input_scale =
+    (one global scale for the fused gate/up GEMM engines run). input_scale =
     amax of the linear's input over `calib` (the layer's calibration tokens) / (6 * 448).
     Everything else stays bf16 and is listed in exclude_modules (hf_quant_config.json and
-    config.json's quantization_config). Returns {param name: dequantized fp32 tensor}."""
+    config.json's quantization_config)."""
     tensors = read_tensors(model_dir)
-    deq = {}
     for li, block in moe_blocks(model).items():
         x = calib[li]
         pre = f"model.layers.{li}.mlp.experts."
         gate_up = block.experts.gate_up_proj.detach().numpy().astype(np.float64)  # [E, 2I, H]
         down = block.experts.down_proj.detach().numpy().astype(np.float64)  # [E, H, I]
-        E, I2 = gate_up.shape[0], gate_up.shape[1]
-        I = I2 // 2
-        gu_deq, dn_deq = np.empty_like(gate_up), np.empty_like(down)
+        E, I = gate_up.shape[0], gate_up.shape[1] // 2
         for e in range(E):
             gate, up = gate_up[e, :I], gate_up[e, I:]
             amax = max(np.abs(gate).max(), np.abs(up).max())
@@ -286,7 +276,7 @@ def write_modelopt_nvfp4(model_dir, model, calib):
                          "down_proj": float(h.abs().max())}
             for proj, w, amax_p in (("gate_proj", gate, amax), ("up_proj", up, amax),
                                     ("down_proj", down[e], np.abs(down[e]).max())):
-                q, s, s2, d = quantize_nvfp4(w, amax_p)
+                q, s, s2 = quantize_nvfp4(w, amax_p)
                 key = f"{pre}{e}.{proj}."
                 del tensors[key + "weight"]
                 tensors[key + "weight"] = torch.from_numpy(q)
@@ -294,14 +284,6 @@ def write_modelopt_nvfp4(model_dir, model, calib):
                 tensors[key + "weight_scale_2"] = torch.tensor(s2, dtype=torch.float32)
                 tensors[key + "input_scale"] = torch.tensor(
                     np.float32(in_scales[proj] / (6.0 * 448.0)), dtype=torch.float32)
-                if proj == "gate_proj":
-                    gu_deq[e, :I] = d
-                elif proj == "up_proj":
-                    gu_deq[e, I:] = d
-                else:
-                    dn_deq[e] = d
-        deq[pre + "gate_up_proj"] = torch.from_numpy(gu_deq.astype(np.float32))
-        deq[pre + "down_proj"] = torch.from_numpy(dn_deq.astype(np.float32))
     write_single_file(model_dir, tensors)
     quant = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
              "exclude_modules": ["lm_head", "model.embed_tokens", "model.layers.*.self_attn*",
@@ -312,7 +294,6 @@ def write_modelopt_nvfp4(model_dir, model, calib):
                    "quantization": quant}, f, indent=2, sort_keys=True)
         f.write("\n")
     update_config(model_dir, quantization_config=dict(quant, quant_method="modelopt"))
-    return deq
 
 
 def dequantized_nvfp4_experts(model_dir, model):
