@@ -216,6 +216,25 @@ def test_nvfp4_error_is_the_recipes_own():
             assert e_lib <= TOL["nvfp4"]
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_router_matches_transformers(case):
+    """Checkpoint.route (the model's router, optional in the agreed API) on the golden hidden
+    states: the same experts per token as transformers' router and the same weights (DeepSeek-V3's
+    include routed_scaling_factor). Slot order is free: transformers' DeepSeek-V3 router does not
+    sort."""
+    name, L = case
+    ckpt = moe_ep.Checkpoint(model_dir(name))
+    if not hasattr(ckpt, "route"):
+        pytest.skip("this build's Checkpoint has no router")
+    x, ids, w, _ = layer_inputs(name, L)
+    got_ids, got_w = ckpt.route(L, R.bf16_to_f32(x))
+    assert got_ids.shape == ids.shape and got_w.shape == w.shape
+    for t in range(len(x)):
+        a, b = np.argsort(got_ids[t]), np.argsort(ids[t])
+        assert np.array_equal(got_ids[t][a], ids[t][b]), (t, got_ids[t], ids[t])
+        np.testing.assert_allclose(got_w[t][a], w[t][b], rtol=1e-5, atol=1e-6)
+
+
 # --- two ranks ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_two_ranks_equal_one_bitwise(case):
