@@ -54,7 +54,7 @@ void set_checkpoint_master_weights(const Checkpoint& ckpt, int layer, Problem& p
     float* w13 = p.w13.data() + size_t(e) * n13;
     float* w2 = p.w2.data() + size_t(e) * n2;
     dequantize_expert(lc.experts, e, w13, w2);
-    if (native == Recipe::kNvfp4) {
+    if (native == Recipe::kNvfp4 || native == Recipe::kNvfp4Bf16) {
       // alpha = input_scale * weight_scale_2 and input_norm_const = 1 / input_scale, so the
       // weights' global scale is alpha * norm const (fc2: fc2_alpha * fc1_norm_const).
       const float s13 = lc.experts.fc1_alpha[size_t(e)] * in_nc;

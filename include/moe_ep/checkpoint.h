@@ -35,7 +35,7 @@ struct CheckpointInfo {
   std::optional<float> swiglu_limit;
   float swiglu_alpha = 1.0f, swiglu_beta = 0.0f;
   bool has_expert_bias = false;
-  Recipe native_recipe = Recipe::kBf16;  // bf16 -> kBf16, mxfp4 -> kMxfp4Bf16, nvfp4 -> kNvfp4
+  Recipe native_recipe = Recipe::kBf16;  // bf16 -> kBf16, mxfp4 -> kMxfp4Bf16, nvfp4 -> kNvfp4Bf16
   // The router (Checkpoint::route): "softmax_topk" (Qwen3-MoE, Mixtral: softmax over all
   // experts, top-k, renormalized when norm_topk_prob), "topk_softmax" (gpt-oss: top-k of the
   // logits with the router bias, softmax over those k), "sigmoid_group_topk" (DeepSeek-V3).

@@ -185,7 +185,7 @@ CheckpointInfo parse_config(const io::ModelDir& dir) {
     checkpoint_error(dir.config_path() + ": no decoder layer has routed experts");
   info.weight_format = weight_format_of(dir, f, info);
   info.native_recipe = info.weight_format == "mxfp4"   ? Recipe::kMxfp4Bf16
-                       : info.weight_format == "nvfp4" ? Recipe::kNvfp4
+                       : info.weight_format == "nvfp4" ? Recipe::kNvfp4Bf16
                                                        : Recipe::kBf16;
   if (mt == "gpt_oss" && info.weight_format == "nvfp4")
     checkpoint_error(dir.config_path() + ": a ModelOpt NVFP4 gpt_oss checkpoint is not supported");
@@ -196,7 +196,7 @@ CheckpointInfo parse_config(const io::ModelDir& dir) {
 bool loads_into(const std::string& format, Recipe r) {
   if (format == "bf16") return true;
   if (format == "mxfp4") return r == Recipe::kMxfp4Bf16 || r == Recipe::kMxfp4Mxfp8;
-  return r == Recipe::kNvfp4;  // nvfp4 (the epilogue of nvfp4_experts.cpp decides)
+  return r == Recipe::kNvfp4Bf16 || r == Recipe::kNvfp4;  // nvfp4_experts.cpp's epilogue
 }
 
 }  // namespace
@@ -240,7 +240,8 @@ LayerCheckpoint Checkpoint::load_layer(int layer, std::optional<Recipe> recipe_o
   if (!loads_into(info.weight_format, recipe))
     checkpoint_error(where + "a " + info.weight_format + " checkpoint (" + info.model_type +
                      ") does not load into the " + recipe_name(recipe) + " recipe" +
-                     (info.weight_format == "mxfp4" ? " (mxfp4_bf16 or mxfp4_mxfp8)" : " (nvfp4)"));
+                     (info.weight_format == "mxfp4" ? " (mxfp4_bf16 or mxfp4_mxfp8)"
+                                                    : " (nvfp4_bf16 or nvfp4)"));
   const int El = info.num_experts / world_size;
   const io::ExpertRange range{layer, rank * El, El};
 

@@ -54,9 +54,16 @@ void nvfp4_epilogue(const Nvfp4GlobalScales& s, Recipe recipe, LoadedExperts& ou
         p.fc2_alpha[k] = s.input_scale2[k] * s.weight_scale2_2[k];
       }
       return;
+    case Recipe::kNvfp4Bf16:
+      out.input_norm_const = 1.0f;
+      for (size_t k = 0; k < C; ++k) {
+        p.fc1_alpha[k] = s.weight_scale2_13[k];
+        p.fc2_alpha[k] = s.weight_scale2_2[k];
+      }
+      return;
     default:
-      checkpoint_error(std::string("an NVFP4 checkpoint loads into the nvfp4 recipe, not ") +
-                       recipe_name(recipe));
+      checkpoint_error(std::string("an NVFP4 checkpoint loads into the nvfp4_bf16 or nvfp4 ") +
+                       "recipe, not " + recipe_name(recipe));
   }
 }
 

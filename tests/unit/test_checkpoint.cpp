@@ -358,11 +358,26 @@ TEST(Checkpoint, ModelOptNvfp4BytesAlphasAndNormConstants) {
   w.write_text("hf_quant_config.json", kModelOptQuant);
   Checkpoint c(w.dir);
   EXPECT_EQ(c.info().weight_format, "nvfp4");
-  EXPECT_EQ(c.info().native_recipe, Recipe::kNvfp4);
+  EXPECT_EQ(c.info().native_recipe, Recipe::kNvfp4Bf16);
+  // nvfp4_bf16 (the native recipe: bf16 activations): the alphas are the weights' global
+  // scales, no activation scale.
+  for (int W : {1, 2}) {
+    const int El = kE / W;
+    const LayerCheckpoint lc = c.load_layer(1, std::nullopt, W, W - 1);
+    EXPECT_EQ(lc.config.recipe.recipe, Recipe::kNvfp4Bf16);
+    EXPECT_EQ(lc.config.recipe.input_norm_const, 1.0f);
+    for (int k = 0; k < El; ++k) {
+      const int e = (W - 1) * El + k;
+      EXPECT_EQ(lc.experts.fc1_alpha[size_t(k)], 0.01f);
+      EXPECT_EQ(lc.experts.fc1_norm_const[size_t(k)], 1.0f);
+      EXPECT_EQ(lc.experts.fc2_alpha[size_t(k)], 0.02f * float(e + 1));
+    }
+  }
+  // nvfp4 (activations quantized with the checkpoint's input scales).
   for (int W : {1, 2, 4})
     for (int r = 0; r < W; ++r) {
       const int El = kE / W;
-      const LayerCheckpoint lc = c.load_layer(1, std::nullopt, W, r);
+      const LayerCheckpoint lc = c.load_layer(1, Recipe::kNvfp4, W, r);
       // One input scale for the layer: the largest over every expert (2.0, expert 1).
       EXPECT_EQ(lc.config.recipe.input_norm_const, 1.0f / 2.0f);
       for (int k = 0; k < El; ++k) {
