@@ -53,6 +53,7 @@ _moe_ep._set_error_classes([_by_name.get(n, Error) for n in _moe_ep._error_code_
 from ._moe_ep import CpuFleet  # noqa: E402
 from .distributed import bootstrap_from_process_group, nccl_unique_id  # noqa: E402
 from .layer import (  # noqa: E402
+    EpGroup,
     ExpertWeightViews,
     KernelWeights,
     MoeEpLayer,
@@ -75,6 +76,7 @@ __all__ = [
     "CapacityError",
     "CpuFleet",
     "DestroyedError",
+    "EpGroup",
     "Error",
     "ExpertWeightViews",
     "InvalidArgumentError",
