@@ -127,11 +127,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : "";
-    if (a == "--layers") layers = std::atoi(v), ++i;
-    else if (a == "--experts") E = std::atoi(v), ++i;
-    else if (a == "--capacity") capacity = std::atoi(v), ++i;
-    else if (a == "--iters") iters = std::max(20, std::atoi(v)), ++i;
-    else if (a == "--tokens") tokens = parse_ints(v), ++i;
+    if (a == "--layers")
+      layers = std::atoi(v), ++i;
+    else if (a == "--experts")
+      E = std::atoi(v), ++i;
+    else if (a == "--capacity")
+      capacity = std::atoi(v), ++i;
+    else if (a == "--iters")
+      iters = std::max(20, std::atoi(v)), ++i;
+    else if (a == "--tokens")
+      tokens = parse_ints(v), ++i;
     else if (a == "--recipe") {
       const auto r = parse_recipe(v);
       if (!r) {
@@ -140,8 +145,10 @@ int main(int argc, char** argv) {
       }
       recipe = *r, ++i;
     } else {
-      std::fprintf(stderr, "usage: %s [--layers N] [--experts E] [--capacity C] [--tokens a,b] "
-                           "[--recipe R] [--iters N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--layers N] [--experts E] [--capacity C] [--tokens a,b] "
+                   "[--recipe R] [--iters N]\n",
+                   argv[0]);
       return 1;
     }
   }
@@ -203,10 +210,11 @@ int main(int argc, char** argv) {
   std::printf("group of %d layers (%s, H %d, I %d, E %d, K %d, capacity %d) on one GPU\n", layers,
               recipe_name(recipe), H, I, E, K, capacity);
   std::printf("  device memory used by the group: %.2f GiB\n", used / 1073741824.0);
-  std::printf("  pool: %.3f GiB in %d workspace(s); built alone the layers would hold %.2f GiB "
-              "of workspaces (%.3f GiB each)\n",
-              group->pool_bytes() / 1073741824.0, group->num_pooled_workspaces(),
-              double(layers) * ws_one / 1073741824.0, ws_one / 1073741824.0);
+  std::printf(
+      "  pool: %.3f GiB in %d workspace(s); built alone the layers would hold %.2f GiB "
+      "of workspaces (%.3f GiB each)\n",
+      group->pool_bytes() / 1073741824.0, group->num_pooled_workspaces(),
+      double(layers) * ws_one / 1073741824.0, ws_one / 1073741824.0);
 
   cudaStream_t st = nullptr;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -215,7 +223,8 @@ int main(int argc, char** argv) {
     std::vector<int32_t> ids(size_t(T) * K);
     std::vector<float> w(size_t(T) * K, 1.0f / K);
     for (int t = 0; t < T; ++t)
-      for (int k = 0; k < K; ++k) ids[size_t(t) * K + k] = (t * 7 + k * (E / K > 0 ? E / K : 1)) % E;
+      for (int k = 0; k < K; ++k)
+        ids[size_t(t) * K + k] = (t * 7 + k * (E / K > 0 ? E / K : 1)) % E;
     void* x = filled(size_t(T) * H * 2, 99 + T, 4);
     void *d_ids = nullptr, *d_w = nullptr, *out_a = nullptr, *out_b = nullptr;
     CK(cudaMalloc(&d_ids, ids.size() * 4));

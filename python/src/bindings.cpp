@@ -417,9 +417,9 @@ NB_MODULE(_moe_ep, m) {
           [](PyGroup* self, int world_size, int rank, const std::string& backend, int device,
              PyCpuFleet* cpu_fleet, std::optional<nb::bytes> nccl_unique_id, uintptr_t nccl_comm,
              int64_t timeout_ms, int64_t warmup_timeout_ms) {
-            const Bootstrap boot = make_bootstrap(world_size, rank, backend, device, cpu_fleet,
-                                                  nccl_unique_id, nccl_comm, timeout_ms,
-                                                  warmup_timeout_ms);
+            const Bootstrap boot =
+                make_bootstrap(world_size, rank, backend, device, cpu_fleet, nccl_unique_id,
+                               nccl_comm, timeout_ms, warmup_timeout_ms);
             std::shared_ptr<EpGroup> g;
             {
               nb::gil_scoped_release release;  // collective at W > 1 (the communicator)
@@ -431,7 +431,8 @@ NB_MODULE(_moe_ep, m) {
           "nccl_unique_id"_a.none(), "nccl_comm"_a, "timeout_ms"_a, "warmup_timeout_ms"_a)
       .def_prop_ro("world_size", [](PyGroup& g) { return g.get().world_size(); })
       .def_prop_ro("rank", [](PyGroup& g) { return g.get().rank(); })
-      .def_prop_ro("backend", [](PyGroup& g) { return std::string(backend_name(g.get().backend())); })
+      .def_prop_ro("backend",
+                   [](PyGroup& g) { return std::string(backend_name(g.get().backend())); })
       .def_prop_ro("device", [](PyGroup& g) { return g.get().device(); })
       .def_prop_ro("pool_bytes", [](PyGroup& g) { return g.get().pool_bytes(); })
       .def_prop_ro("num_pooled_workspaces",

@@ -69,7 +69,8 @@ void CudaGroupTransport::grow_workspace(PooledWorkspace& pooled, const PoolNeeds
     comm_->regrow_workspace(ws.ep_index, needs.window);  // collective
     ws.window_alloc_bytes = comm_->workspace(ws.ep_index).bytes;
   }
-  if (needs.scratch_bytes > ws.scratch_bytes) ws.mem.allocate(needs.scratch_bytes, "a pooled workspace");
+  if (needs.scratch_bytes > ws.scratch_bytes)
+    ws.mem.allocate(needs.scratch_bytes, "a pooled workspace");
 }
 
 void CudaGroupTransport::release_workspace(PooledWorkspace& pooled) noexcept {

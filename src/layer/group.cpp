@@ -14,14 +14,14 @@ std::shared_ptr<EpGroup> EpGroup::create(const Bootstrap& bootstrap) {
     throw Error(ErrorCode::kInvalidArgument,
                 "EpGroup: W = " + std::to_string(bootstrap.world_size) + " must be >= 1");
   if (bootstrap.rank < 0 || bootstrap.rank >= bootstrap.world_size)
-    throw Error(ErrorCode::kInvalidArgument, "EpGroup: rank " + std::to_string(bootstrap.rank) +
-                                                 " is not in [0, W = " +
-                                                 std::to_string(bootstrap.world_size) + ")");
-  if (bootstrap.timeout_ms <= 0 || bootstrap.warmup_timeout_ms <= 0)
     throw Error(ErrorCode::kInvalidArgument,
-                "EpGroup: timeouts must be > 0 ms (timeout_ms " +
-                    std::to_string(bootstrap.timeout_ms) + ", warmup_timeout_ms " +
-                    std::to_string(bootstrap.warmup_timeout_ms) + ")");
+                "EpGroup: rank " + std::to_string(bootstrap.rank) +
+                    " is not in [0, W = " + std::to_string(bootstrap.world_size) + ")");
+  if (bootstrap.timeout_ms <= 0 || bootstrap.warmup_timeout_ms <= 0)
+    throw Error(ErrorCode::kInvalidArgument, "EpGroup: timeouts must be > 0 ms (timeout_ms " +
+                                                 std::to_string(bootstrap.timeout_ms) +
+                                                 ", warmup_timeout_ms " +
+                                                 std::to_string(bootstrap.warmup_timeout_ms) + ")");
   impl->boot.backend = resolve_backend(bootstrap.backend);
   impl->transport = impl->boot.backend == Backend::kCUDA ? make_cuda_group_transport(impl->boot)
                                                          : make_cpu_group_transport(impl->boot);

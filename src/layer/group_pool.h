@@ -28,10 +28,10 @@ class PooledWorkspace {
   virtual size_t bytes() const = 0;  // window + scratch, as allocated
 
   int capacity = 0;
-  int key = 0;                // the group's creation index: equal on every rank
-  size_t window_bytes = 0;    // the largest window layout of its layers so far
-  size_t scratch_bytes = 0;   // the largest scratch of its layers so far
-  uint64_t generation = 0;    // + 1 each time it is re-made larger (derived state goes stale)
+  int key = 0;               // the group's creation index: equal on every rank
+  size_t window_bytes = 0;   // the largest window layout of its layers so far
+  size_t scratch_bytes = 0;  // the largest scratch of its layers so far
+  uint64_t generation = 0;   // + 1 each time it is re-made larger (derived state goes stale)
 };
 
 // A backend's side of the group: the transport that every layer of the group shares, and how

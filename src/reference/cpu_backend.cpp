@@ -41,8 +41,7 @@ struct Workspace {
 
 class CpuBackend final : public LayerBackend {
  public:
-  CpuBackend(EpGroup& group, const LayerConfig& cfg, const WeightPack& w,
-             const EpilogueVectors& ep)
+  CpuBackend(EpGroup& group, const LayerConfig& cfg, const WeightPack& w, const EpilogueVectors& ep)
       : boot_(group.bootstrap()),
         cfg_(cfg),
         shape_(ExpertShape::of(cfg, group.world_size())),
@@ -117,8 +116,7 @@ class CpuBackend final : public LayerBackend {
 
   TensorView workspace_output(int ws, int tokens) override {
     const Workspace& w = get_ws(ws);
-    return TensorView::contiguous(w.data() + w.layout.out_off, DType::kBF16,
-                                  {tokens, shape_.H});
+    return TensorView::contiguous(w.data() + w.layout.out_off, DType::kBF16, {tokens, shape_.H});
   }
 
   KernelWeights kernel_weights() override {

@@ -26,7 +26,8 @@ CpuGroupTransport::CpuGroupTransport(const Bootstrap& boot) : boot_(boot), fleet
 void CpuGroupTransport::allocate(CpuPooledWorkspace& ws, size_t bytes) {
   const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
   std::shared_ptr<uint8_t> mem(static_cast<uint8_t*>(std::aligned_alloc(256, rounded)), std::free);
-  if (!mem) throw Error(ErrorCode::kBackend, "out of host memory (" + std::to_string(bytes) + " B)");
+  if (!mem)
+    throw Error(ErrorCode::kBackend, "out of host memory (" + std::to_string(bytes) + " B)");
   std::memset(mem.get(), 0, rounded);
   fleet_->publish(channel_, boot_.rank, ws.key, mem.get());
   // Collective: peers address the new memory only after every rank has published its own.

@@ -240,10 +240,11 @@ TEST(GpuGroup, DeviceMemoryIsWeightsPlusOneWorkspaceSet) {
   for (auto& l : layers) l->warmup();
   const size_t used = before - free_device_bytes();
   const size_t expected = kN * w_one + ws_one;
-  std::printf("[ group ] %d layers: %.1f MiB used; weights %.1f MiB each, one workspace set %.1f "
-              "MiB (pool %.1f MiB); separately built: %.1f MiB\n",
-              kN, used / 1048576.0, w_one / 1048576.0, ws_one / 1048576.0,
-              group->pool_bytes() / 1048576.0, kN * (w_one + ws_one) / 1048576.0);
+  std::printf(
+      "[ group ] %d layers: %.1f MiB used; weights %.1f MiB each, one workspace set %.1f "
+      "MiB (pool %.1f MiB); separately built: %.1f MiB\n",
+      kN, used / 1048576.0, w_one / 1048576.0, ws_one / 1048576.0, group->pool_bytes() / 1048576.0,
+      kN * (w_one + ws_one) / 1048576.0);
   EXPECT_EQ(group->pool_bytes(), ws_one);
   // Allocation granularity (2 MiB pages) and the layers' small state: 4 MiB a layer, 32 MiB more.
   EXPECT_LE(used, expected + kN * (size_t(4) << 20) + (size_t(32) << 20));

@@ -57,14 +57,15 @@ struct Call {
   int layer, T;
   bool view;
 };
-const std::vector<Call> kCalls = {{0, 5, false}, {2, 7, true},  {1, kCap, false}, {3, 0, true},
-                                  {0, 1, true},  {2, kCap, false}, {1, 3, true}, {3, 9, false},
-                                  {0, kCap, true}, {2, 4, false}};
+const std::vector<Call> kCalls = {
+    {0, 5, false},    {2, 7, true}, {1, kCap, false}, {3, 0, true},    {0, 1, true},
+    {2, kCap, false}, {1, 3, true}, {3, 9, false},    {0, kCap, true}, {2, 4, false}};
 
 Bits run_call(MegaLayer& layer, const RankInputs& in, bool view) {
   if (view) return bits_of(layer.forward_view(in.forward_inputs()));
   Bits out(size_t(in.T) * in.H, kPoison);
-  layer.forward(in.forward_inputs(), TensorView::contiguous(out.data(), DType::kBF16, {in.T, in.H}));
+  layer.forward(in.forward_inputs(),
+                TensorView::contiguous(out.data(), DType::kBF16, {in.T, in.H}));
   return out;
 }
 
@@ -82,9 +83,8 @@ void check_group_equals_separate(int W) {
       const int el = d.g.E / W;
       grouped.push_back(std::make_unique<MegaLayer>(group, d.cfg, d.pack.view(r * el, el),
                                                     d.pack.epilogue_view(r * el, el)));
-      alone.push_back(std::make_unique<MegaLayer>(cpu_boot(W, r, fleet), d.cfg,
-                                                  d.pack.view(r * el, el),
-                                                  d.pack.epilogue_view(r * el, el)));
+      alone.push_back(std::make_unique<MegaLayer>(
+          cpu_boot(W, r, fleet), d.cfg, d.pack.view(r * el, el), d.pack.epilogue_view(r * el, el)));
     }
     for (size_t c = 0; c < kCalls.size(); ++c) {
       const Call& call = kCalls[c];
@@ -159,12 +159,13 @@ TEST(EpGroup, PoolHoldsOneWorkspacePerCapacitySizedForTheLargestGeometry) {
   fi.workspace = small0;
   Bits got(size_t(in.T) * in.H, kPoison), want(got.size(), kPoison);
   layers[0]->forward(fi, TensorView::contiguous(got.data(), DType::kBF16, {in.T, in.H}));
-  alone.forward(in.forward_inputs(), TensorView::contiguous(want.data(), DType::kBF16, {in.T, in.H}));
+  alone.forward(in.forward_inputs(),
+                TensorView::contiguous(want.data(), DType::kBF16, {in.T, in.H}));
   EXPECT_EQ(bitwise_diff(got, want, in.H), "");
 
   // Layers of another default capacity use a pooled workspace of their own.
-  const LayerConfig other = make_config(data[0].g.recipe, data[0].g.E, 16, data[0].g.H,
-                                        data[0].g.I, data[0].g.K);
+  const LayerConfig other =
+      make_config(data[0].g.recipe, data[0].g.E, 16, data[0].g.H, data[0].g.I, data[0].g.K);
   MegaLayer at16(group, other, data[0].pack.view(0, data[0].g.E),
                  data[0].pack.epilogue_view(0, data[0].g.E));
   EXPECT_EQ(group->num_pooled_workspaces(), 3);
@@ -179,9 +180,8 @@ TEST(EpGroup, DestroyingAMiddleLayerLeavesTheOthersWorking) {
   for (const auto& d : data) {
     layers.push_back(std::make_unique<MegaLayer>(group, d.cfg, d.pack.view(0, d.g.E),
                                                  d.pack.epilogue_view(0, d.g.E)));
-    alone.push_back(std::make_unique<MegaLayer>(cpu_boot(1, 0, nullptr), d.cfg,
-                                                d.pack.view(0, d.g.E),
-                                                d.pack.epilogue_view(0, d.g.E)));
+    alone.push_back(std::make_unique<MegaLayer>(
+        cpu_boot(1, 0, nullptr), d.cfg, d.pack.view(0, d.g.E), d.pack.epilogue_view(0, d.g.E)));
   }
   const size_t bytes = group->pool_bytes();
   layers[2]->destroy();  // the largest, in the middle
@@ -205,9 +205,8 @@ TEST(EpGroup, DestroyingAMiddleLayerLeavesTheOthersWorking) {
   EXPECT_EQ(group->num_pooled_workspaces(), 0);
   group->destroy();
   group->destroy();  // idempotent
-  const Caught after = catch_error([&] {
-    MegaLayer l(group, data[0].cfg, data[0].pack.view(0, data[0].g.E));
-  });
+  const Caught after =
+      catch_error([&] { MegaLayer l(group, data[0].cfg, data[0].pack.view(0, data[0].g.E)); });
   EXPECT_EQ(int(after.code), int(ErrorCode::kDestroyed)) << after.what;
 }
 

@@ -395,10 +395,9 @@ int EpComm::num_workspaces() const { return int(impl_->workspaces.size()); }
 
 const EpWorkspace& EpComm::workspace(int ws) const {
   if (ws < 0 || ws >= num_workspaces() || impl_->workspaces[size_t(ws)].base == nullptr)
-    throw Error(ErrorCode::kInvalidArgument, "workspace " + std::to_string(ws) +
-                                                 " does not exist (have " +
-                                                 std::to_string(num_workspaces()) +
-                                                 ", freed ones included)");
+    throw Error(ErrorCode::kInvalidArgument,
+                "workspace " + std::to_string(ws) + " does not exist (have " +
+                    std::to_string(num_workspaces()) + ", freed ones included)");
   return impl_->workspaces[size_t(ws)];
 }
 
@@ -435,9 +434,9 @@ void EpComm::regrow_workspace(int ws, const WorkspaceLayout& layout) {
   Impl& m = *impl_;
   check_window_layout(layout, m.world);
   workspace(ws);  // throws for an unknown or freed index
-  const size_t bytes = std::max(
-      m.workspaces[size_t(ws)].bytes,
-      WorkspaceLayout::align_up(layout.total_bytes, NCCL_WIN_REQUIRED_ALIGNMENT));
+  const size_t bytes =
+      std::max(m.workspaces[size_t(ws)].bytes,
+               WorkspaceLayout::align_up(layout.total_bytes, NCCL_WIN_REQUIRED_ALIGNMENT));
   // Our forwards in the old window are done (device sync), then the peers' (barrier).
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before re-making a window");
   m.barrier_nothrow_peer();
@@ -477,11 +476,11 @@ EpTransport EpComm::transport(int ws, const WorkspaceLayout& layout, bool warmup
   const EpWorkspace& w = workspace(ws);
   if (layout.total_bytes > w.bytes || layout.world_size != impl_->world ||
       layout.signals_off != w.layout.signals_off)
-    throw Error(ErrorCode::kInvalidArgument,
-                "workspace " + std::to_string(ws) + ": a layout of " +
-                    std::to_string(layout.total_bytes) + " bytes for " +
-                    std::to_string(layout.world_size) + " ranks does not fit its window of " +
-                    std::to_string(w.bytes) + " bytes");
+    throw Error(ErrorCode::kInvalidArgument, "workspace " + std::to_string(ws) + ": a layout of " +
+                                                 std::to_string(layout.total_bytes) +
+                                                 " bytes for " + std::to_string(layout.world_size) +
+                                                 " ranks does not fit its window of " +
+                                                 std::to_string(w.bytes) + " bytes");
   EpTransport tp = impl_->make_transport(&w, warmup);
   tp.layout = layout;
   return tp;
