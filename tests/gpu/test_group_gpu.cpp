@@ -168,11 +168,12 @@ size_t weight_bytes(MegaLayer& layer) {
 }
 
 const Geometry kQwen{Recipe::kNvfp4, 2048, 768, 16, 8};
-const Geometry kGptOss{Recipe::kMxfp4Bf16, 2880, 2880, 8, 4};
+// gpt-oss's H and I with K 8: a layer that needs more of the pool than kQwen's.
+const Geometry kLarger{Recipe::kMxfp4Bf16, 2880, 2880, 8, 8};
 
 TEST(GpuGroup, LayersBitwiseEqualToSeparateLayersInterleaved) {
   SKIP_WITHOUT_GPU();
-  const Geometry geos[] = {kQwen, kQwen, kGptOss};  // the pool grows at the third
+  const Geometry geos[] = {kQwen, kQwen, kLarger};  // the pool grows at the third
   auto group = EpGroup::create(gpu_boot());
   std::vector<std::unique_ptr<MegaLayer>> grouped, alone;
   for (int i = 0; i < 3; ++i) {
@@ -182,7 +183,12 @@ TEST(GpuGroup, LayersBitwiseEqualToSeparateLayersInterleaved) {
     alone.push_back(std::make_unique<MegaLayer>(gpu_boot(), c, p.view(), p.epilogue_view()));
   }
   EXPECT_EQ(group->num_pooled_workspaces(), 1);
-  EXPECT_EQ(group->pool_bytes(), alone[2]->workspace_bytes(alone[2]->default_workspace()));
+  size_t largest = 0;
+  for (auto& l : alone) largest = std::max(largest, l->workspace_bytes(l->default_workspace()));
+  EXPECT_EQ(group->pool_bytes(), largest);
+  EXPECT_GT(grouped[2]->workspace_bytes(grouped[2]->default_workspace()),
+            grouped[0]->workspace_bytes(grouped[0]->default_workspace()))
+      << "the third layer re-made the pooled workspace larger";
   for (auto& l : grouped) l->warmup();
   const int order[] = {0, 2, 1, 0, 1, 2, 2, 0};
   const int tokens[] = {1, 256, 7, 128, 256, 3, 64, 0};
@@ -246,8 +252,9 @@ TEST(GpuGroup, DeviceMemoryIsWeightsPlusOneWorkspaceSet) {
       kN, used / 1048576.0, w_one / 1048576.0, ws_one / 1048576.0, group->pool_bytes() / 1048576.0,
       kN * (w_one + ws_one) / 1048576.0);
   EXPECT_EQ(group->pool_bytes(), ws_one);
-  // Allocation granularity (2 MiB pages) and the layers' small state: 4 MiB a layer, 32 MiB more.
-  EXPECT_LE(used, expected + kN * (size_t(4) << 20) + (size_t(32) << 20));
+  // Allocation granularity (2 MiB pages) of the layers' small buffers (epilogue vectors, their
+  // own state): up to 10 MiB a layer, and 32 MiB more.
+  EXPECT_LE(used, expected + kN * (size_t(10) << 20) + (size_t(32) << 20));
   EXPECT_GE(used + (size_t(32) << 20), expected);
   EXPECT_LT(used, kN * w_one + 2 * ws_one) << "more than one workspace set";
   layers.clear();
