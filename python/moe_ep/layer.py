@@ -120,7 +120,8 @@ def unsupported_reasons(
     return list(_moe_ep._unsupported_reasons(spec, int(world_size), backend))
 
 
-def _bootstrap_args(world_size, rank, backend, device, nccl_unique_id, process_group, default_backend):
+def _bootstrap_args(world_size, rank, backend, device, nccl_unique_id, process_group,
+                    default_backend):
     """(world_size, rank, backend, device, nccl_unique_id) after process_group= and defaults."""
     if process_group is not None:
         from .distributed import bootstrap_from_process_group
@@ -216,8 +217,8 @@ class EpGroup:
         return False
 
     def __repr__(self):
-        return (f"EpGroup(world_size={self.world_size}, rank={self.rank}, backend={self.backend!r}, "
-                f"pool_bytes={self.pool_bytes})")
+        return (f"EpGroup(world_size={self.world_size}, rank={self.rank}, "
+                f"backend={self.backend!r}, pool_bytes={self.pool_bytes})")
 
 
 class MoeEpLayer:
@@ -294,12 +295,11 @@ class MoeEpLayer:
         group=None,
     ):
         if group is not None:
-            given = [n for n, v, d in (("world_size", world_size, 1), ("rank", rank, 0),
-                                       ("backend", backend, None), ("device", device, None),
-                                       ("cpu_fleet", cpu_fleet, None),
-                                       ("nccl_unique_id", nccl_unique_id, None),
-                                       ("nccl_comm", nccl_comm, 0),
-                                       ("process_group", process_group, None)) if v is not d and v != d]
+            defaults = (("world_size", world_size, 1), ("rank", rank, 0), ("backend", backend, None),
+                        ("device", device, None), ("cpu_fleet", cpu_fleet, None),
+                        ("nccl_unique_id", nccl_unique_id, None), ("nccl_comm", nccl_comm, 0),
+                        ("process_group", process_group, None))
+            given = [n for n, v, d in defaults if v is not d and v != d]
             if given or not isinstance(group, EpGroup):
                 from ._errors import InvalidArgumentError
 
