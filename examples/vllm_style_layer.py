@@ -124,14 +124,17 @@ def main():
     if reasons:
         sys.exit("not supported:\n  " + "\n  ".join(reasons))
 
-    # Construct from checkpoint-style tensors (W = 1 here; see docs/python.md for EP groups).
+    # The EP group, once per process (W = 1 here; process_group= for torch.distributed): every
+    # MoE layer of the model is built from it and shares its communicator and workspace pool.
+    group = moe_ep.EpGroup(backend=device)
+    # Construct from checkpoint-style tensors.
     ckpt = load_checkpoint(args.recipe, E, H, I)
     w = to_framework(ckpt, args.recipe, device)
     layer = moe_ep.MoeEpLayer(
         w["w13"], w["w2"], w["w13_scale"], w["w2_scale"],
         num_experts=E, max_tokens_per_rank=args.max_tokens, top_k=K, recipe=args.recipe,
         fc1_alpha=w["fc1_alpha"], fc2_alpha=w["fc2_alpha"], fc1_norm_const=w["fc1_norm_const"],
-        backend=device,
+        group=group,
     )
     print(layer)
     print(f"  output_is_reduced={layer.output_is_reduced} is_monolithic={layer.is_monolithic} "
@@ -192,6 +195,7 @@ def main():
         print(f"  step {step}: T={T} {dt * 1e3:.2f} ms, rel L2 vs reference {err:.2e}")
 
     layer.destroy()
+    group.destroy()  # collective, after every layer of the group
     # The reference is the unquantized model: for recipes that quantize activations the gap is
     # the recipe's own quantization error (FP8: a few percent, FP4: about 15 percent). The exact
     # per-recipe models are in tests/python (numpy_reference.py, torch_reference.py).

@@ -1,6 +1,7 @@
-// The MoE-EP layer object (docs/contract.md §4): one per MoE layer and rank. Construction,
-// workspaces and destroy are collective over the EP group; forward is collective too (every rank
-// calls it with the same workspace, also with T = 0).
+// The MoE-EP layer object (docs/contract.md §4): one per MoE layer and rank, built from an EP
+// group (moe_ep/group.h) whose transport and workspace pool it shares with the group's other
+// layers. Construction, workspaces and destroy are collective over the EP group; forward is
+// collective too (every rank calls it with the same workspace, also with T = 0).
 #pragma once
 
 #include <memory>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "moe_ep/config.h"
+#include "moe_ep/group.h"
 #include "moe_ep/plan.h"
 #include "moe_ep/status.h"
 #include "moe_ep/tensor.h"
@@ -78,7 +80,11 @@ class LayerBackend;  // src/layer/backend.h
 class MegaLayer {
  public:
   // Collective over the EP group. Throws moe_ep::Error (with every reason) when the
-  // configuration or the weights are rejected.
+  // configuration or the weights are rejected. The layer shares `group`'s transport and
+  // workspace pool (its default workspace is the pool's of capacity max_tokens_per_rank).
+  MegaLayer(std::shared_ptr<EpGroup> group, const LayerConfig& config, const WeightPack& weights,
+            const EpilogueVectors& epilogue = {});
+  // The same with a group of its own, made from `bootstrap` and destroyed with the layer.
   MegaLayer(const Bootstrap& bootstrap, const LayerConfig& config, const WeightPack& weights,
             const EpilogueVectors& epilogue = {});
   ~MegaLayer();  // calls destroy(); never throws
@@ -91,14 +97,18 @@ class MegaLayer {
   // Finalized output, owned by the caller.
   Tensor forward(const ForwardInputs& in);
   // Finalized output as a zero-copy view of the workspace, valid in stream order until the
-  // next call that uses the same workspace.
+  // next call of ANY layer of the group that uses the same pooled workspace (and until the pool
+  // re-makes that workspace larger for a layer built later).
   TensorView forward_view(const ForwardInputs& in);
   // Only on a layer built with do_finalize = false.
   UnfinalizedOutput forward_unfinalized(const ForwardInputs& in);
 
   // --- workspaces -------------------------------------------------------------------------
   WorkspaceId default_workspace() const;
-  WorkspaceId create_workspace(int capacity);  // collective
+  // Collective. The group's pooled workspace of that capacity (made, or re-made larger, when
+  // this layer needs more than it holds); a capacity this layer has already gives a second id of
+  // the same memory.
+  WorkspaceId create_workspace(int capacity);
   // The decode workspace an engine's scheduler bounds (collective, the same numbers on every
   // rank): capacity cdiv(max_num_seqs * (1 + num_speculative_tokens), sp_size) tokens per rank;
   // the workspace of that capacity when the layer has one already. Warmed up, so a forward in it
@@ -106,6 +116,8 @@ class MegaLayer {
   WorkspaceId create_decode_workspace(int max_num_seqs, int num_speculative_tokens = 0,
                                       int sp_size = 1);
   int workspace_capacity(WorkspaceId ws) const;
+  // Bytes this layer's geometry uses of the workspace (window + scratch); the pooled memory
+  // behind it may be larger (EpGroup::pool_bytes).
   size_t workspace_bytes(WorkspaceId ws) const;
   // The smallest workspace whose capacity holds `max_tokens_any_rank` (the largest T of any
   // rank in this call; the caller knows it, e.g. from its scheduler).
@@ -129,6 +141,8 @@ class MegaLayer {
   int world_size() const { return world_size_; }
   int num_local_experts() const { return config_.fleet.num_experts / world_size_; }
   Backend backend() const { return backend_kind_; }
+  // The group the layer was built from (null after destroy()).
+  const std::shared_ptr<EpGroup>& group() const { return group_; }
   DType topk_indices_dtype() const { return DType::kI32; }
   bool output_is_reduced() const { return true; }
   bool is_monolithic() const { return false; }
@@ -155,10 +169,14 @@ class MegaLayer {
 
  private:
   LayerBackend& live(const char* what);
+  void build(std::shared_ptr<EpGroup> group, const WeightPack& weights,
+             const EpilogueVectors& epilogue);
 
   LayerConfig config_;
   int rank_ = 0, world_size_ = 1;
   Backend backend_kind_ = Backend::kCPU;
+  std::shared_ptr<EpGroup> group_;  // declared before impl_: outlives the backend
+  bool owns_group_ = false;         // made by the Bootstrap constructor: destroyed with the layer
   std::unique_ptr<LayerBackend> impl_;
 };
 

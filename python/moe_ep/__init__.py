@@ -54,6 +54,7 @@ from ._moe_ep import CpuFleet  # noqa: E402
 from .checkpoint import Checkpoint  # noqa: E402
 from .distributed import bootstrap_from_process_group, nccl_unique_id  # noqa: E402
 from .layer import (  # noqa: E402
+    EpGroup,
     ExpertWeightViews,
     KernelWeights,
     MoeEpLayer,
@@ -77,6 +78,7 @@ __all__ = [
     "Checkpoint",
     "CpuFleet",
     "DestroyedError",
+    "EpGroup",
     "Error",
     "ExpertWeightViews",
     "InvalidArgumentError",

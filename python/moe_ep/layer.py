@@ -121,6 +121,107 @@ def unsupported_reasons(
     return list(_moe_ep._unsupported_reasons(spec, int(world_size), backend))
 
 
+def _bootstrap_args(world_size, rank, backend, device, nccl_unique_id, process_group,
+                    default_backend):
+    """(world_size, rank, backend, device, nccl_unique_id) after process_group= and defaults."""
+    if process_group is not None:
+        from .distributed import bootstrap_from_process_group
+
+        boot = bootstrap_from_process_group(process_group, device=device)
+        world_size, rank = boot["world_size"], boot["rank"]
+        device, nccl_unique_id = boot["device"], boot["nccl_unique_id"]
+        if backend is None:
+            backend = "cuda"
+    if backend is None:
+        backend = default_backend
+    if device is None:
+        device = 0
+    elif not isinstance(device, int):
+        device = device.index if getattr(device, "index", None) is not None else 0
+    if nccl_unique_id is not None:
+        nccl_unique_id = bytes(nccl_unique_id)
+    return world_size, rank, backend, device, nccl_unique_id
+
+
+class EpGroup:
+    """The EP group of this rank (docs/contract.md §4): made once per process and EP group, and
+    passed to every layer (``MoeEpLayer(..., group=g)``). Its layers share one communicator (one
+    ``process_group=`` bootstrap, one NCCL communicator) and one workspace pool: one workspace
+    per capacity, sized for the largest layer that uses it, so N layers hold their weights plus
+    one workspace set. Layers of a group run one after another (one stream); a workspace view of
+    one layer is valid until the next call of any layer of the group in the same workspace.
+
+    Bootstrap arguments as ``MoeEpLayer`` takes them; ``backend`` defaults to ``'cuda'`` with
+    ``process_group``, ``nccl_unique_id`` or ``nccl_comm``, else ``'auto'`` (CUDA when a GPU and
+    the CUDA backend are present). Creation is collective.
+    """
+
+    def __init__(
+        self,
+        *,
+        world_size=1,
+        rank=0,
+        backend=None,
+        device=None,
+        cpu_fleet=None,
+        nccl_unique_id=None,
+        nccl_comm=0,
+        process_group=None,
+        timeout_ms=30000,
+        warmup_timeout_ms=120000,
+    ):
+        default = "cuda" if (nccl_unique_id is not None or nccl_comm) else "auto"
+        world_size, rank, backend, device, nccl_unique_id = _bootstrap_args(
+            world_size, rank, backend, device, nccl_unique_id, process_group, default)
+        self._impl = _moe_ep._Group(int(world_size), int(rank), str(backend), int(device),
+                                    cpu_fleet, nccl_unique_id, int(nccl_comm), int(timeout_ms),
+                                    int(warmup_timeout_ms))
+
+    @property
+    def world_size(self):
+        return self._impl.world_size
+
+    @property
+    def rank(self):
+        return self._impl.rank
+
+    @property
+    def backend(self):
+        return self._impl.backend
+
+    @property
+    def device(self):
+        return self._impl.device
+
+    @property
+    def pool_bytes(self):
+        """Bytes of every pooled workspace alive now (device memory on CUDA)."""
+        return self._impl.pool_bytes
+
+    @property
+    def num_pooled_workspaces(self):
+        return self._impl.num_pooled_workspaces
+
+    def destroy(self):
+        """Collective and idempotent; every layer of the group must be destroyed first."""
+        self._impl.destroy()
+
+    @property
+    def destroyed(self):
+        return self._impl.destroyed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+        return False
+
+    def __repr__(self):
+        return (f"EpGroup(world_size={self.world_size}, rank={self.rank}, "
+                f"backend={self.backend!r}, pool_bytes={self.pool_bytes})")
+
+
 class MoeEpLayer:
     """One MoE layer of one EP rank (docs/contract.md §4).
 
@@ -140,6 +241,8 @@ class MoeEpLayer:
 
     Bootstrap (pick one):
 
+    - ``group=`` an ``EpGroup``: the layer shares the group's communicator and workspace pool
+      (the other bootstrap arguments are left out).
     - CPU: ``backend='cpu'`` (the default for host weights); W > 1 needs ``cpu_fleet``.
     - CUDA: ``world_size``, ``rank``, ``device`` and ``nccl_unique_id`` (128 bytes, the same on
       every rank; see ``moe_ep.nccl_unique_id()``) or ``nccl_comm`` (an ncclComm_t as int).
@@ -190,7 +293,20 @@ class MoeEpLayer:
         process_group=None,
         timeout_ms=30000,
         warmup_timeout_ms=120000,
+        group=None,
     ):
+        if group is not None:
+            defaults = (("world_size", world_size, 1), ("rank", rank, 0), ("backend", backend, None),
+                        ("device", device, None), ("cpu_fleet", cpu_fleet, None),
+                        ("nccl_unique_id", nccl_unique_id, None), ("nccl_comm", nccl_comm, 0),
+                        ("process_group", process_group, None))
+            given = [n for n, v, d in defaults if v is not d and v != d]
+            if given or not isinstance(group, EpGroup):
+                from ._errors import InvalidArgumentError
+
+                raise InvalidArgumentError(
+                    "group= must be a moe_ep.EpGroup and excludes the bootstrap arguments "
+                    f"(given: {', '.join(given) or type(group).__name__})")
         for name, a, optional in (
             ("w13", w13, False),
             ("w2", w2, False),
@@ -210,22 +326,15 @@ class MoeEpLayer:
         if intermediate_size is None:
             intermediate_size = int(w13.shape[1]) // 2
         wdev = T.device_of(w13)
-        if process_group is not None:
-            from .distributed import bootstrap_from_process_group
-
-            boot = bootstrap_from_process_group(process_group, device=device)
-            world_size, rank = boot["world_size"], boot["rank"]
-            device, nccl_unique_id = boot["device"], boot["nccl_unique_id"]
-            if backend is None:
-                backend = "cuda"
-        if backend is None:
-            backend = "cuda" if wdev[0] == "cuda" else "cpu"
-        if device is None:
-            device = wdev[1] if wdev[0] == "cuda" else 0
-        elif not isinstance(device, int):
-            device = device.index if getattr(device, "index", None) is not None else 0
-        if nccl_unique_id is not None:
-            nccl_unique_id = bytes(nccl_unique_id)
+        if device is None and wdev[0] == "cuda":
+            device = wdev[1]
+        world_size, rank, backend, device, nccl_unique_id = _bootstrap_args(
+            world_size, rank, backend, device, nccl_unique_id, process_group,
+            "cuda" if wdev[0] == "cuda" else "cpu")
+        if group is not None:
+            world_size, rank, backend = group.world_size, group.rank, group.backend
+            device = group.device
+        self._group = group
         self._framework = T.TORCH if T.is_torch(w13) else T.NUMPY
         spec = _spec(**_config_of(locals()))
         x = T.to_extension
@@ -249,6 +358,7 @@ class MoeEpLayer:
             int(nccl_comm),
             int(timeout_ms),
             int(warmup_timeout_ms),
+            group._impl if group is not None else None,
         )
         self._hidden_size = int(hidden_size)
         self._top_k = int(top_k)
@@ -290,7 +400,8 @@ class MoeEpLayer:
         forward can be captured in a CUDA graph with the caller's buffers.
 
         With ``return_workspace_view`` the output is a zero-copy view of the workspace, valid in
-        stream order until the next call that uses that workspace; otherwise it is a fresh
+        stream order until the next call of any layer of the group that uses that workspace (the
+        group's pooled workspace of its capacity); otherwise it is a fresh
         tensor (torch.empty / numpy.empty) that the library writes into.
         ``stream``: defaults to torch's (or cupy's) current stream for CUDA tensors.
         ``num_tokens``: optional int32 one-element tensor on the layer's device, the number of
@@ -473,6 +584,11 @@ class MoeEpLayer:
 
     def __exit__(self, *exc):
         self.destroy()
+
+    @property
+    def group(self):
+        """The EpGroup the layer was built from (None for a layer with a group of its own)."""
+        return self._group
 
     # --- properties as vLLM reads them -------------------------------------------------------
     @property

@@ -17,6 +17,7 @@
 
 #include "moe_ep/checkpoint.h"
 #include "moe_ep/config.h"
+#include "moe_ep/group.h"
 #include "moe_ep/layer.h"
 #include "moe_ep/status.h"
 #include "moe_ep/tensor.h"
@@ -230,6 +231,53 @@ bool interpreter_finalizing() {
 #endif
 }
 
+// The bootstrap of a layer or group from the Python arguments.
+Bootstrap make_bootstrap(int world_size, int rank, const std::string& backend, int device,
+                         PyCpuFleet* cpu_fleet, const std::optional<nb::bytes>& nccl_unique_id,
+                         uintptr_t nccl_comm, int64_t timeout_ms, int64_t warmup_timeout_ms) {
+  Bootstrap boot;
+  boot.world_size = world_size;
+  boot.rank = rank;
+  boot.backend = parse_backend(backend);
+  boot.device = device;
+  boot.nccl_comm = reinterpret_cast<void*>(nccl_comm);
+  if (nccl_unique_id) {
+    if (nccl_unique_id->size() != 128)
+      invalid("nccl_unique_id has " + std::to_string(nccl_unique_id->size()) +
+              " bytes, expected 128");
+    std::array<char, 128> id;
+    std::memcpy(id.data(), nccl_unique_id->c_str(), 128);
+    boot.nccl_unique_id = id;
+  }
+  if (cpu_fleet) {
+    if (cpu_fleet->world_size != world_size)
+      invalid("cpu_fleet has world size " + std::to_string(cpu_fleet->world_size) +
+              ", the layer was given world_size " + std::to_string(world_size));
+    boot.cpu_fleet = cpu_fleet->fleet;
+  }
+  boot.timeout_ms = timeout_ms;
+  boot.warmup_timeout_ms = warmup_timeout_ms;
+  return boot;
+}
+
+struct PyGroup {
+  std::shared_ptr<EpGroup> group;
+
+  ~PyGroup() {
+    // The group's destroy is collective: let the peers' Python threads run while this waits.
+    if (group && !group->destroyed() && !interpreter_finalizing()) {
+      nb::gil_scoped_release release;
+      group.reset();
+    } else {
+      group.reset();
+    }
+  }
+  EpGroup& get() {
+    if (!group) throw Error(ErrorCode::kDestroyed, "moe_ep: the EP group was never constructed");
+    return *group;
+  }
+};
+
 struct PyLayer {
   std::unique_ptr<MegaLayer> layer;
 
@@ -365,6 +413,39 @@ NB_MODULE(_moe_ep, m) {
       .def("__repr__",
            [](const PyCpuFleet& f) { return "CpuFleet(" + std::to_string(f.world_size) + ")"; });
 
+  nb::class_<PyGroup>(m, "_Group")
+      .def(
+          "__init__",
+          [](PyGroup* self, int world_size, int rank, const std::string& backend, int device,
+             PyCpuFleet* cpu_fleet, std::optional<nb::bytes> nccl_unique_id, uintptr_t nccl_comm,
+             int64_t timeout_ms, int64_t warmup_timeout_ms) {
+            const Bootstrap boot =
+                make_bootstrap(world_size, rank, backend, device, cpu_fleet, nccl_unique_id,
+                               nccl_comm, timeout_ms, warmup_timeout_ms);
+            std::shared_ptr<EpGroup> g;
+            {
+              nb::gil_scoped_release release;  // collective at W > 1 (the communicator)
+              g = EpGroup::create(boot);
+            }
+            new (self) PyGroup{std::move(g)};
+          },
+          "world_size"_a, "rank"_a, "backend"_a, "device"_a, "cpu_fleet"_a.none(),
+          "nccl_unique_id"_a.none(), "nccl_comm"_a, "timeout_ms"_a, "warmup_timeout_ms"_a)
+      .def_prop_ro("world_size", [](PyGroup& g) { return g.get().world_size(); })
+      .def_prop_ro("rank", [](PyGroup& g) { return g.get().rank(); })
+      .def_prop_ro("backend",
+                   [](PyGroup& g) { return std::string(backend_name(g.get().backend())); })
+      .def_prop_ro("device", [](PyGroup& g) { return g.get().device(); })
+      .def_prop_ro("pool_bytes", [](PyGroup& g) { return g.get().pool_bytes(); })
+      .def_prop_ro("num_pooled_workspaces",
+                   [](PyGroup& g) { return g.get().num_pooled_workspaces(); })
+      .def_prop_ro("destroyed", [](PyGroup& g) { return g.get().destroyed(); })
+      .def("destroy", [](PyGroup& g) {
+        EpGroup& group = g.get();
+        nb::gil_scoped_release release;
+        group.destroy();
+      });
+
   nb::class_<PyLayer>(m, "_Layer")
       .def(
           "__init__",
@@ -375,7 +456,7 @@ NB_MODULE(_moe_ep, m) {
              const std::optional<InArray>& fc2_bias, int world_size, int rank,
              const std::string& backend, int device, PyCpuFleet* cpu_fleet,
              std::optional<nb::bytes> nccl_unique_id, uintptr_t nccl_comm, int64_t timeout_ms,
-             int64_t warmup_timeout_ms) {
+             int64_t warmup_timeout_ms, PyGroup* group) {
             const LayerConfig config = spec.to_config();
             WeightPack wp;
             wp.w13 = to_view(w13, "w13");
@@ -388,31 +469,17 @@ NB_MODULE(_moe_ep, m) {
             ev.fc1_norm_const = to_view(fc1_norm_const, "fc1_norm_const");
             ev.fc1_bias = to_view(fc1_bias, "fc1_bias");
             ev.fc2_bias = to_view(fc2_bias, "fc2_bias");
-            Bootstrap boot;
-            boot.world_size = world_size;
-            boot.rank = rank;
-            boot.backend = parse_backend(backend);
-            boot.device = device;
-            boot.nccl_comm = reinterpret_cast<void*>(nccl_comm);
-            if (nccl_unique_id) {
-              if (nccl_unique_id->size() != 128)
-                invalid("nccl_unique_id has " + std::to_string(nccl_unique_id->size()) +
-                        " bytes, expected 128");
-              std::array<char, 128> id;
-              std::memcpy(id.data(), nccl_unique_id->c_str(), 128);
-              boot.nccl_unique_id = id;
-            }
-            if (cpu_fleet) {
-              if (cpu_fleet->world_size != world_size)
-                invalid("cpu_fleet has world size " + std::to_string(cpu_fleet->world_size) +
-                        ", the layer was given world_size " + std::to_string(world_size));
-              boot.cpu_fleet = cpu_fleet->fleet;
-            }
-            boot.timeout_ms = timeout_ms;
-            boot.warmup_timeout_ms = warmup_timeout_ms;
             std::unique_ptr<MegaLayer> layer;
-            {
+            if (group) {
+              group->get();  // throws for a group that was never constructed
+              std::shared_ptr<EpGroup> g = group->group;
               nb::gil_scoped_release release;  // collective: peers construct on other threads
+              layer = std::make_unique<MegaLayer>(std::move(g), config, wp, ev);
+            } else {
+              const Bootstrap boot =
+                  make_bootstrap(world_size, rank, backend, device, cpu_fleet, nccl_unique_id,
+                                 nccl_comm, timeout_ms, warmup_timeout_ms);
+              nb::gil_scoped_release release;
               layer = std::make_unique<MegaLayer>(boot, config, wp, ev);
             }
             new (self) PyLayer{std::move(layer)};
@@ -421,7 +488,7 @@ NB_MODULE(_moe_ep, m) {
           "fc1_alpha"_a.none(), "fc2_alpha"_a.none(), "fc1_norm_const"_a.none(),
           "fc1_bias"_a.none(), "fc2_bias"_a.none(), "world_size"_a, "rank"_a, "backend"_a,
           "device"_a, "cpu_fleet"_a.none(), "nccl_unique_id"_a.none(), "nccl_comm"_a,
-          "timeout_ms"_a, "warmup_timeout_ms"_a)
+          "timeout_ms"_a, "warmup_timeout_ms"_a, "group"_a.none())
       .def(
           "forward",
           [](PyLayer& s, const InArray& x, const InArray& ids, const InArray& w,

@@ -2,14 +2,18 @@
 // at the same offsets, so a peer's buffer is its base pointer plus our offset). Kernels and the
 // CPU backend take every byte offset from here; nothing computes offsets by hand.
 //
+//   signals     [W] uint64                     per-peer epoch flags (GPU protocol)
+//   recv_count  [W] int32                      rows received from each source in this call
 //   recv_act    [W][capacity][act_row_bytes]  token rows in the recipe's activation format,
 //                                              written by the source rank (dispatch)
 //   recv_meta   [W][capacity][meta_row_bytes] per received row: source token index, its K
 //                                              expert ids and K top-k weights
-//   recv_count  [W] int32                      rows received from each source in this call
-//   signals     [W] uint64                     per-peer epoch flags (GPU protocol)
 //   combine     [capacity*K][H] bf16           y[t,k] rows, written by the owner ranks
 //   out         [capacity][H] bf16             finalized output (local only)
+//
+// The signals and counts come first, at offsets that depend on W alone: layers of one EP group
+// with different geometries (H, K, recipe) share a pooled window (include/moe_ep/group.h), and
+// the epochs in the signal slots carry on from one layer's call to the next.
 #pragma once
 
 #include <cstddef>
@@ -45,14 +49,14 @@ struct WorkspaceLayout {
     l.meta_row_bytes = int(align_up(size_t(4 + 8 * top_k), 16));
     size_t off = 0;
     const size_t rows = size_t(world_size) * size_t(capacity);
+    l.signals_off = off;
+    off = align_up(off + size_t(world_size) * 8, kAlign);
+    l.recv_count_off = off;
+    off = align_up(off + size_t(world_size) * 4, kAlign);
     l.recv_act_off = off;
     off = align_up(off + rows * l.act_row_bytes, kAlign);
     l.recv_meta_off = off;
     off = align_up(off + rows * l.meta_row_bytes, kAlign);
-    l.recv_count_off = off;
-    off = align_up(off + size_t(world_size) * 4, kAlign);
-    l.signals_off = off;
-    off = align_up(off + size_t(world_size) * 8, kAlign);
     l.combine_off = off;
     off = align_up(off + size_t(capacity) * top_k * hidden * 2, kAlign);
     l.out_off = off;
@@ -106,9 +110,17 @@ struct ScratchLayout {
   size_t ranks_off = 0;      // int32 [pairs] the spread route's place of each pair
   // The fp8 path only.
   size_t xq8_off = 0, xref_off = 0, h8_off = 0, href_off = 0;
-  size_t h8map_off = 0;      // 128 bytes: h8's tensor map
-  size_t fp8_sched_off = 0;  // int32 [2]: the fp8 kernel's item ticket and exit count
-  size_t total_bytes = 0;    // from the allocation's start (base included)
+  size_t total_bytes = 0;  // from the allocation's start (base included)
+
+  // The layer's own state beside the (pooled) scratch, as offsets in an allocation of its own:
+  // what a forward leaves for the next forward of the same layer (counters back at zero, the
+  // tensor map of this layer's h8), so that layers sharing the scratch do not disturb each other.
+  struct State {
+    size_t counts_off = 0;     // int32 [E_local + 1] the spread route's counts and ticket
+    size_t fp8_sched_off = 0;  // int32 [2]: the fp8 kernel's item ticket and exit count
+    size_t h8map_off = 0;      // 128 bytes: h8's tensor map (fp8 path)
+    size_t total_bytes = 0;
+  } state;
 
   static ScratchLayout make(const Params& p) {
     ScratchLayout l;
@@ -133,17 +145,21 @@ struct ScratchLayout {
     take(l.pairs_off, rows * 4);
     take(l.tiles_off, p.tile_list_bytes);
     take(l.num_tiles_off, 8);
-    take(l.counts_off, size_t(p.local_experts + 1) * 4);
     take(l.ranks_off, rows * 4);
     if (p.fp8) {
       take(l.xq8_off, vtok * p.hidden);
       take(l.xref_off, vtok);
       take(l.h8_off, rows * p.intermediate);
       take(l.href_off, rows);
-      take(l.h8map_off, 128);
-      take(l.fp8_sched_off, 8);
     }
     l.total_bytes = off;
+    off = 0;
+    take(l.state.counts_off, size_t(p.local_experts + 1) * 4);
+    if (p.fp8) {
+      take(l.state.h8map_off, 128);
+      take(l.state.fp8_sched_off, 8);
+    }
+    l.state.total_bytes = off;
     return l;
   }
 };

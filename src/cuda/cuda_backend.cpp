@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_group.h"
 #include "kernels/ep/ep_launch.h"
 #include "reference/cpu_math.h"
 
@@ -34,9 +35,10 @@ std::vector<std::string> fp8_mma_reasons(const LayerConfig& c, int world_size) {
   return r;
 }
 
-CudaBackend::CudaBackend(const Bootstrap& boot, const LayerConfig& cfg, const WeightPack& w,
+CudaBackend::CudaBackend(EpGroup& group, const LayerConfig& cfg, const WeightPack& w,
                          const EpilogueVectors& epi)
-    : cfg_(cfg), dev_{DeviceKind::kCUDA, boot.device} {
+    : cfg_(cfg), dev_{DeviceKind::kCUDA, group.device()}, group_(&group.impl()) {
+  const Bootstrap& boot = group.bootstrap();
   check(cudaSetDevice(boot.device), "cudaSetDevice(" + std::to_string(boot.device) + ")");
   const int H = cfg.fleet.hidden_size, I = cfg.recipe.intermediate_size;
   W_ = boot.world_size;
@@ -46,30 +48,9 @@ CudaBackend::CudaBackend(const Bootstrap& boot, const LayerConfig& cfg, const We
   fp8_ = cfg.recipe.fp8_mma;  // unsupported_reasons refused it where it cannot run
   check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, boot.device),
         "reading the SM count");
+  transport_ = std::static_pointer_cast<CudaGroupTransport>(group_->transport);
+  comm_ = transport_->comm();
   try {
-    if (W_ > 1) {
-      EpCommOptions o;
-      o.device = boot.device;
-      o.timeout_ms = boot.timeout_ms;
-      o.warmup_timeout_ms = boot.warmup_timeout_ms;
-      if (boot.nccl_comm) {
-        comm_ = std::make_unique<EpComm>(static_cast<ncclComm_t>(boot.nccl_comm), o);
-      } else if (boot.nccl_unique_id) {
-        NcclUniqueIdBytes id;
-        std::memcpy(id.data(), boot.nccl_unique_id->data(), id.size());
-        comm_ = std::make_unique<EpComm>(id, boot.rank, boot.world_size, o);
-      } else {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "moe_ep cuda: W = " + std::to_string(W_) +
-                        " needs Bootstrap::nccl_comm or Bootstrap::nccl_unique_id");
-      }
-      if (comm_->rank() != rank_ || comm_->world_size() != W_)
-        throw Error(ErrorCode::kInvalidArgument,
-                    "moe_ep cuda: the NCCL communicator is rank " + std::to_string(comm_->rank()) +
-                        " of " + std::to_string(comm_->world_size()) +
-                        ", the bootstrap says rank " + std::to_string(rank_) + " of " +
-                        std::to_string(W_));
-    }
     try {
       load_weights(w);
       load_bias(epi.fc1_bias, 2 * cfg.recipe.intermediate_size, fc1_bias_, "fc1_bias");
@@ -111,7 +92,7 @@ CudaBackend::CudaBackend(const Bootstrap& boot, const LayerConfig& cfg, const We
 void CudaBackend::warmup(int ws) {
   check_host_errors();
   select_device();
-  get_ws(ws);
+  refresh_state(ws);
   check(kern::set_kernel_attributes(cfg_.recipe.recipe), "loading the kernels");
   check(cudaDeviceSynchronize(), "warmup synchronize");
   if (comm_) comm_->barrier();
@@ -184,16 +165,11 @@ void CudaBackend::destroy() {
   std::string peer;
   if (comm_ && !comm_->destroyed())
     if (auto r = comm_->error()) peer = ep_error_message(*r);
-  std::string comm_err;
-  try {
-    if (comm_) comm_->destroy();  // collective: barrier with the peers, frees the windows
-  } catch (const Error& e) {
-    comm_err = e.what();
-  }
+  // The pooled workspaces go back to the group (the last user frees each, collectively); the
+  // communicator is the group's (its destroy frees it).
   release();
   check(err, "synchronize at destroy");
   if (!peer.empty()) throw Error(ErrorCode::kPeer, peer);
-  if (!comm_err.empty()) throw Error(ErrorCode::kBackend, comm_err);
   if (!pending.empty()) throw Error(ErrorCode::kInvalidArgument, pending);
 }
 
@@ -315,15 +291,8 @@ void CudaBackend::load_vector(const TensorView& v, DeviceBuffer& dst, const char
 }
 
 void CudaBackend::release() {
-  for (auto& ws : workspaces_) ws->mem.release();
+  for (auto& ws : workspaces_) ws->state.release();
   workspaces_.clear();
-  if (comm_) {
-    try {
-      comm_->destroy();  // idempotent; collective when still live
-    } catch (...) {
-    }
-    comm_.reset();
-  }
   for (DeviceBuffer* b :
        {&w1_, &w2_, &s1_, &s2_, &fc1_alpha_, &fc2_alpha_, &fc1_nc_, &fc1_bias_, &fc2_bias_})
     b->release();
@@ -383,10 +352,10 @@ std::vector<std::string> cuda_backend_unsupported_reasons(const LayerConfig& con
   return r;
 }
 
-std::unique_ptr<LayerBackend> make_cuda_backend(const Bootstrap& boot, const LayerConfig& config,
+std::unique_ptr<LayerBackend> make_cuda_backend(EpGroup& group, const LayerConfig& config,
                                                 const WeightPack& weights,
                                                 const EpilogueVectors& epilogue) {
-  return std::make_unique<cuda::CudaBackend>(boot, config, weights, epilogue);
+  return std::make_unique<cuda::CudaBackend>(group, config, weights, epilogue);
 }
 
 }  // namespace moe_ep

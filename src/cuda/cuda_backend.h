@@ -28,6 +28,7 @@
 #include "cuda/comm/nccl_comm.h"
 #include "kernels/common/launch.h"
 #include "layer/backend.h"
+#include "layer/group_pool.h"
 #include "moe_ep/plan.h"
 #include "moe_ep/status.h"
 
@@ -63,35 +64,39 @@ struct DeviceBuffer {
   }
 };
 
-// One workspace: the window's layout (W > 1: an EpComm symmetric window; W = 1: the front of
-// `mem`) and the local scratch's.
+// One of the layer's workspaces: this layer's window layout and scratch layout in the group's
+// pooled workspace of its capacity (W > 1: an EpComm symmetric window + a scratch allocation;
+// W = 1: one allocation, the layout at its front), and the layer's own state beside it.
 struct Workspace {
   int capacity = 0;
   WorkspaceLayout layout;
   ScratchLayout scratch;
-  DeviceBuffer mem;   // W = 1: layout + scratch; W > 1: scratch only (layout is the window)
-  int ep_index = -1;  // W > 1: the EpComm workspace
+  std::shared_ptr<PooledWorkspace> pool;      // a CudaPooledWorkspace (src/cuda/cuda_group.h)
+  DeviceBuffer state;                         // ScratchLayout::State: this layer's counters
+  uint64_t generation = 0;                    // of the pool when the state was derived
   CombineMode combine = CombineMode::kFused;  // W > 1: fixed at creation (PlanOptions)
 };
 
-// The expert side's buffers in a workspace's scratch (`base`: the scratch allocation): fc1's
-// output, the routing list and tiles, the spread route's counters.
-inline void attach_expert_scratch(kern::ForwardArgs& a, unsigned char* base,
+// The expert side's buffers in a workspace's scratch (`base`: the scratch allocation; `state`:
+// the layer's own state): fc1's output, the routing list and tiles, the spread route's counters.
+inline void attach_expert_scratch(kern::ForwardArgs& a, unsigned char* base, unsigned char* state,
                                   const ScratchLayout& s) {
   a.h = reinterpret_cast<uint16_t*>(base + s.h_off);
   a.sorted_pairs = reinterpret_cast<int32_t*>(base + s.pairs_off);
   a.tiles = reinterpret_cast<kern::TileInfo*>(base + s.tiles_off);
   a.num_tiles = reinterpret_cast<int32_t*>(base + s.num_tiles_off);
-  a.counts = reinterpret_cast<int32_t*>(base + s.counts_off);
+  a.counts = reinterpret_cast<int32_t*>(state + s.state.counts_off);
   a.pair_rank = reinterpret_cast<int32_t*>(base + s.ranks_off);
 }
+
+class CudaGroupTransport;  // src/cuda/cuda_group.h
 
 // The backend by concern: construction, weights and lifetime (cuda_backend.cpp), workspaces
 // (cuda_workspace.cpp), the single-GPU forward (cuda_forward.cpp), the EP forward
 // (cuda_forward_ep.cpp).
 class CudaBackend final : public LayerBackend {
  public:
-  CudaBackend(const Bootstrap& boot, const LayerConfig& cfg, const WeightPack& w,
+  CudaBackend(EpGroup& group, const LayerConfig& cfg, const WeightPack& w,
               const EpilogueVectors& epi);
   ~CudaBackend() override { release(); }
 
@@ -148,6 +153,12 @@ class CudaBackend final : public LayerBackend {
   ForwardPlan plan_for(int tokens, int capacity) const;
 
   const Workspace& get_ws(int ws) const;
+  // The pooled memory of `w`: its window (this rank's) and its scratch allocation.
+  unsigned char* window_base(const Workspace& w) const;
+  unsigned char* scratch_base(const Workspace& w) const;
+  // Re-derives the layer's state of `ws` (the fp8 path's tensor map of h8) after the group
+  // re-made its pooled memory larger. Host work with a copy: not under capture.
+  void refresh_state(int ws);
 
   TensorView bytes_view(const DeviceBuffer& b, size_t per_expert) const {
     return TensorView::contiguous(b.ptr, DType::kU8, {El_, int64_t(per_expert)}, dev_);
@@ -173,7 +184,9 @@ class CudaBackend final : public LayerBackend {
   Device dev_;
   int W_ = 1, rank_ = 0;
   int El_ = 0;
-  std::unique_ptr<EpComm> comm_;
+  EpGroup::Impl* group_ = nullptr;  // outlives the backend (MegaLayer holds the group)
+  std::shared_ptr<CudaGroupTransport> transport_;
+  EpComm* comm_ = nullptr;  // the group's communicator (W > 1)
   void* last_stream_ =
       nullptr;  // W > 1: the stream of the latest forward (abandon orders after it)
   int num_sms_ = 1;

@@ -9,9 +9,11 @@ namespace moe_ep::cuda {
 void CudaBackend::forward(const ValidatedForward& in, const ForwardTargets& out) {
   check_host_errors();
   select_device();
+  refresh_state(in.workspace);
   const Workspace& ws = get_ws(in.workspace);
   if (W_ > 1) return forward_ep(in, out, ws);
-  unsigned char* base = ws.mem.as<unsigned char>();
+  unsigned char* base = scratch_base(ws);  // the window layout at its front (W = 1)
+  unsigned char* state = ws.state.as<unsigned char>();
   kern::ForwardArgs a = common_args(in);
   a.expert_base = 0;
   a.tokens = in.tokens;
@@ -21,15 +23,15 @@ void CudaBackend::forward(const ValidatedForward& in, const ForwardTargets& out)
   a.ids = in.ids.ptr<int32_t>();
   a.topk_weights = in.weights.ptr<float>();
   a.xq = reinterpret_cast<uint16_t*>(base + ws.scratch.xq_off);
-  attach_expert_scratch(a, base, ws.scratch);
+  attach_expert_scratch(a, base, state, ws.scratch);
   if (fp8_) {
     a.fp8 = true;
     a.xq8 = base + ws.scratch.xq8_off;
     a.xref = base + ws.scratch.xref_off;
     a.h8 = base + ws.scratch.h8_off;
     a.href = base + ws.scratch.href_off;
-    a.h8_tmap = base + ws.scratch.h8map_off;
-    a.fp8_sched = reinterpret_cast<int32_t*>(base + ws.scratch.fp8_sched_off);
+    a.h8_tmap = state + ws.scratch.state.h8map_off;
+    a.fp8_sched = reinterpret_cast<int32_t*>(state + ws.scratch.state.fp8_sched_off);
   }
   if (out.out.defined()) {
     a.y_rows = reinterpret_cast<uint16_t*>(base + ws.layout.combine_off);

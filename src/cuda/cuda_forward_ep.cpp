@@ -1,6 +1,7 @@
 // The CUDA backend's EP forward (W > 1; docs/protocol.md): source quantize, dispatch, unpack,
 // the expert chain of the single-GPU forward on the received rows, combine, finalize.
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_group.h"
 #include "kernels/ep/ep_launch.h"
 #include "reference/cpu_math.h"
 
@@ -10,10 +11,11 @@ void CudaBackend::forward_ep(const ValidatedForward& in, const ForwardTargets& o
                              const Workspace& ws) {
   const cudaStream_t s = static_cast<cudaStream_t>(in.stream);
   last_stream_ = in.stream;
-  const EpWorkspace& ew = comm_->workspace(ws.ep_index);
-  const EpTransport tp = comm_->transport(ws.ep_index);
+  const int ep_index = static_cast<const CudaPooledWorkspace&>(*ws.pool).ep_index;
+  const EpWorkspace& ew = comm_->workspace(ep_index);
+  const EpTransport tp = comm_->transport(ep_index, ws.layout);  // this layer's offsets
   const WorkspaceLayout& L = ws.layout;
-  unsigned char* scratch = ws.mem.as<unsigned char>();
+  unsigned char* scratch = scratch_base(ws);
   const int H = cfg_.fleet.hidden_size, K = cfg_.recipe.top_k;
   const ActFormat act = act_format(cfg_.recipe.recipe, H);
   uint8_t* act_rows = scratch + ws.scratch.act_off;
@@ -102,7 +104,7 @@ void CudaBackend::forward_ep(const ValidatedForward& in, const ForwardTargets& o
   a.topk_weights = ua.weights;
   a.xq = ua.xq;
   a.xq_ready = true;
-  attach_expert_scratch(a, scratch, ws.scratch);
+  attach_expert_scratch(a, scratch, ws.state.as<unsigned char>(), ws.scratch);
   if (ws.combine != CombineMode::kCopy) {
     a.y_dst = ua.y_dst;  // fc2 stores into the sources' combine areas (NVLink)
     a.y_dst_fence = ws.combine == CombineMode::kFusedFence;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moe_ep/config.h"
+#include "moe_ep/group.h"
 #include "moe_ep/layer.h"
 #include "moe_ep/plan.h"
 #include "moe_ep/weight_prep.h"
@@ -73,7 +74,8 @@ class LayerBackend {
   virtual void set_plan_options(const PlanOptions& options) { (void)options; }
 };
 
-std::unique_ptr<LayerBackend> make_cpu_backend(const Bootstrap& boot, const LayerConfig& config,
+// A layer of `group` (its transport and workspace pool; the group outlives the backend).
+std::unique_ptr<LayerBackend> make_cpu_backend(EpGroup& group, const LayerConfig& config,
                                                const WeightPack& weights,
                                                const EpilogueVectors& epilogue);
 
@@ -86,7 +88,7 @@ std::string extended_epilogue_reason(const LayerConfig& config, const std::strin
 bool cuda_backend_usable();
 std::vector<std::string> cuda_backend_unsupported_reasons(const LayerConfig& config,
                                                           int world_size);
-std::unique_ptr<LayerBackend> make_cuda_backend(const Bootstrap& boot, const LayerConfig& config,
+std::unique_ptr<LayerBackend> make_cuda_backend(EpGroup& group, const LayerConfig& config,
                                                 const WeightPack& weights,
                                                 const EpilogueVectors& epilogue);
 

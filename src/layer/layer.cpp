@@ -2,11 +2,13 @@
 #include "moe_ep/layer.h"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 
 #include "common/workspace_layout.h"
 #include "layer/backend.h"
 #include "layer/diagnostics.h"
+#include "layer/group_pool.h"
 #include "reference/cpu_math.h"
 
 namespace moe_ep {
@@ -49,6 +51,14 @@ void validate_epilogue_vector(const TensorView& v, int num_local_experts, const 
   expect_tensor(v, name, DType::kF32, {num_local_experts}, v.device, true);
 }
 
+namespace {
+[[noreturn]] void refuse(const std::vector<std::string>& reasons) {
+  std::string msg = "moe_ep: configuration not supported:";
+  for (auto& r : reasons) msg += "\n  - " + r;
+  throw Error(ErrorCode::kUnsupported, msg);
+}
+}  // namespace
+
 MegaLayer::MegaLayer(const Bootstrap& boot, const LayerConfig& config, const WeightPack& weights,
                      const EpilogueVectors& epilogue)
     : config_(config), rank_(boot.rank), world_size_(boot.world_size) {
@@ -57,14 +67,30 @@ MegaLayer::MegaLayer(const Bootstrap& boot, const LayerConfig& config, const Wei
   if (boot.rank < 0 || boot.rank >= boot.world_size)
     reasons.push_back("rank " + str(boot.rank) + " is not in [0, W = " + str(boot.world_size) +
                       ")");
-  if (!reasons.empty()) {
-    std::string msg = "moe_ep: configuration not supported:";
-    for (auto& r : reasons) msg += "\n  - " + r;
-    throw Error(ErrorCode::kUnsupported, msg);
-  }
+  if (!reasons.empty()) refuse(reasons);
+  owns_group_ = true;
+  build(EpGroup::create(boot), weights, epilogue);
+}
+
+MegaLayer::MegaLayer(std::shared_ptr<EpGroup> group, const LayerConfig& config,
+                     const WeightPack& weights, const EpilogueVectors& epilogue)
+    : config_(config) {
+  if (!group) invalid("MegaLayer: the EP group is null");
+  group->impl().check_live("building a layer");
+  rank_ = group->rank();
+  world_size_ = group->world_size();
+  backend_kind_ = group->backend();
+  const auto reasons = unsupported_reasons(config, world_size_, backend_kind_);
+  if (!reasons.empty()) refuse(reasons);
+  build(std::move(group), weights, epilogue);
+}
+
+void MegaLayer::build(std::shared_ptr<EpGroup> group, const WeightPack& weights,
+                      const EpilogueVectors& epilogue) {
+  const LayerConfig& config = config_;
   if (backend_kind_ == Backend::kCUDA) {
-    validate_weight_pack(config, boot.world_size, weights);
-    const int el = config.fleet.num_experts / boot.world_size;
+    validate_weight_pack(config, world_size_, weights);
+    const int el = config.fleet.num_experts / world_size_;
     validate_epilogue_vector(epilogue.fc1_alpha, el, "fc1_alpha");
     validate_epilogue_vector(epilogue.fc2_alpha, el, "fc2_alpha");
     validate_epilogue_vector(epilogue.fc1_norm_const, el, "fc1_norm_const");
@@ -72,10 +98,12 @@ MegaLayer::MegaLayer(const Bootstrap& boot, const LayerConfig& config, const Wei
         !cuda_runs_extended_epilogue(config))
       throw Error(ErrorCode::kUnsupported, "moe_ep: configuration not supported:\n  - " +
                                                extended_epilogue_reason(config, "expert bias"));
-    impl_ = make_cuda_backend(boot, config, weights, epilogue);
+    impl_ = make_cuda_backend(*group, config, weights, epilogue);
   } else {
-    impl_ = make_cpu_backend(boot, config, weights, epilogue);  // checks inside its collective
+    impl_ = make_cpu_backend(*group, config, weights, epilogue);  // checks inside its collective
   }
+  group_ = std::move(group);
+  ++group_->impl().live_layers;
 }
 
 MegaLayer::~MegaLayer() {
@@ -130,7 +158,23 @@ void MegaLayer::set_stage_events(void* const* events) {
 void MegaLayer::destroy() {
   if (!impl_) return;
   auto impl = std::move(impl_);
-  impl->destroy();
+  auto group = std::move(group_);
+  --group->impl().live_layers;
+  std::exception_ptr first;
+  try {
+    impl->destroy();
+  } catch (...) {
+    first = std::current_exception();
+  }
+  impl.reset();  // gives back its pooled workspaces: the group's last user frees each
+  if (owns_group_) {
+    try {
+      group->destroy();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 WorkspaceId MegaLayer::default_workspace() const { return WorkspaceId{0}; }

@@ -23,6 +23,7 @@
 #include "moe_ep/formats.h"
 #include "moe_ep/status.h"
 #include "reference/cpu_fleet.h"
+#include "reference/cpu_group.h"
 #include "reference/cpu_math.h"
 
 namespace moe_ep {
@@ -31,40 +32,23 @@ namespace {
 // Stages of one collective op; tickets are seq * kStages + stage.
 enum Stage : uint64_t { kStageDispatch = 1, kStageCompute = 2, kStageDone = 3, kStages = 4 };
 
-struct AlignedBytes {
-  std::unique_ptr<uint8_t, void (*)(void*)> ptr{nullptr, std::free};
-  size_t size = 0;
-  void allocate(size_t n) {
-    size = n;
-    ptr.reset(static_cast<uint8_t*>(
-        std::aligned_alloc(256, std::max<size_t>(256, (n + 255) / 256 * 256))));
-    if (!ptr) throw Error(ErrorCode::kBackend, "out of host memory (" + std::to_string(n) + " B)");
-  }
-  uint8_t* data() const { return ptr.get(); }
-};
-
+// One of the layer's workspaces: its layout, in the group's pooled memory of its capacity.
 struct Workspace {
   WorkspaceLayout layout;
-  AlignedBytes mem;
+  std::shared_ptr<PooledWorkspace> pool;
+  uint8_t* data() const { return static_cast<CpuPooledWorkspace&>(*pool).mem.get(); }
 };
 
 class CpuBackend final : public LayerBackend {
  public:
-  CpuBackend(const Bootstrap& boot, const LayerConfig& cfg, const WeightPack& w,
-             const EpilogueVectors& ep)
-      : boot_(boot), cfg_(cfg), shape_(ExpertShape::of(cfg, boot.world_size)) {
-    fleet_ = boot.cpu_fleet;
-    if (!fleet_) {
-      if (boot.world_size != 1)
-        throw Error(ErrorCode::kInvalidArgument,
-                    "the CPU backend with W = " + std::to_string(boot.world_size) +
-                        " > 1 needs Bootstrap::cpu_fleet (make_cpu_fleet(W))");
-      fleet_ = make_cpu_fleet(1);
-    }
-    if (fleet_->world_size() != boot.world_size)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "cpu_fleet has world size " + std::to_string(fleet_->world_size()) +
-                      ", Bootstrap says W = " + std::to_string(boot.world_size));
+  CpuBackend(EpGroup& group, const LayerConfig& cfg, const WeightPack& w, const EpilogueVectors& ep)
+      : boot_(group.bootstrap()),
+        cfg_(cfg),
+        shape_(ExpertShape::of(cfg, group.world_size())),
+        group_(&group.impl()) {
+    const Bootstrap& boot = boot_;
+    transport_ = std::static_pointer_cast<CpuGroupTransport>(group_->transport);
+    fleet_ = transport_->fleet();
     channel_ = fleet_->open_channel(boot.rank);
     threads_ = std::max(1, omp_get_max_threads() / boot.world_size);
 
@@ -110,12 +94,13 @@ class CpuBackend final : public LayerBackend {
     const ActFormat act = act_format(cfg_.recipe.recipe, shape_.H);
     ws->layout =
         WorkspaceLayout::make(W(), capacity, shape_.H, shape_.K, act.data_bytes, act.scale_bytes);
-    ws->mem.allocate(ws->layout.total_bytes);
-    std::memset(ws->mem.data(), 0, ws->layout.total_bytes);
+    PoolNeeds needs;
+    needs.window = ws->layout;
+    // Collective: the group makes (or re-makes larger) its pooled workspace of this capacity and
+    // publishes it; peers address it once every rank has.
+    ws->pool = group_->acquire(capacity, needs);
     const int idx = int(workspaces_.size());
-    fleet_->publish(channel_, rank(), idx, ws->mem.data());
     workspaces_.push_back(std::move(ws));
-    // Collective: peers may address this workspace once everyone has published it.
     collective_barrier("create_workspace", boot_.warmup_timeout_ms);
     return idx;
   }
@@ -131,8 +116,7 @@ class CpuBackend final : public LayerBackend {
 
   TensorView workspace_output(int ws, int tokens) override {
     const Workspace& w = get_ws(ws);
-    return TensorView::contiguous(w.mem.data() + w.layout.out_off, DType::kBF16,
-                                  {tokens, shape_.H});
+    return TensorView::contiguous(w.data() + w.layout.out_off, DType::kBF16, {tokens, shape_.H});
   }
 
   KernelWeights kernel_weights() override {
@@ -202,9 +186,10 @@ class CpuBackend final : public LayerBackend {
   }
 
  private:
+  // Peers may still address the pooled memory after a fault: the fleet keeps it.
   void retain_workspaces() {
     for (auto& ws : workspaces_)
-      if (ws->mem.ptr) fleet_->retain(std::shared_ptr<void>(ws->mem.ptr.release(), std::free));
+      fleet_->retain(std::shared_ptr<void>(static_cast<CpuPooledWorkspace&>(*ws->pool).mem));
   }
 
   // --- collectives -------------------------------------------------------------------------
@@ -246,7 +231,8 @@ class CpuBackend final : public LayerBackend {
     return *workspaces_[ws];
   }
   uint8_t* peer_ws(int peer, int ws) {
-    return static_cast<uint8_t*>(fleet_->peer_ptr(channel_, peer, ws));
+    return static_cast<uint8_t*>(
+        fleet_->peer_ptr(transport_->pool_channel(), peer, get_ws(ws).pool->key));
   }
 
   // --- weights ------------------------------------------------------------------------------
@@ -322,8 +308,10 @@ class CpuBackend final : public LayerBackend {
   LayerConfig cfg_;
   int last_tokens_ = 0;  // T of the latest forward (last_plan)
   ExpertShape shape_;
+  EpGroup::Impl* group_;  // outlives the backend (MegaLayer holds the group)
+  std::shared_ptr<CpuGroupTransport> transport_;
   std::shared_ptr<CpuFleet> fleet_;
-  int channel_ = 0;
+  int channel_ = 0;  // the layer's own barriers; its workspaces are on the group's channel
   int threads_ = 1;
   int64_t seq_ = 0;
   std::string broken_;
@@ -376,7 +364,7 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
 
   const int ws_idx = in.workspace;
   const WorkspaceLayout& L = get_ws(ws_idx).layout;
-  uint8_t* mine = get_ws(ws_idx).mem.data();
+  uint8_t* mine = get_ws(ws_idx).data();
   const ActFormat act = act_format(cfg_.recipe.recipe, H);
   const bool weight_in_fc1 = applies_weight_in_fc1(cfg_.recipe);
 
@@ -487,10 +475,10 @@ void CpuBackend::forward(const ValidatedForward& in, const ForwardTargets& out) 
 
 }  // namespace
 
-std::unique_ptr<LayerBackend> make_cpu_backend(const Bootstrap& boot, const LayerConfig& config,
+std::unique_ptr<LayerBackend> make_cpu_backend(EpGroup& group, const LayerConfig& config,
                                                const WeightPack& weights,
                                                const EpilogueVectors& epilogue) {
-  return std::make_unique<CpuBackend>(boot, config, weights, epilogue);
+  return std::make_unique<CpuBackend>(group, config, weights, epilogue);
 }
 
 }  // namespace moe_ep

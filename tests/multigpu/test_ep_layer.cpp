@@ -27,6 +27,7 @@
 
 #include "../edge_activations.h"
 #include "moe_ep/formats.h"
+#include "moe_ep/group.h"
 #include "moe_ep/layer.h"
 #include "moe_ep/weight_prep.h"
 #include "rank_harness.h"
@@ -843,6 +844,96 @@ TEST(EpLayer, RanksWithDifferentWorkspacesAllFailNamingBoth) {
   expect_ranks_passed(res);
   for (int r = 0; r < kWorld && !res.hung; ++r)
     if (res.rep[r].nval >= 2) EXPECT_LT(res.rep[r].val[1], 2.0) << "rank " << r;
+}
+
+// Layers of one EP group (include/moe_ep/group.h) share the group's communicator and its pooled
+// symmetric windows across the ranks: three layers (two nvfp4 with different weights, then an
+// mxfp4_bf16 one whose larger activation rows make the pool re-make its window larger at its
+// construction), called interleaved with unequal T, are bitwise equal to the single-GPU layers
+// of the same weights; the pool holds one workspace set; a CUDA graph of two grouped layers in
+// sequence replays bitwise; destroying a middle layer leaves the others working.
+TEST(EpGroup, LayersShareWindowsAcrossRanks) {
+  SKIP_UNLESS_WORLD_GPUS();
+  auto res = run_ranks(kWorld, 600, [](int rank, int, const NcclUniqueIdBytes& id, RankReport&) {
+    const Recipe recipes[] = {Recipe::kNvfp4, Recipe::kNvfp4, Recipe::kMxfp4Bf16};
+    auto group = EpGroup::create(ep_boot(rank, nullptr, &id));
+    std::vector<std::unique_ptr<MegaLayer>> ep, one;
+    size_t largest = 0, sum = 0;
+    for (int i = 0; i < 3; ++i) {
+      const Options o = recipe_options(recipes[i]);
+      const PackedExperts p = make_pack(recipes[i], o, 300 + i);
+      const LayerConfig c = make_config(recipes[i], 64, o);
+      ep.push_back(std::make_unique<MegaLayer>(group, c, p.view(rank * kEl, kEl),
+                                               p.epilogue_view(rank * kEl, kEl)));
+      one.push_back(std::make_unique<MegaLayer>(single_boot(rank, Backend::kCUDA), c, p.view(),
+                                                p.epilogue_view()));
+      const size_t b = ep.back()->workspace_bytes(ep.back()->default_workspace());
+      largest = std::max(largest, b);
+      sum += b;
+    }
+    REQUIRE(group->num_pooled_workspaces() == 1, "one pooled workspace");
+    REQUIRE(group->pool_bytes() >= largest && group->pool_bytes() < sum,
+            "pool " + std::to_string(group->pool_bytes()) + " bytes, largest layer " +
+                std::to_string(largest) + ", all layers " + std::to_string(sum));
+    for (auto& l : ep) l->warmup();
+    const int order[] = {0, 2, 1, 1, 0, 2};
+    for (int c = 0; c < 6; ++c) {
+      const int i = order[c];
+      const int T = rank == 0 ? 64 - 9 * c : 5 * c;
+      Inputs h = make_inputs(T, rank, 400 + 10 * c + rank, Route::kUniform);
+      DevInputs d(h, rank);
+      const std::vector<uint16_t> y = run(*ep[i], d.view(), h.T, rank);
+      const std::vector<uint16_t> y1 = run(*one[i], d.view(), h.T, rank);
+      REQUIRE(!has_nan(y) && y == y1, "call " + std::to_string(c) + " (layer " + std::to_string(i) +
+                                          ", T " + std::to_string(T) +
+                                          "): differs from the single-GPU layer");
+    }
+    // A graph of layers 0 then 2 (layer 0's output is layer 2's input), replayed twice.
+    {
+      const int T = rank == 0 ? 40 : 17;
+      Inputs h = make_inputs(T, rank, 500 + rank, Route::kUniform);
+      DevInputs d(h, rank);
+      const Device dev{DeviceKind::kCUDA, rank};
+      DevBuf o0(size_t(T) * kH * 2), o2(size_t(T) * kH * 2), e0(size_t(T) * kH * 2);
+      cudaStream_t s;
+      CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      ForwardInputs f0 = d.view(), f2 = d.view();
+      f0.stream = f2.stream = s;
+      f2.hidden_states = TensorView::contiguous(o0.p, DType::kBF16, {T, kH}, dev);
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t ex = nullptr;
+      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      ep[0]->forward(f0, TensorView::contiguous(o0.p, DType::kBF16, {T, kH}, dev));
+      ep[2]->forward(f2, TensorView::contiguous(o2.p, DType::kBF16, {T, kH}, dev));
+      CK(cudaStreamEndCapture(s, &g));
+      CK(cudaGraphInstantiate(&ex, g, 0));
+      one[0]->forward(d.view(), TensorView::contiguous(e0.p, DType::kBF16, {T, kH}, dev));
+      ForwardInputs fe = d.view();
+      fe.hidden_states = TensorView::contiguous(e0.p, DType::kBF16, {T, kH}, dev);
+      const std::vector<uint16_t> want = run(*one[2], fe, T, rank);
+      for (int replay = 0; replay < 2; ++replay) {
+        CK(cudaMemset(o2.p, 0xff, o2.bytes));
+        CK(cudaGraphLaunch(ex, s));
+        CK(cudaStreamSynchronize(s));
+        std::vector<uint16_t> got(size_t(T) * kH);
+        CK(cudaMemcpy(got.data(), o2.p, got.size() * 2, cudaMemcpyDeviceToHost));
+        REQUIRE(got == want, "graph replay " + std::to_string(replay) +
+                                 " of layers 0 and 2 differs from the single-GPU layers");
+      }
+      cudaGraphExecDestroy(ex);
+      cudaGraphDestroy(g);
+      cudaStreamDestroy(s);
+    }
+    ep[1]->destroy();  // collective; the pool stays with layers 0 and 2
+    Inputs h = make_inputs(rank == 0 ? 3 : 64, rank, 600 + rank, Route::kUniform);
+    DevInputs d(h, rank);
+    REQUIRE(run(*ep[2], d.view(), h.T, rank) == run(*one[2], d.view(), h.T, rank),
+            "layer 2 after layer 1 was destroyed");
+    ep.clear();
+    REQUIRE(group->pool_bytes() == 0, "the last layer freed the pool");
+    group->destroy();
+  });
+  expect_ranks_passed(res);
 }
 
 }  // namespace

@@ -207,6 +207,38 @@ def test_cuda_runs_on_the_callers_stream():
     assert torch.equal(out, ref)
 
 
+@needs_backend
+def test_cuda_group_layers_graph_replays_separate_layers_bitwise():
+    recipe = "nvfp4"
+    packs = [packed(recipe, "cuda", seed=20 + i) for i in range(3)]
+    group = moe_ep.EpGroup(backend="cuda", device=0)
+    grouped = [make_layer(p, recipe, group=group) for p in packs]
+    alone = [make_layer(p, recipe) for p in packs]
+    assert group.num_pooled_workspaces == 1
+    assert group.pool_bytes == alone[0].workspace_bytes()  # one workspace set for three layers
+    for layer in grouped:
+        layer.warmup()
+    x, ids, w = inputs(24, "cuda", seed=7)
+    static_x = x.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # each layer's output is the next one's input
+        h = static_x
+        for layer in grouped:
+            h = layer(h, ids, w)
+        static_out = h
+    graph.replay()
+    torch.cuda.synchronize()
+    h = x
+    for layer in alone:
+        h = layer(h, ids, w)
+    assert torch.equal(static_out, h)
+    for layer in grouped + alone:
+        layer.destroy()
+    assert group.pool_bytes == 0
+    group.destroy()
+
+
 # --- two processes over torch.distributed --------------------------------------------------------------
 def _free_port():
     with socket.socket() as s:
@@ -214,7 +246,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, port, results):
+def _rank_main(rank, world, port, results, use_group):
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -225,14 +257,28 @@ def _rank_main(rank, world, port, results):
         p = packed("nvfp4", f"cuda:{rank}")
         x, ids, w = inputs(5 + 6 * rank, f"cuda:{rank}", seed=40 + rank)
         count = E // world
-        layer = make_layer(p, "nvfp4", first=rank * count, count=count,
-                           process_group=dist.group.WORLD)
-        assert layer.rank == rank and layer.world_size == world
-        layer.warmup()
-        out = layer(x, ids, w)
         ref = reference(p, "nvfp4", x, ids, w)
+        if use_group:  # one communicator for both layers, one workspace set
+            group = moe_ep.EpGroup(process_group=dist.group.WORLD)
+            layers = [make_layer(p, "nvfp4", first=rank * count, count=count, group=group)
+                      for _ in range(2)]
+            assert group.rank == rank and group.world_size == world
+            for layer in layers:
+                layer.warmup()
+            outs = [layer(x, ids, w) for layer in layers]
+            assert torch.equal(outs[0], outs[1])
+            out = outs[1]
+        else:
+            layers = [make_layer(p, "nvfp4", first=rank * count, count=count,
+                                 process_group=dist.group.WORLD)]
+            assert layers[0].rank == rank and layers[0].world_size == world
+            layers[0].warmup()
+            out = layers[0](x, ids, w)
         results.put((rank, TR.rel_l2(out, ref), None))
-        layer.destroy()
+        for layer in layers:
+            layer.destroy()
+        if use_group:
+            group.destroy()
     except Exception as e:  # noqa: BLE001
         results.put((rank, None, repr(e)))
     finally:
@@ -241,13 +287,15 @@ def _rank_main(rank, world, port, results):
 
 @needs_backend
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_two_processes_torch_distributed():
+@pytest.mark.parametrize("use_group", [False, True], ids=["layer", "group"])
+def test_two_processes_torch_distributed(use_group):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, results)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, results, use_group))
+             for r in range(2)]
     for pr in procs:
         pr.start()
     got = [results.get(timeout=300) for _ in procs]

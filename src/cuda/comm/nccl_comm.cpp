@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -260,6 +261,48 @@ struct EpComm::Impl {
     return out;
   }
 
+  // Allocates, registers and zeroes `w`'s window of `bytes` and its epoch state, resolves the
+  // peers' LSA bases, then meets the peers: no peer signals into it before it is zero.
+  void allocate_window(EpWorkspace& w, size_t bytes) {
+    w.bytes = bytes;
+    void* base = nullptr;
+    nccl_check(ncclMemAlloc(&base, w.bytes), comm,
+               "ncclMemAlloc(" + std::to_string(w.bytes) + " bytes)");
+    w.base = static_cast<uint8_t*>(base);
+    nccl_check(ncclCommWindowRegister(comm, base, w.bytes, &w.window, NCCL_WIN_COLL_SYMMETRIC),
+               comm, "ncclCommWindowRegister(SYMMETRIC)");
+    cuda_check(cudaMalloc(&w.state, sizeof(EpState)), "cudaMalloc(state)");
+    cuda_check(cudaMemsetAsync(w.state, 0, sizeof(EpState), stream), "cudaMemset(state)");
+    // Zero signals and counts; the barrier below orders it before any peer's first signal.
+    cuda_check(cudaMemsetAsync(w.base, 0, w.bytes, stream), "cudaMemset(window)");
+    w.peer_base.assign(size_t(world), nullptr);
+    cuda_check(ep_query_lsa_bases(dev_comm, w.window, world, w.peer_base.data(), stream),
+               "LSA base pointers");
+    for (int r = 0; r < world; ++r)
+      if (w.peer_base[size_t(r)] == nullptr)
+        throw Error(ErrorCode::kBackend, "no LSA pointer for rank " + std::to_string(r));
+    barrier_nothrow_peer();
+  }
+
+  // Deregisters and frees one window and its state; collects the first failure into `first`.
+  void free_window(EpWorkspace& ws, std::string* first) {
+    auto note_nccl = [&](ncclResult_t r, const char* what) {
+      if (r != ncclSuccess && first->empty())
+        *first = std::string(what) + " failed: " + ncclGetErrorString(r);
+    };
+    if (ws.window != nullptr) note_nccl(ncclCommWindowDeregister(comm, ws.window), "deregister");
+    if (ws.base != nullptr) note_nccl(ncclMemFree(ws.base), "ncclMemFree");
+    if (ws.state != nullptr) {
+      const cudaError_t e = cudaFree(ws.state);
+      if (e != cudaSuccess && first->empty())
+        *first = std::string("cudaFree(state) failed: ") + cudaGetErrorString(e);
+    }
+    ws.window = nullptr;
+    ws.base = nullptr;
+    ws.state = nullptr;
+    ws.peer_base.clear();
+  }
+
   // Frees everything; collects the first failure into `first`.
   void release(std::string* first) {
     auto note_nccl = [&](ncclResult_t r, const char* what) {
@@ -270,11 +313,7 @@ struct EpComm::Impl {
       if (e != cudaSuccess && first->empty())
         *first = std::string(what) + " failed: " + cudaGetErrorString(e);
     };
-    for (auto& ws : workspaces) {
-      if (ws.window != nullptr) note_nccl(ncclCommWindowDeregister(comm, ws.window), "deregister");
-      if (ws.base != nullptr) note_nccl(ncclMemFree(ws.base), "ncclMemFree");
-      if (ws.state != nullptr) note_cuda(cudaFree(ws.state), "cudaFree(state)");
-    }
+    for (auto& ws : workspaces) free_window(ws, first);
     workspaces.clear();
     if (announce_win != nullptr)
       note_nccl(ncclCommWindowDeregister(comm, announce_win), "deregister(announce)");
@@ -355,54 +394,96 @@ bool EpComm::destroyed() const { return impl_->destroyed; }
 int EpComm::num_workspaces() const { return int(impl_->workspaces.size()); }
 
 const EpWorkspace& EpComm::workspace(int ws) const {
-  if (ws < 0 || ws >= num_workspaces())
-    throw Error(ErrorCode::kInvalidArgument, "workspace " + std::to_string(ws) +
-                                                 " does not exist (have " +
-                                                 std::to_string(num_workspaces()) + ")");
+  if (ws < 0 || ws >= num_workspaces() || impl_->workspaces[size_t(ws)].base == nullptr)
+    throw Error(ErrorCode::kInvalidArgument,
+                "workspace " + std::to_string(ws) + " does not exist (have " +
+                    std::to_string(num_workspaces()) + ", freed ones included)");
   return impl_->workspaces[size_t(ws)];
 }
 
-int EpComm::create_workspace(const WorkspaceLayout& layout) {
-  check();
-  Impl& m = *impl_;
-  if (layout.world_size != m.world)
+namespace {
+void check_window_layout(const WorkspaceLayout& layout, int world) {
+  if (layout.world_size != world)
     throw Error(ErrorCode::kInvalidArgument,
                 "workspace layout for " + std::to_string(layout.world_size) +
-                    " ranks, communicator has " + std::to_string(m.world));
+                    " ranks, communicator has " + std::to_string(world));
   if (layout.top_k < 1 || layout.top_k > kEpMaxTopK || layout.capacity < 1 ||
       layout.capacity >= (1 << 23) || layout.hidden % 8 != 0 || layout.act_row_bytes % 16 != 0)
     throw Error(ErrorCode::kInvalidArgument,
                 "workspace layout: top_k " + std::to_string(layout.top_k) + " (1.." +
                     std::to_string(kEpMaxTopK) + "), capacity " + std::to_string(layout.capacity) +
                     " (1..2^23), hidden " + std::to_string(layout.hidden) + " (multiple of 8)");
+}
+}  // namespace
+
+int EpComm::create_workspace(const WorkspaceLayout& layout) {
+  check();
+  Impl& m = *impl_;
+  check_window_layout(layout, m.world);
   EpWorkspace ws;
   ws.layout = layout;
-  ws.bytes = WorkspaceLayout::align_up(layout.total_bytes, NCCL_WIN_REQUIRED_ALIGNMENT);
   m.workspaces.push_back(ws);  // owned from here on, so destroy() frees partial work
-  EpWorkspace& w = m.workspaces.back();
-  void* base = nullptr;
-  nccl_check(ncclMemAlloc(&base, w.bytes), m.comm,
-             "ncclMemAlloc(" + std::to_string(w.bytes) + " bytes)");
-  w.base = static_cast<uint8_t*>(base);
-  nccl_check(ncclCommWindowRegister(m.comm, base, w.bytes, &w.window, NCCL_WIN_COLL_SYMMETRIC),
-             m.comm, "ncclCommWindowRegister(SYMMETRIC)");
-  cuda_check(cudaMalloc(&w.state, sizeof(EpState)), "cudaMalloc(state)");
-  cuda_check(cudaMemsetAsync(w.state, 0, sizeof(EpState), m.stream), "cudaMemset(state)");
-  // Zero signals and counts; the barrier below orders it before any peer's first signal.
-  cuda_check(cudaMemsetAsync(w.base, 0, w.bytes, m.stream), "cudaMemset(window)");
-  w.peer_base.assign(size_t(m.world), nullptr);
-  cuda_check(ep_query_lsa_bases(m.dev_comm, w.window, m.world, w.peer_base.data(), m.stream),
-             "LSA base pointers");
-  for (int r = 0; r < m.world; ++r)
-    if (w.peer_base[size_t(r)] == nullptr)
-      throw Error(ErrorCode::kBackend, "no LSA pointer for rank " + std::to_string(r));
-  m.barrier_nothrow_peer();
+  m.allocate_window(m.workspaces.back(),
+                    WorkspaceLayout::align_up(layout.total_bytes, NCCL_WIN_REQUIRED_ALIGNMENT));
   check();
   return num_workspaces() - 1;
 }
 
+void EpComm::regrow_workspace(int ws, const WorkspaceLayout& layout) {
+  check();
+  Impl& m = *impl_;
+  check_window_layout(layout, m.world);
+  workspace(ws);  // throws for an unknown or freed index
+  const size_t bytes =
+      std::max(m.workspaces[size_t(ws)].bytes,
+               WorkspaceLayout::align_up(layout.total_bytes, NCCL_WIN_REQUIRED_ALIGNMENT));
+  // Our forwards in the old window are done (device sync), then the peers' (barrier).
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before re-making a window");
+  m.barrier_nothrow_peer();
+  check();
+  std::string first;
+  m.free_window(m.workspaces[size_t(ws)], &first);
+  if (!first.empty()) throw Error(ErrorCode::kBackend, "re-making a window: " + first);
+  if (layout.total_bytes > m.workspaces[size_t(ws)].layout.total_bytes)
+    m.workspaces[size_t(ws)].layout = layout;
+  m.allocate_window(m.workspaces[size_t(ws)], bytes);
+  check();
+}
+
+void EpComm::free_workspace(int ws) {
+  Impl& m = *impl_;
+  if (m.destroyed || ws < 0 || ws >= num_workspaces() || m.workspaces[size_t(ws)].base == nullptr)
+    return;
+  std::string first;
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) first = std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(e);
+  if (e == cudaSuccess && !m.read_error()) {
+    try {
+      m.barrier_nothrow_peer();  // no peer still writes into the window
+    } catch (const Error& err) {
+      first = err.what();
+    }
+  }
+  m.free_window(m.workspaces[size_t(ws)], &first);
+  if (!first.empty()) throw Error(ErrorCode::kBackend, "EpComm::free_workspace: " + first);
+}
+
 EpTransport EpComm::transport(int ws, bool warmup) const {
   return impl_->make_transport(&workspace(ws), warmup);
+}
+
+EpTransport EpComm::transport(int ws, const WorkspaceLayout& layout, bool warmup) const {
+  const EpWorkspace& w = workspace(ws);
+  if (layout.total_bytes > w.bytes || layout.world_size != impl_->world ||
+      layout.signals_off != w.layout.signals_off)
+    throw Error(ErrorCode::kInvalidArgument, "workspace " + std::to_string(ws) + ": a layout of " +
+                                                 std::to_string(layout.total_bytes) +
+                                                 " bytes for " + std::to_string(layout.world_size) +
+                                                 " ranks does not fit its window of " +
+                                                 std::to_string(w.bytes) + " bytes");
+  EpTransport tp = impl_->make_transport(&w, warmup);
+  tp.layout = layout;
+  return tp;
 }
 
 void EpComm::set_timeouts(int64_t timeout_ms, int64_t warmup_timeout_ms) {
@@ -451,7 +532,8 @@ void EpComm::abandon(const std::string& why, cudaStream_t stream) {
   }
   if (cs != cudaStreamCaptureStatusNone) stream = m.stream;
   for (const EpWorkspace& ws : m.workspaces)
-    cuda_check(launch_ep_abandon(m.make_transport(&ws, false), stream), "abandon launch");
+    if (ws.base != nullptr)
+      cuda_check(launch_ep_abandon(m.make_transport(&ws, false), stream), "abandon launch");
   if (m.abandoned_why.empty()) m.abandoned_why = why;
   // The sticky record of this rank, unless a wait already wrote one (fields before the flag).
   volatile EpErrorRecord* r = m.error_host;

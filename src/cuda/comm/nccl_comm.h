@@ -75,11 +75,24 @@ class EpComm {
   // Allocates, registers and zeroes a window for `layout` (world_size must match), then a
   // barrier so that no peer signals into it before it is zero. Returns its index. Collective.
   int create_workspace(const WorkspaceLayout& layout);
+  // Re-makes window `ws` larger so that it holds `layout` too (an EP group's pooled workspace,
+  // include/moe_ep/group.h): waits for this rank's work and meets the peers (none still writes
+  // into the old window), frees it, then allocates, registers and zeroes the new one (signals
+  // and the epoch state start again at zero on every rank) and meets the peers again. Keeps the
+  // index. Collective.
+  void regrow_workspace(int ws, const WorkspaceLayout& layout);
+  // Frees window `ws` (its last user is gone): waits for this rank's work, meets the peers
+  // (skipped once a sticky error is set), deregisters and frees it. The index stays taken;
+  // workspace(ws) refuses it afterwards. Collective.
+  void free_workspace(int ws);
   int num_workspaces() const;
   const EpWorkspace& workspace(int ws) const;
 
   // Everything a transport kernel needs for workspace `ws`; `warmup` picks the warmup timeout.
   EpTransport transport(int ws, bool warmup = false) const;
+  // The same with the offsets of `layout` (one layer's geometry in a pooled window, which must
+  // hold it: Error(kInvalidArgument) otherwise).
+  EpTransport transport(int ws, const WorkspaceLayout& layout, bool warmup = false) const;
   void set_timeouts(int64_t timeout_ms, int64_t warmup_timeout_ms);
   int64_t timeout_ms(bool warmup) const;
 
