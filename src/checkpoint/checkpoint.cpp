@@ -126,7 +126,8 @@ CheckpointInfo parse_config(const io::ModelDir& dir) {
   const int L = info.num_hidden_layers;
   if (mt == "qwen3_moe") {
     info.moe_intermediate_size = required_int(f, "moe_intermediate_size", 1, kMaxDim);
-    info.num_experts = required_int(f, "num_experts", 1, kMaxExperts);
+    // Qwen3-MoE names E num_experts; transformers 5 writes it as num_local_experts too.
+    info.num_experts = required_int_any(f, {"num_experts", "num_local_experts"}, 1, kMaxExperts);
     info.top_k = required_int(f, "num_experts_per_tok", 1, info.num_experts);
     const int step =
         f.has("decoder_sparse_step") ? required_int(f, "decoder_sparse_step", 1, kMaxLayers) : 1;

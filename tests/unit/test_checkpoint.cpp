@@ -135,6 +135,21 @@ TEST(Checkpoint, Qwen3PerExpertBf16LoadsBitwiseAndReadsOnlyTheRanksExperts) {
   }
 }
 
+TEST(Checkpoint, Qwen3ExpertCountUnderEitherName) {
+  // transformers 5 may write Qwen3-MoE's num_experts as num_local_experts.
+  ModelDirWriter w;
+  add_per_expert_bf16(w, "mlp.experts.", "gate_proj", "up_proj", "down_proj");
+  std::string cfg = qwen3_config();
+  cfg.replace(cfg.find("\"num_experts\""), 13, "\"num_local_experts\"");
+  w.write(cfg);
+  Checkpoint c(w.dir);
+  EXPECT_EQ(c.info().num_experts, kE);
+  EXPECT_EQ(c.load_layer(0, std::nullopt, 2, 1).experts.num_experts, 2);
+  w.write(R"({"model_type":"qwen3_moe","hidden_size":64,"moe_intermediate_size":64,)"
+          R"("num_experts_per_tok":2,"num_hidden_layers":2})");
+  EXPECT_MENTIONS(load_error(w.dir), "num_experts or num_local_experts is required");
+}
+
 TEST(Checkpoint, MixtralW1IsGateW3IsUpW2IsDown) {
   ModelDirWriter w;
   add_per_expert_bf16(w, "block_sparse_moe.experts.", "w1", "w3", "w2");
