@@ -519,6 +519,7 @@ int cmd_run_model(const Options& o, bool check_only) {
               info.dir.c_str(), info.model_type.c_str(), info.weight_format.c_str(),
               info.hidden_size, info.moe_intermediate_size, info.num_experts, info.top_k,
               info.moe_layers.size(), info.num_hidden_layers);
+  std::fflush(stdout);
   const std::vector<int> layers = layers_of(o.layers, info);
   const std::vector<Recipe> recipes =
       o.recipes == "all" ? std::vector<Recipe>{info.native_recipe} : recipes_of(o.recipes);
