@@ -131,6 +131,29 @@ TEST(CliModel, ComparesWithGoldensWhenTheDirectoryHasThem) {
   EXPECT_EQ(r.out.find("layer 0   bf16"), std::string::npos) << r.out;  // no goldens for it
 }
 
+TEST(CliModel, CommittedModelsMatchTransformersOnTwoRanks) {
+  // tests/data/models (docs/goldens.md): every MoE layer of every committed model, W = 2,
+  // bitwise the reference, and within 5e-3 of transformers' routed output in the native recipe.
+  const std::vector<std::pair<std::string, int>> models = {{"qwen3_moe", 2},
+                                                           {"mixtral", 2},
+                                                           {"deepseek_v3", 1},
+                                                           {"gpt_oss_mxfp4", 2},
+                                                           {"qwen3_moe_nvfp4", 2}};
+  for (const auto& [name, layers] : models) {
+    SCOPED_TRACE(name);
+    const CliResult r = run_cli({"run", "--model", std::string(MOE_EP_MODELS_DIR) + "/" + name,
+                                 "--ranks", "2", "--tokens", "3", "--backend", "cpu"});
+    EXPECT_EQ(r.status, 0) << r.error << r.out;
+    EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("uniform routing"), std::string::npos) << r.out;  // the model's router
+    int passed = 0;
+    for (size_t at = r.out.find("PASS (<= 5e-3)"); at != std::string::npos;
+         at = r.out.find("PASS (<= 5e-3)", at + 1))
+      ++passed;
+    EXPECT_EQ(passed, layers) << r.out;
+  }
+}
+
 TEST(CliModel, RefusesBadArguments) {
   ModelDirWriter w;
   write_qwen3(w);
