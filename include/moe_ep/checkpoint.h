@@ -71,7 +71,8 @@ class Checkpoint {
   // Decoder layer `layer` (one of info().moe_layers), the experts of `rank` of `world_size`, in
   // the layout of `recipe` (default: info().native_recipe). bf16 checkpoints load into any
   // recipe (quantized by pack_expert_weights from their fp32 values); quantized checkpoints
-  // only into recipes of their own format (mxfp4: mxfp4_bf16, mxfp4_mxfp8; nvfp4: nvfp4).
+  // only into recipes of their own format (mxfp4: mxfp4_bf16, mxfp4_mxfp8; nvfp4: nvfp4_bf16,
+  // nvfp4).
   LayerCheckpoint load_layer(int layer, std::optional<Recipe> recipe = std::nullopt,
                              int world_size = 1, int rank = 0) const;
 

@@ -43,7 +43,7 @@ LoadedExperts load_bf16_experts(const ModelDir& dir, const CheckpointInfo& info,
                                 const ExpertRange& range);
 LoadedExperts load_mxfp4_experts(const ModelDir& dir, const CheckpointInfo& info,
                                  const ExpertRange& range);
-// `recipe` is nvfp4 (the epilogue constants depend on the target recipe; nvfp4_epilogue()).
+// `recipe` is nvfp4_bf16 or nvfp4 (the epilogue constants depend on it; nvfp4_epilogue()).
 LoadedExperts load_nvfp4_experts(const ModelDir& dir, const CheckpointInfo& info,
                                  const ExpertRange& range, Recipe recipe);
 
