@@ -216,6 +216,35 @@ def test_nvfp4_error_is_the_recipes_own():
             assert e_lib <= TOL["nvfp4"]
 
 
+def _recipe_known(recipe):
+    try:
+        moe_ep.unsupported_reasons(num_experts=8, max_tokens_per_rank=8, hidden_size=128,
+                                   intermediate_size=64, top_k=2, recipe=recipe)
+        return True
+    except moe_ep.InvalidArgumentError:
+        return False
+
+
+@pytest.mark.skipif(not _recipe_known("nvfp4_bf16"), reason="this build has no nvfp4_bf16 recipe")
+def test_nvfp4_checkpoint_on_nvfp4_bf16():
+    """ModelOpt NVFP4 served as W4A16 (NVFP4 weights, bf16 activations): the model's own weights
+    with only bf16 roundings, so the bf16 bound; its alphas are the weights' global scales alone
+    (no input scale: nothing is quantized at run time), which the float64 check confirms."""
+    nv = [m for m in MODELS if expected_info(m)["weight_format"] == "nvfp4"]
+    assert nv, "no NVFP4 model among the goldens"
+    for name in nv:
+        ckpt = moe_ep.Checkpoint(model_dir(name))
+        for L in golden_layers(name):
+            x, ids, w, ref = layer_inputs(name, L)
+            arrays, cfg = _load(ckpt, L, recipe="nvfp4_bf16")
+            got = float64_moe(arrays, cfg, "nvfp4_bf16", x, ids, w)
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= EXACT_TOL
+            with ckpt.layer(L, recipe="nvfp4_bf16", backend="cpu",
+                            max_tokens_per_rank=len(x)) as lay:
+                err = rel_l2(lay(x, ids, w), ref)
+            assert err <= TOL["nvfp4_bf16"], f"{name} layer {L}: rel L2 {err:.3e}"
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_router_matches_transformers(case):
     """Checkpoint.route (the model's router, optional in the agreed API) on the golden hidden
