@@ -63,6 +63,14 @@ struct UnfinalizedOutput {
   Tensor indices;  // i32 [T, K]: row of each slot in `rows`, -1 for an empty slot
 };
 
+// The same three outputs in caller memory (contiguous, on the layer's device), so that an
+// unfinalized forward allocates nothing and can be captured in a CUDA graph.
+struct UnfinalizedViews {
+  TensorView rows;     // bf16 [T*K, H]
+  TensorView weights;  // f32 [T, K]
+  TensorView indices;  // i32 [T, K]
+};
+
 // Byte views [E_local, bytes_per_expert] of exactly the memory the kernels read.
 struct KernelWeights {
   TensorView fc1_weight, fc1_scale, fc2_weight, fc2_scale;  // scales absent for bf16
@@ -100,8 +108,9 @@ class MegaLayer {
   // next call of ANY layer of the group that uses the same pooled workspace (and until the pool
   // re-makes that workspace larger for a layer built later).
   TensorView forward_view(const ForwardInputs& in);
-  // Only on a layer built with do_finalize = false.
+  // Only on a layer built with do_finalize = false: owned outputs, or the caller's buffers.
   UnfinalizedOutput forward_unfinalized(const ForwardInputs& in);
+  void forward_unfinalized(const ForwardInputs& in, const UnfinalizedViews& out);
 
   // --- workspaces -------------------------------------------------------------------------
   WorkspaceId default_workspace() const;

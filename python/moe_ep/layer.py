@@ -449,13 +449,33 @@ class MoeEpLayer:
         workspace=None,
         stream=None,
         num_tokens=None,
+        out=None,
     ):
         """Only on a layer built with do_finalize=False: UnfinalizedOutput(rows, weights,
-        indices); summing them as in docs/contract.md §3 gives bitwise the finalized output."""
+        indices); summing them as in docs/contract.md §3 gives bitwise the finalized output.
+
+        ``out``: the caller's (rows bf16 [T*K, H], weights float32 [T, K], indices int32 [T, K])
+        on the layer's device, written and returned as an UnfinalizedOutput: no allocation per
+        call, so the forward can be captured in a CUDA graph."""
         self._check_inputs(hidden_states, topk_ids, topk_weights, fc1_alpha, fc2_alpha,
                            fc1_norm_const, num_tokens)
         fc1_alpha, fc2_alpha, fc1_norm_const = self._vectors(fc1_alpha, fc2_alpha, fc1_norm_const)
         x = T.to_extension
+        if out is not None:
+            if not isinstance(out, (tuple, list)) or len(out) != 3:
+                from ._errors import InvalidArgumentError
+
+                raise InvalidArgumentError(
+                    "out= must be the three tensors (rows, weights, indices), got "
+                    f"{type(out).__name__}")
+            for name, a in zip(("rows", "weights", "indices"), out):
+                T.require_tensor(a, name)
+            self._impl.forward_unfinalized_into(
+                x(hidden_states), x(topk_ids), x(topk_weights), x(out[0]), x(out[1]), x(out[2]),
+                x(fc1_alpha), x(fc2_alpha), x(fc1_norm_const), self._ws_index(workspace),
+                T.stream_for(hidden_states, stream), x(num_tokens),
+            )
+            return UnfinalizedOutput(*out)
         rows, weights, indices = self._impl.forward_unfinalized(
             x(hidden_states), x(topk_ids), x(topk_weights), x(fc1_alpha), x(fc2_alpha),
             x(fc1_norm_const), self._ws_index(workspace), T.stream_for(hidden_states, stream),

@@ -543,6 +543,23 @@ NB_MODULE(_moe_ep, m) {
           "fc2_alpha"_a.none(), "fc1_norm_const"_a.none(), "workspace"_a, "stream"_a,
           "num_tokens"_a.none(), "framework"_a)
       .def(
+          "forward_unfinalized_into",
+          [](PyLayer& s, const InArray& x, const InArray& ids, const InArray& w,
+             const OutArray& rows, const OutArray& weights, const OutArray& indices,
+             const std::optional<InArray>& a1, const std::optional<InArray>& a2,
+             const std::optional<InArray>& nc, int workspace, uintptr_t stream,
+             const std::optional<InArray>& ntok) {
+            MegaLayer& layer = s.get();
+            const ForwardInputs in = make_inputs(x, ids, w, a1, a2, nc, workspace, stream, ntok);
+            const UnfinalizedViews o{to_view(rows, "rows"), to_view(weights, "weights"),
+                                     to_view(indices, "indices")};
+            nb::gil_scoped_release release;
+            layer.forward_unfinalized(in, o);
+          },
+          "hidden_states"_a, "topk_ids"_a, "topk_weights"_a, "rows"_a, "weights"_a, "indices"_a,
+          "fc1_alpha"_a.none(), "fc2_alpha"_a.none(), "fc1_norm_const"_a.none(), "workspace"_a,
+          "stream"_a, "num_tokens"_a.none())
+      .def(
           "warmup",
           [](PyLayer& s, int ws) {
             MegaLayer& layer = s.get();

@@ -356,18 +356,33 @@ TensorView MegaLayer::forward_view(const ForwardInputs& in) {
 
 UnfinalizedOutput MegaLayer::forward_unfinalized(const ForwardInputs& in) {
   auto& b = live("forward_unfinalized");
-  const ValidatedForward v = check_call(*this, b, in, false, nullptr);
-  const int64_t T = v.tokens, K = config_.recipe.top_k, H = config_.fleet.hidden_size;
+  const int64_t T = in.hidden_states.ndim == 2 ? in.hidden_states.shape[0] : 0;
+  const int64_t K = config_.recipe.top_k, H = config_.fleet.hidden_size;
   UnfinalizedOutput o;
   o.rows = b.allocate(DType::kBF16, {T * K, H});
   o.weights = b.allocate(DType::kF32, {T, K});
   o.indices = b.allocate(DType::kI32, {T, K});
-  ForwardTargets t;
-  t.rows = o.rows.view();
-  t.weights = o.weights.view();
-  t.indices = o.indices.view();
-  b.forward(v, t);
+  forward_unfinalized(in, UnfinalizedViews{o.rows.view(), o.weights.view(), o.indices.view()});
   return o;
+}
+
+void MegaLayer::forward_unfinalized(const ForwardInputs& in, const UnfinalizedViews& out) {
+  auto& b = live("forward_unfinalized");
+  const ValidatedForward v = check_call(*this, b, in, false, nullptr);
+  const int64_t T = v.tokens, K = config_.recipe.top_k, H = config_.fleet.hidden_size;
+  try {
+    expect_tensor(out.rows, "rows", DType::kBF16, {T * K, H}, b.device(), true);
+    expect_tensor(out.weights, "weights", DType::kF32, {T, K}, b.device(), true);
+    expect_tensor(out.indices, "indices", DType::kI32, {T, K}, b.device(), true);
+  } catch (const Error& e) {
+    b.abandon_call(e.what());
+    throw;
+  }
+  ForwardTargets t;
+  t.rows = out.rows;
+  t.weights = out.weights;
+  t.indices = out.indices;
+  b.forward(v, t);
 }
 
 KernelWeights MegaLayer::kernel_weights() { return live("kernel_weights").kernel_weights(); }

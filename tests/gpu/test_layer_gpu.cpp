@@ -556,6 +556,71 @@ TEST(GpuLayer, UnfinalizedMatchesFinalized) {
   }
 }
 
+// An unfinalized forward into the caller's buffers allocates nothing: captured in a CUDA graph
+// and replayed into poisoned buffers, it gives bitwise the owned-output forward's rows (live
+// slots), weights and indices.
+TEST(GpuLayer, UnfinalizedIntoCallerBuffersUnderGraphCapture) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  Master m(s, 18);
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Bf16, Recipe::kBf16}) {
+    SCOPED_TRACE(recipe_name(r));
+    const PackedExperts p = pack(s, r, m, Options{});
+    auto unf = make_layer(Backend::kCUDA, make_config(s, r, 64, false, Options{}), p);
+    unf->warmup();
+    HostInputs h = make_inputs(37, s.H, s.K, s.E, 22);
+    DeviceInputs d(h);
+    const UnfinalizedOutput ref = unf->forward_unfinalized(device_view(d, h));
+    const std::vector<uint16_t> ref_rows = to_host_bf16(ref.rows.view());
+    const size_t pairs = size_t(h.T) * s.K;
+    PoisonedOut rows(pairs * s.H);
+    void *w = nullptr, *idx = nullptr;
+    cudaMalloc(&w, pairs * 4);
+    cudaMalloc(&idx, pairs * 4);
+    const Device dev{DeviceKind::kCUDA, 0};
+    const UnfinalizedViews views{
+        TensorView::contiguous(rows.p, DType::kBF16, {int64_t(pairs), s.H}, dev),
+        TensorView::contiguous(w, DType::kF32, {h.T, s.K}, dev),
+        TensorView::contiguous(idx, DType::kI32, {h.T, s.K}, dev)};
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    ForwardInputs in = device_view(d, h);
+    in.stream = st;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    unf->forward_unfinalized(in, views);
+    ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaMemset(w, 0xff, pairs * 4);
+    cudaMemset(idx, 0xff, pairs * 4);
+    ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    const std::vector<uint16_t> got_rows = rows.host();
+    std::vector<float> got_w(pairs), ref_w(pairs);
+    std::vector<int32_t> got_i(pairs), ref_i(pairs);
+    cudaMemcpy(got_w.data(), w, pairs * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_i.data(), idx, pairs * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(ref_w.data(), ref.weights.view().data, pairs * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(ref_i.data(), ref.indices.view().data, pairs * 4, cudaMemcpyDeviceToHost);
+    EXPECT_TRUE(got_w == ref_w);
+    EXPECT_TRUE(got_i == ref_i);
+    EXPECT_TRUE(any_nonzero(got_rows));
+    for (size_t pr = 0; pr < pairs; ++pr) {
+      if (ref_i[pr] < 0) continue;
+      const size_t row = size_t(ref_i[pr]) * s.H;
+      ASSERT_TRUE(std::equal(got_rows.begin() + row, got_rows.begin() + row + s.H,
+                             ref_rows.begin() + row))
+          << "slot " << pr;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+    cudaFree(w);
+    cudaFree(idx);
+  }
+}
+
 // Graph capture at T rows, replayed with device-side token counts n <= T, equals the eager
 // forward of the first n rows (rows past n are zero).
 TEST(GpuLayer, GraphReplayWithNumTokens) {

@@ -133,6 +133,18 @@ def test_finalized_equals_sum_of_unfinalized(recipe):
     with make_layer(pack, recipe) as fin, make_layer(pack, recipe, do_finalize=False) as unf:
         out = fin(x, ids, w)
         rows, weights, indices = unf.forward_unfinalized(x, ids, w)
+        # Into the caller's buffers (poisoned first): the same bits, the same arrays back.
+        bufs = (np.full((13 * K, H), 0xFFFF, np.uint16), np.full((13, K), np.nan, np.float32),
+                np.full((13, K), -7, np.int32))
+        got = unf.forward_unfinalized(x, ids, w, out=bufs)
+        assert all(g is b for g, b in zip(got, bufs))
+        live_rows = indices[indices >= 0]
+        assert np.array_equal(bufs[0][live_rows], rows[live_rows])
+        assert np.array_equal(bufs[1], weights) and np.array_equal(bufs[2], indices)
+        with pytest.raises(moe_ep.InvalidArgumentError, match=r"rows.*dim 0 is 13, expected 26"):
+            unf.forward_unfinalized(x, ids, w, out=(bufs[0][:13], bufs[1], bufs[2]))
+        with pytest.raises(moe_ep.InvalidArgumentError, match="three tensors"):
+            unf.forward_unfinalized(x, ids, w, out=bufs[:2])
     assert rows.shape == (13 * K, H) and rows.dtype == np.uint16
     assert weights.shape == (13, K) and weights.dtype == np.float32
     assert indices.shape == (13, K) and indices.dtype == np.int32
