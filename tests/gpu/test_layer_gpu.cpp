@@ -609,8 +609,8 @@ TEST(GpuLayer, UnfinalizedIntoCallerBuffersUnderGraphCapture) {
     for (size_t pr = 0; pr < pairs; ++pr) {
       if (ref_i[pr] < 0) continue;
       const size_t row = size_t(ref_i[pr]) * s.H;
-      ASSERT_TRUE(std::equal(got_rows.begin() + row, got_rows.begin() + row + s.H,
-                             ref_rows.begin() + row))
+      ASSERT_TRUE(
+          std::equal(got_rows.begin() + row, got_rows.begin() + row + s.H, ref_rows.begin() + row))
           << "slot " << pr;
     }
     cudaGraphExecDestroy(exec);
