@@ -7,8 +7,9 @@
 // group and of the same layer built alone (each forward captured in a CUDA graph, >= 20 timed
 // replays), and of the whole sequence of layers in one graph (each layer's output the next one's
 // input) divided by the layer count.
+// --json PATH writes one record per token count; MOE_EP_COMMIT names the tree's commit in them.
 //   bench_group [--layers N] [--experts E] [--capacity C] [--tokens 1,128,4096]
-//               [--recipe nvfp4|mxfp4_mxfp8|mxfp4_bf16|bf16] [--iters N]
+//               [--recipe nvfp4|mxfp4_mxfp8|mxfp4_bf16|bf16] [--iters N] [--json PATH]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -124,33 +125,38 @@ int main(int argc, char** argv) {
   const int H = 7168, I = 2048, K = 8;
   std::vector<int> tokens = {1, 128, 4096};
   Recipe recipe = Recipe::kNvfp4;
+  std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : "";
-    if (a == "--layers")
-      layers = std::atoi(v), ++i;
-    else if (a == "--experts")
-      E = std::atoi(v), ++i;
-    else if (a == "--capacity")
-      capacity = std::atoi(v), ++i;
-    else if (a == "--iters")
-      iters = std::max(20, std::atoi(v)), ++i;
-    else if (a == "--tokens")
-      tokens = parse_ints(v), ++i;
-    else if (a == "--recipe") {
-      const auto r = parse_recipe(v);
-      if (!r) {
-        std::fprintf(stderr, "unknown recipe %s\n", v);
-        return 1;
-      }
-      recipe = *r, ++i;
-    } else {
+    const std::string v = i + 1 < argc ? argv[i + 1] : "";
+    const bool known = a == "--layers" || a == "--experts" || a == "--capacity" || a == "--iters" ||
+                       a == "--tokens" || a == "--recipe" || a == "--json";
+    if (!known || i + 1 >= argc) {
       std::fprintf(stderr,
                    "usage: %s [--layers N] [--experts E] [--capacity C] [--tokens a,b] "
-                   "[--recipe R] [--iters N]\n",
+                   "[--recipe R] [--iters N] [--json PATH]\n",
                    argv[0]);
       return 1;
     }
+    ++i;
+    if (a == "--layers") layers = std::atoi(v.c_str());
+    if (a == "--experts") E = std::atoi(v.c_str());
+    if (a == "--capacity") capacity = std::atoi(v.c_str());
+    if (a == "--iters") iters = std::max(20, std::atoi(v.c_str()));
+    if (a == "--tokens") tokens = parse_ints(v);
+    if (a == "--json") json_path = v;
+    if (a == "--recipe") {
+      const auto r = parse_recipe(v);
+      if (!r) {
+        std::fprintf(stderr, "unknown recipe %s\n", v.c_str());
+        return 1;
+      }
+      recipe = *r;
+    }
+  }
+  if (layers < 1 || E < 1 || capacity < 1 || tokens.empty()) {
+    std::fprintf(stderr, "--layers, --experts, --capacity and --tokens must be >= 1\n");
+    return 1;
   }
   for (int t : tokens)
     if (t < 1 || t > capacity) {
@@ -216,6 +222,13 @@ int main(int argc, char** argv) {
       group->pool_bytes() / 1073741824.0, group->num_pooled_workspaces(),
       double(layers) * ws_one / 1073741824.0, ws_one / 1073741824.0);
 
+  const char* commit = std::getenv("MOE_EP_COMMIT");
+  FILE* js = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (!json_path.empty() && !js) {
+    std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
+    return 1;
+  }
+  if (js) std::fprintf(js, "[\n");
   cudaStream_t st = nullptr;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::printf("  %8s %14s %14s %22s\n", "tokens", "group_us", "alone_us", "sequence_us/layer");
@@ -250,7 +263,22 @@ int main(int argc, char** argv) {
         model[l]->forward(inputs(l == 0 ? x : (l % 2 ? out_a : out_b)), l % 2 ? ob : oa);
     });
     std::printf("  %8d %14.1f %14.1f %22.1f\n", T, g_us, a_us, seq_us / layers);
+    if (js)
+      std::fprintf(js,
+                   "%s  {\"commit\": \"%s\", \"bench\": \"group\", \"recipe\": \"%s\", "
+                   "\"layers\": %d, \"H\": %d, \"I\": %d, \"E\": %d, \"K\": %d, "
+                   "\"capacity\": %d, \"tokens_per_rank\": %d, \"group_us\": %.2f, "
+                   "\"alone_us\": %.2f, \"sequence_us_per_layer\": %.2f, "
+                   "\"pool_bytes\": %zu, \"workspace_bytes_alone\": %zu, "
+                   "\"group_device_bytes\": %zu}",
+                   T == tokens.front() ? "" : ",\n", commit ? commit : "", recipe_name(recipe),
+                   layers, H, I, E, K, capacity, T, g_us, a_us, seq_us / layers,
+                   group->pool_bytes(), ws_one, used);
     for (void* q : {x, d_ids, d_w, out_a, out_b}) CK(cudaFree(q));
+  }
+  if (js) {
+    std::fprintf(js, "\n]\n");
+    std::fclose(js);
   }
   CK(cudaStreamDestroy(st));
   alone.reset();

@@ -607,7 +607,8 @@ int run_ep(int world, const Shape& s, const std::vector<std::string>& rn,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path, shape_name = "dsv3", recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16";
+  std::string json_path, shape_name = "dsv3",
+                         recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16,nvfp4_bf16";
   std::vector<int> tokens = {1, 8, 32, 128, 512, 1024, 2048, 4096};
   int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0;
   std::string routing = "both";

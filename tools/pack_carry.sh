@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD_DIR:-build}
 [ -f "$BUILD/build.ninja" ] || { echo "run ./scripts/test.sh first (configures $BUILD)"; exit 1; }
-targets=(moe_ep_gpu_tests moe_ep_multigpu_tests bench_layer moe-ep)
+targets=(moe_ep_gpu_tests moe_ep_multigpu_tests bench_layer bench_group moe-ep)
 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"
 mkdir -p build-carry
 (cd "$BUILD" && tar -cf - tests/moe_ep_gpu_tests tests/multigpu/moe_ep_multigpu_tests \
-  bench/bench_layer moe-ep) | xz -9 -T1 >build-carry/bins.tar.xz
+  bench/bench_layer bench/bench_group moe-ep) | xz -9 -T1 >build-carry/bins.tar.xz
 echo "build-carry/bins.tar.xz: $(du -h build-carry/bins.tar.xz | cut -f1) ($(git describe --always --dirty))"

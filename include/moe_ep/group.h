@@ -54,7 +54,8 @@ class EpGroup {
   void destroy();
   bool destroyed() const;
 
-  struct Impl;  // src/layer/group_pool.h
+  // The library's own access to the transport and the pool (src/layer/group_pool.h).
+  struct Impl;
   Impl& impl() const { return *impl_; }
 
  private:
