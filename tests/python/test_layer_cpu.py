@@ -426,12 +426,16 @@ def test_unsupported_configuration(bf16_pack):
     text = "\n".join(reasons)
     assert len(reasons) == 2
     assert "W = 3" in text and "H = 100" in text
-    # gpt-oss's semantics: the CPU backend runs them; the CUDA backend names each.
+    # gpt-oss's semantics: the CPU backend runs them with every recipe; the CUDA backend with
+    # the bf16-activation recipes and names each for the others.
     oai = dict(num_experts=8, max_tokens_per_rank=16, hidden_size=H, intermediate_size=I, top_k=2,
                has_expert_bias=True, swiglu_alpha=1.702, swiglu_beta=1.0)
-    assert moe_ep.unsupported_reasons(**oai) == []
-    cuda_text = "\n".join(moe_ep.unsupported_reasons(**oai, backend="cuda"))
+    assert moe_ep.unsupported_reasons(**oai, recipe="nvfp4") == []
+    cuda_text = "\n".join(moe_ep.unsupported_reasons(**oai, recipe="nvfp4", backend="cuda"))
     assert "bias" in cuda_text and "1.702" in cuda_text
+    for recipe in ("bf16", "mxfp4_bf16", "nvfp4_bf16"):
+        text = "\n".join(moe_ep.unsupported_reasons(**oai, recipe=recipe, backend="cuda"))
+        assert "bias" not in text and "1.702" not in text, (recipe, text)
     assert moe_ep.unsupported_reasons(num_experts=8, max_tokens_per_rank=16, hidden_size=H,
                                       intermediate_size=I, top_k=2) == []
     if not moe_ep.cuda_backend_available():
