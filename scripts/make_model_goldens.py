@@ -461,10 +461,24 @@ def _load_all(path):
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
 
 
+def _canonical_slot_order(tensors):
+    """Each token's top-k slots sorted by expert id, ids and weights together: a router whose
+    top-k is unsorted (DeepSeek-V3's torch.topk(sorted=False)) returns the same choice in another
+    slot order on another device, and the layer's output does not depend on the order."""
+    for k in [k for k in tensors if k.endswith(".topk_ids")]:
+        w = k[: -len("topk_ids")] + "topk_weights"
+        if w not in tensors:
+            continue
+        ids = tensors[k].long()
+        order = torch.argsort(ids, dim=-1, stable=True)
+        tensors[k] = torch.gather(tensors[k], -1, order.to(torch.int64))
+        tensors[w] = torch.gather(tensors[w], -1, order.to(torch.int64))
+
+
 def compare_dirs(new, old, rtol):
     """Differences between a regenerated model directory and the committed one: file names,
-    config JSON, checkpoint tensors bitwise, golden inputs and ids exactly, golden outputs within
-    rtol of their largest magnitude."""
+    config JSON, checkpoint tensors bitwise, golden inputs and ids exactly (each token's slots in
+    expert order), golden outputs within rtol of their largest magnitude."""
     problems = []
     files_new, files_old = sorted(os.listdir(new)), sorted(os.listdir(old))
     if files_new != files_old:
@@ -484,6 +498,9 @@ def compare_dirs(new, old, rtol):
         if sorted(ta) != sorted(tb):
             problems.append(f"{f}: tensor names differ")
             continue
+        if f == "goldens.safetensors":
+            _canonical_slot_order(ta)
+            _canonical_slot_order(tb)
         for k in sorted(ta):
             x, y = ta[k], tb[k]
             if x.dtype != y.dtype or x.shape != y.shape:
