@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   const ModelShape shape{"seed", 64, 64, 2, 2};
   int n = 0;
-  for (Recipe r : {Recipe::kNvfp4, Recipe::kMxfp4Mxfp8, Recipe::kMxfp4Bf16, Recipe::kBf16}) {
+  for (Recipe r : kAllRecipes) {
     for (int W : {1, 2}) {
       const int T = W == 1 ? 3 : 1;
       Problem p =
