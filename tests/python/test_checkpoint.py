@@ -7,7 +7,6 @@ convert_moe_packed_tensors dequantizes: gate = rows 0::2, up = rows 1::2 of gate
 the loader's own de-interleaving."""
 
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from safetensors.numpy import save_file
 
 import moe_ep
 import numpy_reference as R
+from rank_threads import run_ranks
 
 E, H, I, K, L = 4, 64, 64, 2, 2
 FP4 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
@@ -135,24 +135,16 @@ def test_layers_on_one_and_two_ranks_match_gpt_oss_math(gpt_oss_dir):
 
     W = 2
     fleet = moe_ep.CpuFleet(W)
-    outs, errors = [None] * W, []
+    outs = [None] * W
 
     def rank_main(r):
-        try:
-            layer = ckpt.layer(1, rank=r, world_size=W, max_tokens_per_rank=T, backend="cpu",
-                               cpu_fleet=fleet)
-            sl = slice(r * T // W, (r + 1) * T // W)
-            outs[r] = layer(x_bits[sl], ids[sl], w[sl])
-            layer.destroy()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append((r, e))
+        layer = ckpt.layer(1, rank=r, world_size=W, max_tokens_per_rank=T, backend="cpu",
+                           cpu_fleet=fleet)
+        sl = slice(r * T // W, (r + 1) * T // W)
+        outs[r] = layer(x_bits[sl], ids[sl], w[sl])
+        layer.destroy()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(W)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=120)
-    assert not errors, errors
+    run_ranks(W, rank_main)
     assert np.array_equal(np.concatenate(outs), out1)  # W = 2 bitwise W = 1
 
 

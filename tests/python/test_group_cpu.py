@@ -1,12 +1,11 @@
 """moe_ep.EpGroup from Python on the CPU backend (runs in CI): layers built from one group share
 its workspace pool and give bitwise the outputs of separately built layers."""
 
-import threading
-
 import numpy as np
 import pytest
 
 import moe_ep
+from rank_threads import run_ranks
 from test_layer_cpu import CAP, E, H, inputs, make_layer, master_weights
 
 
@@ -65,30 +64,22 @@ def test_group_excludes_bootstrap_arguments(packs):
 def test_group_of_two_cpu_ranks(packs):
     W = 2
     fleet = moe_ep.CpuFleet(W)
-    outs, errors = {}, []
+    outs = {}
 
     def rank_main(r):
-        try:
-            group = moe_ep.EpGroup(world_size=W, rank=r, backend="cpu", cpu_fleet=fleet)
-            sl = dict(first=r * E // W, count=E // W)
-            grouped = [make_layer(p, group=group, **sl) for p in packs]
-            alone = [make_layer(p, world_size=W, rank=r, cpu_fleet=fleet, **sl) for p in packs]
-            for step, i in enumerate([1, 0, 2, 1]):
-                x, ids, w = inputs(2 + step + r, seed=70 + 10 * step + r)
-                outs[(r, step)] = (grouped[i](x, ids, w), alone[i](x, ids, w))
-            outs[(r, "pool")] = (group.pool_bytes, alone[0].workspace_bytes())
-            for layer in grouped + alone:
-                layer.destroy()
-            group.destroy()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append((r, e))
+        group = moe_ep.EpGroup(world_size=W, rank=r, backend="cpu", cpu_fleet=fleet)
+        sl = dict(first=r * E // W, count=E // W)
+        grouped = [make_layer(p, group=group, **sl) for p in packs]
+        alone = [make_layer(p, world_size=W, rank=r, cpu_fleet=fleet, **sl) for p in packs]
+        for step, i in enumerate([1, 0, 2, 1]):
+            x, ids, w = inputs(2 + step + r, seed=70 + 10 * step + r)
+            outs[(r, step)] = (grouped[i](x, ids, w), alone[i](x, ids, w))
+        outs[(r, "pool")] = (group.pool_bytes, alone[0].workspace_bytes())
+        for layer in grouped + alone:
+            layer.destroy()
+        group.destroy()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(W)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    run_ranks(W, rank_main)
     for key, (got, want) in outs.items():
         if key[1] == "pool":
             assert got == want, key

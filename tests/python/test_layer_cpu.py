@@ -3,13 +3,13 @@
 The oracle is numpy_reference.py, written from docs/contract.md §3 independently of the C++
 code."""
 
-import threading
 
 import numpy as np
 import pytest
 
 import moe_ep
 import numpy_reference as R
+from rank_threads import run_ranks
 
 E, H, I, K, CAP = 8, 128, 64, 2, 16
 TOL = 5e-3  # docs/contract.md §7: relative L2
@@ -170,25 +170,17 @@ def test_two_ranks_on_threads(bf16_pack):
     assert fleet.world_size == W
     tokens = [7, 0]  # unequal T, one rank with none
     data = [inputs(t, seed=10 + r) for r, t in enumerate(tokens)]
-    outs, errors = [None] * W, []
+    outs = [None] * W
 
     def rank_main(r):
-        try:
-            layer = make_layer(bf16_pack, first=r * E // W, count=E // W, world_size=W, rank=r,
-                               cpu_fleet=fleet)
-            assert layer.rank == r and layer.world_size == W and layer.num_local_experts == E // W
-            layer.warmup()
-            outs[r] = [layer(*data[r]) for _ in range(2)]
-            layer.destroy()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append((r, e))
+        layer = make_layer(bf16_pack, first=r * E // W, count=E // W, world_size=W, rank=r,
+                           cpu_fleet=fleet)
+        assert layer.rank == r and layer.world_size == W and layer.num_local_experts == E // W
+        layer.warmup()
+        outs[r] = [layer(*data[r]) for _ in range(2)]
+        layer.destroy()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(W)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    run_ranks(W, rank_main)
     for r in range(W):
         ref = reference(bf16_pack, "bf16", *data[r])
         assert outs[r][0].shape == (tokens[r], H)
@@ -202,27 +194,19 @@ def test_four_ranks_collective_workspace_selection(bf16_pack):
     fleet = moe_ep.CpuFleet(W)
     tokens = [3, 0, 4, 1]  # the largest T (4) decides the workspace on every rank
     data = [inputs(t, seed=30 + r) for r, t in enumerate(tokens)]
-    chosen, outs, errors = [None] * W, [None] * W, []
+    chosen, outs = [None] * W, [None] * W
 
     def rank_main(r):
-        try:
-            layer = make_layer(bf16_pack, first=r * E // W, count=E // W, world_size=W, rank=r,
-                               cpu_fleet=fleet)
-            small = layer.create_workspace(4)
-            layer.create_workspace(8)
-            ws = layer.select_workspace(tokens[r], collective=True)
-            chosen[r] = (ws, small)
-            outs[r] = layer(*data[r], workspace=ws)
-            layer.destroy()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append((r, e))
+        layer = make_layer(bf16_pack, first=r * E // W, count=E // W, world_size=W, rank=r,
+                           cpu_fleet=fleet)
+        small = layer.create_workspace(4)
+        layer.create_workspace(8)
+        ws = layer.select_workspace(tokens[r], collective=True)
+        chosen[r] = (ws, small)
+        outs[r] = layer(*data[r], workspace=ws)
+        layer.destroy()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(W)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    run_ranks(W, rank_main)
     for r in range(W):
         ws, small = chosen[r]
         assert ws == small  # capacity 4, on every rank, also those with fewer tokens

@@ -9,7 +9,6 @@ compared with transformers' output."""
 
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from safetensors.numpy import load_file
 
 import moe_ep
 import numpy_reference as R
+from rank_threads import run_ranks
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "models")
 MODELS = sorted(
@@ -280,25 +280,17 @@ def test_two_ranks_equal_one_bitwise(case):
     W, split = 2, (T * 5) // 8
     shares = [slice(0, split), slice(split, T)]
     fleet = moe_ep.CpuFleet(W)
-    outs, errors = [None] * W, []
+    outs = [None] * W
 
     def rank_main(r):
-        try:
-            lay = ckpt.layer(L, backend="cpu", rank=r, world_size=W, cpu_fleet=fleet,
-                             max_tokens_per_rank=T)
-            assert lay.num_local_experts == ckpt.info["num_experts"] // W
-            s = shares[r]
-            outs[r] = lay(x[s], ids[s], w[s])
-            lay.destroy()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append((r, e))
+        lay = ckpt.layer(L, backend="cpu", rank=r, world_size=W, cpu_fleet=fleet,
+                         max_tokens_per_rank=T)
+        assert lay.num_local_experts == ckpt.info["num_experts"] // W
+        s = shares[r]
+        outs[r] = lay(x[s], ids[s], w[s])
+        lay.destroy()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(W)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    run_ranks(W, rank_main)
     assert np.array_equal(np.concatenate(outs), expected)
 
 
