@@ -12,36 +12,17 @@
 #include <string>
 #include <vector>
 
+#include "gpu/gpu_test_util.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/group.h"
 #include "moe_ep/layer.h"
 #include "moe_ep/weight_prep.h"
+#include "unit/layer_test_util.h"
 
 namespace moe_ep {
 namespace {
 
-bool gpu_present() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device"
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-float unit_rand(uint64_t seed, uint64_t i) {
-  return float(mix64(seed * 0x100000001b3ull + i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
+using namespace gpu_test;
 
 struct Geometry {
   Recipe recipe;
@@ -49,22 +30,12 @@ struct Geometry {
 };
 
 LayerConfig config_of(const Geometry& g, int capacity) {
-  LayerConfig c;
-  c.fleet.num_experts = g.E;
-  c.fleet.max_tokens_per_rank = capacity;
-  c.fleet.hidden_size = g.H;
-  c.recipe.recipe = g.recipe;
-  c.recipe.intermediate_size = g.I;
-  c.recipe.top_k = g.K;
-  return c;
+  return test::make_config(g.recipe, g.E, capacity, g.H, g.I, g.K);
 }
 
 PackedExperts random_experts(const Geometry& g, uint64_t seed) {
-  std::vector<float> w13(size_t(g.E) * 2 * g.I * g.H), w2(size_t(g.E) * g.H * g.I);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < int64_t(w13.size()); ++i) w13[i] = 0.06f * unit_rand(seed, i);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < int64_t(w2.size()); ++i) w2[i] = 0.06f * unit_rand(seed + 1, i);
+  const std::vector<float> w13 = random_vec(size_t(g.E) * 2 * g.I * g.H, seed, 0.06f);
+  const std::vector<float> w2 = random_vec(size_t(g.E) * g.H * g.I, seed + 1, 0.06f);
   return pack_expert_weights(g.recipe, w13.data(), w2.data(), g.E, g.H, g.I);
 }
 
@@ -81,21 +52,21 @@ struct DeviceTokens {
   DeviceTokens(int t, const Geometry& g, uint64_t seed) : T(t), H(g.H), K(g.K) {
     std::vector<uint16_t> hx(size_t(T) * H);
     for (size_t i = 0; i < hx.size(); ++i)
-      hx[i] = fmt::float_to_bf16((1.0f + 3.0f * float((i / H) % 4)) * unit_rand(seed, i));
+      hx[i] = fmt::float_to_bf16((1.0f + 3.0f * float((i / H) % 4)) * urand(seed, i));
     std::vector<int32_t> hid(size_t(T) * K);
     std::vector<float> hw(size_t(T) * K);
     for (int i = 0; i < T; ++i) {
       std::vector<int> used;
       for (int k = 0; k < K; ++k) {
-        uint64_t r = mix64(seed * 7919 + i * 131 + k);
+        uint64_t r = mix(seed * 7919 + i * 131 + k);
         int e;
         do {
           e = int(r % uint64_t(g.E));
-          r = mix64(r);
+          r = mix(r);
         } while (std::find(used.begin(), used.end(), e) != used.end());
         used.push_back(e);
         hid[size_t(i) * K + k] = (i % 5 == 4 && k == K - 1) ? -1 : e;
-        hw[size_t(i) * K + k] = 0.05f + 0.45f * (1.0f + unit_rand(seed + 3, size_t(i) * K + k));
+        hw[size_t(i) * K + k] = 0.05f + 0.45f * (1.0f + urand(seed + 3, size_t(i) * K + k));
       }
     }
     cudaMalloc(&x, std::max<size_t>(16, hx.size() * 2));

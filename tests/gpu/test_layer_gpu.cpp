@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "edge_activations.h"
+#include "gpu/gpu_test_util.h"
 #include "kernels/common/forward_args.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/layer.h"
@@ -26,37 +27,7 @@
 namespace moe_ep {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-// Uniform in [-1, 1), a pure function of (seed, i) so generation can be parallel.
-float urand(uint64_t seed, uint64_t i) {
-  return float(mix(seed * 0x100000001b3ull + i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
-
-std::vector<float> random_vec(size_t n, uint64_t seed, float scale) {
-  std::vector<float> v(n);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < int64_t(n); ++i) v[i] = scale * urand(seed, i);
-  return v;
-}
+using namespace gpu_test;
 
 struct Shape {
   const char* name;
