@@ -20,48 +20,22 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "cuda_check.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/group.h"
 #include "moe_ep/layer.h"
 
 using namespace moe_ep;
+using namespace moe_ep::bench;
 
 namespace {
 
-__device__ __forceinline__ uint64_t hash64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// kind 0: random bytes; 1: E4M3 scales in [0x20, 0x2f]; 2: UE8M0 in [119, 123]; 3: bf16 in
-// +-0.05; 4: bf16 in +-2.
-__global__ void fill_kernel(uint8_t* p, size_t n, uint64_t seed, int kind) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const uint64_t h = hash64(seed * 0x100000001b3ull + i);
-    if (kind == 0) {
-      p[i] = uint8_t(h);
-    } else if (kind == 1) {
-      p[i] = uint8_t(0x20 + (h & 15));
-    } else if (kind == 2) {
-      p[i] = uint8_t(119 + h % 5);
-    } else if (i % 2 == 0) {
-      const float u = float(h >> 40) / 16777216.0f * 2.0f - 1.0f;
-      const uint16_t b = fmt::float_to_bf16(u * (kind == 3 ? 0.05f : 2.0f));
-      p[i] = uint8_t(b);
-      if (i + 1 < n) p[i + 1] = uint8_t(b >> 8);
-    }
-  }
-}
-
+// A device buffer of n bytes filled as bench::fill's `kind` says.
 void* filled(size_t n, uint64_t seed, int kind) {
   void* p = nullptr;
   CK(cudaMalloc(&p, std::max<size_t>(n, 16)));
-  fill_kernel<<<132 * 8, 256>>>(static_cast<uint8_t*>(p), n, seed, kind);
-  CK(cudaGetLastError());
+  fill(p, n, seed, kind);
   return p;
 }
 
@@ -70,11 +44,6 @@ size_t free_bytes() {
   CK(cudaDeviceSynchronize());
   CK(cudaMemGetInfo(&f, &t));
   return f;
-}
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // Median µs of `iters` replays of the graph `record` captures on `st` (3 warm-up replays).
@@ -87,35 +56,11 @@ double time_graph(cudaStream_t st, int iters, Record&& record) {
   CK(cudaStreamEndCapture(st, &g));
   CK(cudaGraphInstantiate(&ex, g, 0));
   for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ex, st));
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
-  for (int it = 0; it < iters; ++it) {
-    CK(cudaEventRecord(ev[2 * it], st));
-    CK(cudaGraphLaunch(ex, st));
-    CK(cudaEventRecord(ev[2 * it + 1], st));
-  }
-  CK(cudaStreamSynchronize(st));
-  std::vector<float> us(iters);
-  for (int it = 0; it < iters; ++it) {
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
-    us[it] = ms * 1000;
-  }
-  for (auto& e : ev) CK(cudaEventDestroy(e));
+  const std::vector<float> us = time_between_events(
+      st, iters, [](int) {}, [&](int) { CK(cudaGraphLaunch(ex, st)); });
   CK(cudaGraphExecDestroy(ex));
   CK(cudaGraphDestroy(g));
   return median(us);
-}
-
-std::vector<int> parse_ints(const std::string& s) {
-  std::vector<int> v;
-  for (size_t i = 0; i < s.size();) {
-    const size_t j = s.find(',', i);
-    v.push_back(std::atoi(s.substr(i, j - i).c_str()));
-    if (j == std::string::npos) break;
-    i = j + 1;
-  }
-  return v;
 }
 
 }  // namespace
@@ -165,7 +110,6 @@ int main(int argc, char** argv) {
     }
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));
-  const RecipeTraits tr = recipe_traits(recipe);
   LayerConfig c;
   c.fleet.num_experts = E;
   c.fleet.max_tokens_per_rank = capacity;
@@ -177,29 +121,9 @@ int main(int argc, char** argv) {
   // Checkpoint-layout weights of one layer (seeded per layer), made on the GPU and freed after
   // the layer preprocessed them.
   auto build = [&](std::shared_ptr<EpGroup> group, int seed) {
-    const int64_t w13_cols = tr.weights_4bit ? H / 2 : H, w2_cols = tr.weights_4bit ? I / 2 : I;
-    const size_t elem = tr.weights_4bit ? 1 : 2;
-    const int wkind = tr.weights_4bit ? 0 : 3, skind = tr.e4m3_scales ? 1 : 2;
-    void* w13 = filled(size_t(E) * 2 * I * w13_cols * elem, 10 * seed + 1, wkind);
-    void* w2 = filled(size_t(E) * H * w2_cols * elem, 10 * seed + 2, wkind);
-    void *s13 = nullptr, *s2 = nullptr;
-    WeightPack p;
-    const DType wd = tr.weights_4bit ? DType::kU8 : DType::kBF16;
-    p.w13 = TensorView::contiguous(w13, wd, {E, 2 * I, w13_cols}, dev);
-    p.w2 = TensorView::contiguous(w2, wd, {E, H, w2_cols}, dev);
-    if (tr.weights_4bit) {
-      const int g = tr.weight_block;
-      s13 = filled(size_t(E) * 2 * I * (H / g), 10 * seed + 3, skind);
-      s2 = filled(size_t(E) * H * (I / g), 10 * seed + 4, skind);
-      p.w13_scale = TensorView::contiguous(s13, DType::kU8, {E, 2 * I, H / g}, dev);
-      p.w2_scale = TensorView::contiguous(s2, DType::kU8, {E, H, I / g}, dev);
-    }
-    std::unique_ptr<MegaLayer> layer =
-        group ? std::make_unique<MegaLayer>(group, c, p)
-              : std::make_unique<MegaLayer>(Bootstrap{.backend = Backend::kCUDA}, c, p);
-    for (void* q : {w13, w2, s13, s2})
-      if (q) CK(cudaFree(q));
-    return layer;
+    const DeviceWeights w(recipe, H, I, E, 10 * uint64_t(seed), dev);
+    return group ? std::make_unique<MegaLayer>(group, c, w.pack)
+                 : std::make_unique<MegaLayer>(Bootstrap{.backend = Backend::kCUDA}, c, w.pack);
   };
 
   const size_t before = free_bytes();
