@@ -143,7 +143,23 @@ def _bootstrap_args(world_size, rank, backend, device, nccl_unique_id, process_g
     return world_size, rank, backend, device, nccl_unique_id
 
 
-class EpGroup:
+class _Collective:
+    """What a group and a layer share: a collective destroy() (each class says its own), the
+    ``destroyed`` flag, and ``with`` blocks that destroy on exit."""
+
+    @property
+    def destroyed(self):
+        return self._impl.destroyed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+        return False
+
+
+class EpGroup(_Collective):
     """The EP group of this rank (docs/contract.md §4): made once per process and EP group, and
     passed to every layer (``MoeEpLayer(..., group=g)``). Its layers share one communicator (one
     ``process_group=`` bootstrap, one NCCL communicator) and one workspace pool: one workspace
@@ -206,23 +222,12 @@ class EpGroup:
         """Collective and idempotent; every layer of the group must be destroyed first."""
         self._impl.destroy()
 
-    @property
-    def destroyed(self):
-        return self._impl.destroyed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-        return False
-
     def __repr__(self):
         return (f"EpGroup(world_size={self.world_size}, rank={self.rank}, "
                 f"backend={self.backend!r}, pool_bytes={self.pool_bytes})")
 
 
-class MoeEpLayer:
+class MoeEpLayer(_Collective):
     """One MoE layer of one EP rank (docs/contract.md §4).
 
     Construction is collective over the EP group: every rank constructs its layer with the
@@ -594,16 +599,6 @@ class MoeEpLayer:
         """Collective and idempotent; any later call raises moe_ep.DestroyedError. Views from
         kernel_weights() / return_workspace_view must not be used after it."""
         self._impl.destroy()
-
-    @property
-    def destroyed(self):
-        return self._impl.destroyed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
 
     @property
     def group(self):

@@ -260,18 +260,23 @@ Bootstrap make_bootstrap(int world_size, int rank, const std::string& backend, i
   return boot;
 }
 
+// Drops a group or layer owned from Python. Its destroy is collective: the peers' Python
+// threads must run while this one waits, so the GIL is released (unless the interpreter is
+// finalizing, when no other thread runs Python).
+template <class Owner>
+void release_collective(Owner& p) {
+  if (p && !p->destroyed() && !interpreter_finalizing()) {
+    nb::gil_scoped_release release;
+    p.reset();
+  } else {
+    p.reset();
+  }
+}
+
 struct PyGroup {
   std::shared_ptr<EpGroup> group;
 
-  ~PyGroup() {
-    // The group's destroy is collective: let the peers' Python threads run while this waits.
-    if (group && !group->destroyed() && !interpreter_finalizing()) {
-      nb::gil_scoped_release release;
-      group.reset();
-    } else {
-      group.reset();
-    }
-  }
+  ~PyGroup() { release_collective(group); }
   EpGroup& get() {
     if (!group) throw Error(ErrorCode::kDestroyed, "moe_ep: the EP group was never constructed");
     return *group;
@@ -281,15 +286,7 @@ struct PyGroup {
 struct PyLayer {
   std::unique_ptr<MegaLayer> layer;
 
-  ~PyLayer() {
-    // destroy() is collective: let the peers' Python threads run while this one waits.
-    if (layer && !layer->destroyed() && !interpreter_finalizing()) {
-      nb::gil_scoped_release release;
-      layer.reset();
-    } else {
-      layer.reset();
-    }
-  }
+  ~PyLayer() { release_collective(layer); }
   MegaLayer& get() {
     if (!layer) throw Error(ErrorCode::kDestroyed, "moe_ep: the layer was never constructed");
     return *layer;
