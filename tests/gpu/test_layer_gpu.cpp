@@ -245,12 +245,15 @@ std::vector<uint16_t> cpu_bits(MegaLayer& cpu, const HostInputs& h) {
   return v;
 }
 
-std::vector<uint16_t> to_host_bf16(const TensorView& v) {
-  std::vector<uint16_t> h(size_t(v.numel()));
+// A device tensor's elements on the host (after every queued kernel).
+template <class T>
+std::vector<T> to_host(const TensorView& v) {
+  std::vector<T> h(size_t(v.numel()));
   cudaDeviceSynchronize();
-  if (!h.empty()) cudaMemcpy(h.data(), v.data, h.size() * 2, cudaMemcpyDeviceToHost);
+  if (!h.empty()) cudaMemcpy(h.data(), v.data, h.size() * sizeof(T), cudaMemcpyDeviceToHost);
   return h;
 }
+std::vector<uint16_t> to_host_bf16(const TensorView& v) { return to_host<uint16_t>(v); }
 
 // ||out - ref|| / ||ref||; fails on NaN / unwritten (poison) elements.
 double rel_l2(const std::vector<uint16_t>& out, const std::vector<uint16_t>& ref,
@@ -500,10 +503,8 @@ TEST(GpuLayer, UnfinalizedMatchesFinalized) {
     const UnfinalizedOutput u = unf->forward_unfinalized(device_view(d, h));
     const std::vector<uint16_t> o = to_host_bf16(out.view());
     const std::vector<uint16_t> rows = to_host_bf16(u.rows.view());
-    std::vector<float> w(size_t(h.T) * s.K);
-    std::vector<int32_t> idx(w.size());
-    cudaMemcpy(w.data(), u.weights.view().data, w.size() * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(idx.data(), u.indices.view().data, idx.size() * 4, cudaMemcpyDeviceToHost);
+    const std::vector<float> w = to_host<float>(u.weights.view());
+    const std::vector<int32_t> idx = to_host<int32_t>(u.indices.view());
     const bool in_fc1 = r == Recipe::kMxfp4Mxfp8;
     for (int t = 0; t < h.T; ++t) {
       for (int k = 0; k < s.K; ++k) {
@@ -568,12 +569,10 @@ TEST(GpuLayer, UnfinalizedIntoCallerBuffersUnderGraphCapture) {
     ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
     const std::vector<uint16_t> got_rows = rows.host();
-    std::vector<float> got_w(pairs), ref_w(pairs);
-    std::vector<int32_t> got_i(pairs), ref_i(pairs);
-    cudaMemcpy(got_w.data(), w, pairs * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(got_i.data(), idx, pairs * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(ref_w.data(), ref.weights.view().data, pairs * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(ref_i.data(), ref.indices.view().data, pairs * 4, cudaMemcpyDeviceToHost);
+    const std::vector<float> got_w = to_host<float>(views.weights),
+                             ref_w = to_host<float>(ref.weights.view());
+    const std::vector<int32_t> got_i = to_host<int32_t>(views.indices),
+                               ref_i = to_host<int32_t>(ref.indices.view());
     EXPECT_TRUE(got_w == ref_w);
     EXPECT_TRUE(got_i == ref_i);
     EXPECT_TRUE(any_nonzero(got_rows));
