@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _moe_ep
 from . import _tensors as T
-from .layer import MoeEpLayer
+from .layer import MoeEpLayer, unsupported_reasons
 
 
 class Checkpoint:
@@ -88,6 +88,19 @@ class Checkpoint:
             fc2_bias=w["fc2_bias"],
             **kwargs,
         )
+
+    def unsupported_reasons(self, recipe=None, world_size=1, max_tokens_per_rank=256,
+                            backend="cpu"):
+        """Every reason this model's MoE layers cannot run in ``recipe`` (default: the native
+        one) on ``backend`` at ``world_size`` ranks; empty when they can (``moe_ep.
+        unsupported_reasons`` with the model's own geometry and expert semantics)."""
+        i = self._info
+        return unsupported_reasons(
+            num_experts=i["num_experts"], max_tokens_per_rank=max_tokens_per_rank,
+            hidden_size=i["hidden_size"], intermediate_size=i["moe_intermediate_size"],
+            top_k=i["top_k"], recipe=recipe or i["native_recipe"], world_size=world_size,
+            backend=backend, swiglu_limit=i["swiglu_limit"], swiglu_alpha=i["swiglu_alpha"],
+            swiglu_beta=i["swiglu_beta"], has_expert_bias=i["has_expert_bias"])
 
     def route(self, layer_index, hidden_states):
         """The model's router of ``layer_index`` on hidden states [T, H] (computed in fp32):

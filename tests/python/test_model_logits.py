@@ -95,14 +95,8 @@ def test_logits_with_moe_ep_experts(name, device):
     assert rel_l2(ref, g["logits"]) <= CURRENT_TOL, "the goldens are not this transformers'"
 
     if device == "cuda":
-        reasons = moe_ep.unsupported_reasons(
-            num_experts=info["num_experts"], max_tokens_per_rank=input_ids.numel(),
-            hidden_size=info["hidden_size"], intermediate_size=info["moe_intermediate_size"],
-            top_k=info["top_k"], recipe=info["native_recipe"], backend="cuda",
-            swiglu_limit=info["swiglu_limit"], swiglu_alpha=info["swiglu_alpha"],
-            swiglu_beta=info["swiglu_beta"], has_expert_bias=info["has_expert_bias"])
-        if reasons:
-            pytest.skip("the CUDA backend does not run this model yet: " + "; ".join(reasons))
+        assert ckpt.unsupported_reasons(max_tokens_per_rank=input_ids.numel(),
+                                        backend="cuda") == []
     blocks = G.moe_blocks(model)
     assert sorted(blocks) == list(info["moe_layers"])
     kw = dict(backend="cpu") if device == "cpu" else dict(backend="cuda", device=0)
