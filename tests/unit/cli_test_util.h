@@ -13,6 +13,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "commands.h"
+#include "expect_mentions.h"
 #include "moe_ep/status.h"
 #include "problem.h"
 #include "problem_io.h"
@@ -91,12 +92,5 @@ inline std::string load_error(const std::string& path) {
   }
   return "";
 }
-
-#define EXPECT_MENTIONS(msg, ...)                                                   \
-  do {                                                                              \
-    const std::string m_ = (msg);                                                   \
-    for (const char* w_ : {__VA_ARGS__})                                            \
-      EXPECT_NE(m_.find(w_), std::string::npos) << "'" << w_ << "' not in: " << m_; \
-  } while (0)
 
 }  // namespace moe_ep::cli::test

@@ -12,6 +12,7 @@
 
 #include "checkpoint/json.h"
 #include "checkpoint_test_util.h"
+#include "expect_mentions.h"
 #include "moe_ep/checkpoint.h"
 #include "moe_ep/formats.h"
 #include "moe_ep/status.h"
@@ -20,13 +21,6 @@ namespace moe_ep::test {
 namespace {
 
 constexpr int kE = 4, kH = 64, kI = 64, kK = 2, kL = 2;
-
-#define EXPECT_MENTIONS(msg, ...)                                                   \
-  do {                                                                              \
-    const std::string m_ = (msg);                                                   \
-    for (const char* w_ : {__VA_ARGS__})                                            \
-      EXPECT_NE(m_.find(w_), std::string::npos) << "'" << w_ << "' not in: " << m_; \
-  } while (0)
 
 std::string qwen3_config(const std::string& extra = "") {
   return R"({"model_type":"qwen3_moe","hidden_size":64,"moe_intermediate_size":64,)"
