@@ -10,10 +10,11 @@
 // Every record names the launch plan its forwards ran (MegaLayer::last_plan); --explain prints
 // it per case. MOE_EP_COMMIT names the tree's commit in the records. --gpt-oss-experts gives the
 // layer gpt-oss's expert semantics (clamp 7, activation slope 1.702 and offset 1, expert biases),
-// single GPU; the records' plans then say epilogue=extended.
+// single GPU; the records' plans then say epilogue=extended. --tile N forces the plan's tile
+// (PlanOptions::tile_n; e.g. 128 runs the bf16 recipe's prefill on the v2 wgmma kernel).
 //   bench_layer [--json PATH] [--shape dsv3|qwen3|gpt-oss] [--recipes a,b] [--tokens 1,8,...]
 //               [--iters N] [--experts E] [--routing uniform|zipf|both] [--ep N] [--fp8-mma]
-//               [--explain] [--gpt-oss-experts]
+//               [--explain] [--gpt-oss-experts] [--tile N]
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -490,7 +491,7 @@ int main(int argc, char** argv) {
   std::string json_path, shape_name = "dsv3",
                          recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16,nvfp4_bf16";
   std::vector<int> tokens = {1, 8, 32, 128, 512, 1024, 2048, 4096};
-  int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0;
+  int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0, tile = 0;
   std::string routing = "both";
   bool fp8_mma = false, explain = false, gpt_oss_experts = false;
   for (int i = 1; i < argc; ++i) {
@@ -522,11 +523,13 @@ int main(int argc, char** argv) {
       explain = true;
     else if (a == "--gpt-oss-experts")
       gpt_oss_experts = true;
+    else if (a == "--tile")
+      tile = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "bench_layer: unknown option '%s' (--json --shape --recipes --tokens --iters "
                    "--ep --experts --hidden --inter --routing --fp8-mma --explain "
-                   "--gpt-oss-experts)\n",
+                   "--gpt-oss-experts --tile)\n",
                    a.c_str());
       return 2;
     }
@@ -602,6 +605,7 @@ int main(int argc, char** argv) {
     cfg.recipe.intermediate_size = s.I;
     cfg.recipe.top_k = s.K;
     cfg.recipe.fp8_mma = fp8_mma && *recipe == Recipe::kMxfp4Mxfp8;
+    cfg.plan_options.tile_n = tile;  // 0: the plan's policy
     // gpt-oss's expert semantics (the extended epilogue): clamp 7, slope 1.702, offset 1 and
     // random expert biases.
     std::vector<float> b13, b2;

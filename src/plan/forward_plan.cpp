@@ -145,11 +145,11 @@ int tile_for_mean(double mean, double tile16_max) {
                                       : kM64TileN;
 }
 
-// The bf16 recipe has no tile-8 or tile-32 kernel and no m64 kernel: 16 on mma.sync, 128 on
-// wgmma. The 4-bit recipes have no tile of 128 (plan_options_reasons rejects it).
+// The bf16 recipe has no decode kernel: tile 8 runs as 16 on mma.sync, tile 32 as the m64
+// kernel's 160. The 4-bit recipes have no tile of 128 (plan_options_reasons rejects it).
 int recipe_tile(Recipe r, int n) {
   if (r != Recipe::kBf16) return n;
-  return n == 8 ? 16 : (n == 32 || n == kM64TileN) ? kWgmmaTileN : n;
+  return n == 8 ? 16 : n == 32 ? kM64TileN : n;
 }
 
 // Ring depth and shared memory of one decode launch sized for per_sm CTAs per SM: as deep as the
@@ -280,7 +280,7 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
     gp.grid_ctas = gp.grid_tiles * g.mtiles;
   } else if (p.tile_n == kM64TileN) {
     gp.kernel = GemmKernel::kWgmmaM64;
-    gp.grid_ctas = gp.grid_tiles * g.mtiles;  // two warpgroups, each half an M-tile
+    gp.grid_ctas = gp.grid_tiles * kern::m64_groups(in.recipe, g.mtiles);
   } else {
     gp.kernel = GemmKernel::kWgmma128;
     gp.grid_ctas = gp.grid_tiles * g.mtiles;

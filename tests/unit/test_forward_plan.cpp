@@ -190,8 +190,9 @@ TEST(ForwardPlan, Tile16RowSplitUpToTenRows) {
   EXPECT_EQ(b.fc1.kernel, GemmKernel::kMma16);
 }
 
-// Prefill: the m64 wgmma kernel for 4-bit weights (one CTA per tile and M-tile), wgmma tiles of
-// 128 for bf16; prepare quantizes 8 elements per thread and routes in batches from 256 tokens.
+// Prefill: the m64 wgmma kernel, tiles of 160 (4-bit weights: one CTA per tile and M-tile;
+// bf16: one per tile and two M-tiles, 4 warpgroups); the v2 wgmma kernel's tile 128 only where
+// asked for; prepare quantizes 8 elements per thread and routes in batches from 256 tokens.
 TEST(ForwardPlan, PrefillKernels) {
   const ForwardPlan p = make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 4096), {});
   EXPECT_EQ(p.tile_n, 160);
@@ -202,8 +203,16 @@ TEST(ForwardPlan, PrefillKernels) {
   EXPECT_EQ(p.quant_per_thread, 8);
   EXPECT_EQ(p.route, RouteKind::kBatched);
   const ForwardPlan b = make_forward_plan(dsv3(Recipe::kBf16, 4096), {});
-  EXPECT_EQ(b.tile_n, 128);
-  EXPECT_EQ(b.fc1.kernel, GemmKernel::kWgmma128);
+  EXPECT_EQ(b.tile_n, 160);
+  EXPECT_EQ(b.fc1.kernel, GemmKernel::kWgmmaM64);
+  EXPECT_EQ(b.fc1.grid_ctas, b.fc1.grid_tiles * 16);  // 64 halves of M-tiles, 4 per CTA
+  EXPECT_EQ(b.fc2.grid_ctas, b.fc2.grid_tiles * 28);
+  PlanOptions v2;
+  v2.tile_n = 128;
+  const ForwardPlan b128 = make_forward_plan(dsv3(Recipe::kBf16, 4096), v2);
+  EXPECT_EQ(b128.tile_n, 128);
+  EXPECT_EQ(b128.fc1.kernel, GemmKernel::kWgmma128);
+  EXPECT_EQ(b128.fc1.grid_ctas, b128.fc1.grid_tiles * 32);
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), {}).tile_n, 16);  // no tile 8 for bf16
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kNvfp4, 255), {}).quant_per_thread, 4);
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kNvfp4, 256), {}).quant_per_thread, 8);
@@ -271,8 +280,10 @@ TEST(ForwardPlan, OptionsForceTheTile) {
   o.tile_n = 8;
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 16);
   o.tile_n = 32;
-  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 128);
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 160);
   o.tile_n = 160;
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 160);
+  o.tile_n = 128;
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 128);
   o.tile_n = 32;
   o.tile32_chunks_per_slot = 4;

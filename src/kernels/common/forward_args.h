@@ -76,6 +76,15 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
 // the wgmma kernel's (bf16 weights) and the fp8 kernel's; the launch plan (src/plan) picks
 // among these and the decode kernel's 8, 16 and 32.
 constexpr int kM64TileN = 160, kWgmmaTileN = 128, kFp8TileN = 160;
+// The m64 kernel's CTA: warpgroups (64 weight rows each, sharing one B stage) and CTAs per SM.
+// 4-bit weights: 2 x 2; bf16 weights, four times the bytes per row: 4 x 1, so that a B stage
+// serves 256 weight rows and the L2 traffic per MMA stays that of the 4-bit kernel.
+constexpr int m64_warpgroups(Recipe r) { return r == Recipe::kBf16 ? 4 : 2; }
+constexpr int m64_ctas_per_sm(Recipe r) { return r == Recipe::kBf16 ? 1 : 2; }
+// CTAs of the m64 kernel per routing tile: groups of m64_warpgroups halves of M-tiles.
+constexpr int m64_groups(Recipe r, int mtiles) {
+  return (2 * mtiles + m64_warpgroups(r) - 1) / m64_warpgroups(r);
+}
 // Threads of a prepare block; a block of the spread route counts this many pairs.
 constexpr int kPrepThreads = 512;
 

@@ -28,14 +28,17 @@ cudaError_t launch_wgmma128(const ForwardArgs& a, const GemmPlan& g, cudaStream_
   return cudaGetLastError();
 }
 
-// 4-bit weights, tiles of up to 160 rows: one CTA per (tile, M-tile), two warpgroups on its
-// halves sharing each B stage, two CTAs per SM.
-constexpr int kM64Warpgroups = 2, kM64CtasPerSm = 2;
+// Tiles of up to 160 rows: one CTA per (tile, group of half M-tiles), its warpgroups on the
+// halves sharing each B stage (forward_args.h: 2 warpgroups at 2 CTAs per SM for 4-bit weights,
+// 4 at 1 for bf16).
+template <Recipe R>
+using M64Config = Wgmma3Config<R, m64_warpgroups(R), m64_ctas_per_sm(R)>;
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
+constexpr auto m64_kernel = sm90_moe_wgmma3_kernel<R, kFc1, m64_warpgroups(R), m64_ctas_per_sm(R), kEpi>;
+
 template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 cudaError_t launch_wgmma_m64(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
-  using C = Wgmma3Config<R, kM64Warpgroups, kM64CtasPerSm>;
-  sm90_moe_wgmma3_kernel<R, kFc1, kM64Warpgroups, kM64CtasPerSm, kEpi>
-      <<<unsigned(g.grid_ctas), C::kNT, C::kSmemBytes, s>>>(a);
+  m64_kernel<R, kFc1, kEpi><<<unsigned(g.grid_ctas), M64Config<R>::kNT, M64Config<R>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
@@ -49,8 +52,7 @@ cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s)
       if constexpr (kFourBit) return launch_decode_gemm<R, kFc1, kEpi>(a, g, s);
       break;
     case GemmKernel::kWgmmaM64:
-      if constexpr (kFourBit) return launch_wgmma_m64<R, kFc1, kEpi>(a, g, s);
-      break;
+      return launch_wgmma_m64<R, kFc1, kEpi>(a, g, s);
     case GemmKernel::kMma16:
       if constexpr (!kFourBit) return launch_mma16<R, kFc1, kEpi>(a, g, s);
       break;
@@ -81,16 +83,16 @@ cudaError_t launch_gemms(const ForwardArgs& a, const ForwardPlan& p, cudaStream_
 
 template <Recipe R, ExpertEpilogue kEpi>
 cudaError_t set_gemm_attributes_for() {
+  constexpr int kM64Bytes = M64Config<R>::kSmemBytes;
   if constexpr (R != Recipe::kBf16) {
-    constexpr int kBytes = Wgmma3Config<R, kM64Warpgroups, kM64CtasPerSm>::kSmemBytes;
-    return first_error(
-        {set_decode_attributes<R, kEpi>(),
-         set_max_smem(sm90_moe_wgmma3_kernel<R, true, kM64Warpgroups, kM64CtasPerSm, kEpi>, kBytes),
-         set_max_smem(sm90_moe_wgmma3_kernel<R, false, kM64Warpgroups, kM64CtasPerSm, kEpi>,
-                      kBytes)});
+    return first_error({set_decode_attributes<R, kEpi>(),
+                        set_max_smem(m64_kernel<R, true, kEpi>, kM64Bytes),
+                        set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes)});
   } else {
     return first_error(
-        {set_max_smem(sm90_moe_gemm_kernel<R, 16, true, kEpi>, GemmConfig<R, 16>::kSmemBytes),
+        {set_max_smem(m64_kernel<R, true, kEpi>, kM64Bytes),
+         set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes),
+         set_max_smem(sm90_moe_gemm_kernel<R, 16, true, kEpi>, GemmConfig<R, 16>::kSmemBytes),
          set_max_smem(sm90_moe_gemm_kernel<R, 16, false, kEpi>, GemmConfig<R, 16>::kSmemBytes),
          set_max_smem(sm90_moe_wgmma_kernel<R, true, kEpi>, WgmmaConfig<R>::kSmemBytes),
          set_max_smem(sm90_moe_wgmma_kernel<R, false, kEpi>, WgmmaConfig<R>::kSmemBytes)});

@@ -347,14 +347,15 @@ __device__ __forceinline__ void named_barrier(int id, int count) {
 template <Recipe R, int kG = 1, int kMinB = 3>
 struct Wgmma3Config {
   using RT = RecipeKernelTraits<R>;
-  static_assert(RT::kFourBit, "v3 is for 4-bit weights (bf16 weights stay on v2)");
   static constexpr int kNT = 128 * kG;  // threads per CTA
   // wgmma steps in flight: 4 (138-152 registers); 2 where the SM's registers allow at most
   // 128 per thread (4 in flight spill there).
   static constexpr int kInFlight = kG * kMinB >= 4 ? 2 : 4;
   static constexpr int kWBytes = kWg3Frags * RT::kFragBytes;  // one half's share of a chunk
   static constexpr int kSBytes = kWg3Frags * RT::kScaleBytes;
-  static_assert(kWBytes == 16 * 128, "one 16-byte weight copy per thread and chunk");
+  // 16-byte weight copies per warpgroup thread and chunk: 1 (4-bit), 4 (bf16: one fragment each).
+  static constexpr int kWCopies = kWBytes / (16 * 128);
+  static_assert(kWCopies * 16 * 128 == kWBytes, "whole 16-byte weight copies per thread");
   // A stage for N columns: B (N 128-byte swizzled rows, 1024-aligned), then the kG halves'
   // weights, then their scales.
   __host__ __device__ static constexpr int stage_bytes(int n) {
@@ -362,7 +363,7 @@ struct Wgmma3Config {
   }
   // Static shared memory (scale table and the tile's column tables) and the 1024-byte
   // alignment of the ring come out of the SM's share.
-  static constexpr int kStaticBytes = 256 * 4 + kWg3MaxN * (8 + 4 + 4);
+  static constexpr int kStaticBytes = (RT::kFourBit ? 256 * 4 : 4) + kWg3MaxN * (8 + 4 + 4);
   static constexpr int kBudget =
       (kMinB == 1 ? kSmemPerCtaMax : kSmemPerSm / kMinB - kSmemReservedPerCta) - kStaticBytes -
       1024;
@@ -485,7 +486,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   constexpr int kNF = kWg3MaxN / 8;
   constexpr int kIF = C::kInFlight;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint32_t scale_lut[256];
+  __shared__ uint32_t scale_lut[RT::kFourBit ? 256 : 1];
   __shared__ const uint16_t* brow_ptr[kWg3MaxN];  // first element of each B row (xq or h)
   __shared__ int pair_of[kWg3MaxN];               // t*K+k of each column
   __shared__ float tw_of[kWg3MaxN];
@@ -514,9 +515,12 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, m64_src >> 1);
   const int chunks = ms.chunks;
   const uint8_t* wsrc_t = ms.w + (m64_src & 1) * C::kWBytes + wtid * 16;
-  const uint8_t* ssrc_t = ms.s + (m64_src & 1) * C::kSBytes + wtid * 16;
+  [[maybe_unused]] const uint8_t* ssrc_t =
+      RT::kFourBit ? ms.s + (m64_src & 1) * C::kSBytes + wtid * 16 : nullptr;
 
-  for (int b = tid; b < 256; b += kNT) scale_lut[b] = scale_multiplier<R>(b);
+  if constexpr (RT::kFourBit) {
+    for (int b = tid; b < 256; b += kNT) scale_lut[b] = scale_multiplier<R>(b);
+  }
   tile_columns<kFc1>(a, tile, kWg3MaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kNT);
   __syncthreads();
 
@@ -553,7 +557,14 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     // half's 4 weight fragments and their scales. Branch-free: a chunk past the end (`live`
     // false) or a warpgroup without rows copies nothing (src-size 0, its addresses clamped to
     // real ones), and the scale copy of threads past the scales is predicated off in the PTX.
-    const uint32_t wdst = uint32_t(kNW * 128 + wg * C::kWBytes + wtid * 16);
+    // bf16 weights: piece q = wtid of each 2 KB fragment (lane q / 4's k16 step q % 4) lands at
+    // step (q % 4) ^ ((q / 8) % 4) of that lane's 64 bytes, so that the 16-byte reads of one k16
+    // step by eight consecutive lanes hit eight distinct 16-byte bank groups (4-way conflicts
+    // in the plain order).
+    const uint32_t wpiece = RT::kFourBit
+                                ? uint32_t(wtid * 16)
+                                : uint32_t((wtid & ~3) * 16 + (((wtid & 3) ^ ((wtid >> 3) & 3)) << 4));
+    const uint32_t wdst = uint32_t(kNW * 128 + wg * C::kWBytes) + wpiece;
     const uint32_t sdst = uint32_t(kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16);
     const bool copies_scales = wtid < C::kSBytes / 16;
     auto load_stage = [&](int slot, int chunk, bool live) {
@@ -572,9 +583,13 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
           cp_async16_if(dst, src, size, br0 + kBStep * i < kNW);
       }
       const bool wl = live && active;
-      cp_async16_sz(st + wdst, wsrc_t + size_t(cc) * (2 * C::kWBytes), wl ? 16u : 0u);
-      cp_async16_if(st + sdst, ssrc_t + size_t(cc) * (2 * C::kSBytes), wl ? 16u : 0u,
-                    copies_scales);
+#pragma unroll
+      for (int i = 0; i < C::kWCopies; ++i)
+        cp_async16_sz(st + wdst + uint32_t(i * 16 * 128),
+                      wsrc_t + size_t(cc) * (2 * C::kWBytes) + i * 16 * 128, wl ? 16u : 0u);
+      if constexpr (RT::kFourBit)
+        cp_async16_if(st + sdst, ssrc_t + size_t(cc) * (2 * C::kSBytes), wl ? 16u : 0u,
+                      copies_scales);
     };
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
@@ -608,12 +623,19 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       const unsigned char* ws = smem + slot * kStageBytes + kNW * 128 + wg * C::kWBytes;
 
       // This warp's fragment: the 4-bit words and scale multipliers of the whole chunk.
-      const uint4 wq = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 16);
-      const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
-      uint32_t sc_lo[4], sc_hi[4];
-      const unsigned char* ss = smem + slot * kStageBytes + kNW * 128 + kG * C::kWBytes +
-                                wg * C::kSBytes + warp * RT::kScaleBytes;
-      if constexpr (RT::kNvScale) {
+      [[maybe_unused]] uint32_t words[4], sc_lo[4], sc_hi[4];
+      if constexpr (RT::kFourBit) {
+        const uint4 wq = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 16);
+        words[0] = wq.x;
+        words[1] = wq.y;
+        words[2] = wq.z;
+        words[3] = wq.w;
+      }
+      [[maybe_unused]] const unsigned char* ss = smem + slot * kStageBytes + kNW * 128 +
+                                                 kG * C::kWBytes + wg * C::kSBytes +
+                                                 warp * RT::kScaleBytes;
+      if constexpr (!RT::kFourBit) {
+      } else if constexpr (RT::kNvScale) {
         const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
         const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
 #pragma unroll
@@ -637,12 +659,21 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         // the step before (up to kIF - 1 steps stay in flight while the next ones decode; with
         // 2 in flight at three CTAs per SM 1-2 % slower at 1024-2048 tokens).
         uint32_t* f = af[s % kIF];
-        uint32_t bits[4];
-        decode_e2m1x8(words[s], bits);
-        f[0] = mul_bf16x2(bits[0], sc_lo[s]);
-        f[1] = mul_bf16x2(bits[1], sc_hi[s]);
-        f[2] = mul_bf16x2(bits[2], sc_lo[s]);
-        f[3] = mul_bf16x2(bits[3], sc_hi[s]);
+        if constexpr (RT::kFourBit) {
+          uint32_t bits[4];
+          decode_e2m1x8(words[s], bits);
+          f[0] = mul_bf16x2(bits[0], sc_lo[s]);
+          f[1] = mul_bf16x2(bits[1], sc_hi[s]);
+          f[2] = mul_bf16x2(bits[2], sc_lo[s]);
+          f[3] = mul_bf16x2(bits[3], sc_hi[s]);
+        } else {  // the step's 16 bytes of this lane, where the weight copy put them
+          const uint4 v = *reinterpret_cast<const uint4*>(
+              ws + warp * RT::kFragBytes + lane * 64 + ((s ^ ((lane >> 1) & 3)) << 4));
+          f[0] = v.x;
+          f[1] = v.y;
+          f[2] = v.z;
+          f[3] = v.w;
+        }
         wgmma_fence();
         wgmma_m64<kNW>(acc, af[s % kIF], desc + uint64_t(2 * s));  // +32 bytes per k16 step
         wgmma_commit();
