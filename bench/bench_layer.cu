@@ -11,10 +11,11 @@
 // it per case. MOE_EP_COMMIT names the tree's commit in the records. --gpt-oss-experts gives the
 // layer gpt-oss's expert semantics (clamp 7, activation slope 1.702 and offset 1, expert biases),
 // single GPU; the records' plans then say epilogue=extended. --tile N forces the plan's tile
-// (PlanOptions::tile_n; e.g. 128 runs the bf16 recipe's prefill on the v2 wgmma kernel).
+// (PlanOptions::tile_n), --route-spread 0|1 the route over one block or many
+// (PlanOptions::route_spread).
 //   bench_layer [--json PATH] [--shape dsv3|qwen3|gpt-oss] [--recipes a,b] [--tokens 1,8,...]
 //               [--iters N] [--experts E] [--routing uniform|zipf|both] [--ep N] [--fp8-mma]
-//               [--explain] [--gpt-oss-experts] [--tile N]
+//               [--explain] [--gpt-oss-experts] [--tile N] [--route-spread 0|1]
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -491,7 +492,7 @@ int main(int argc, char** argv) {
   std::string json_path, shape_name = "dsv3",
                          recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16,nvfp4_bf16";
   std::vector<int> tokens = {1, 8, 32, 128, 512, 1024, 2048, 4096};
-  int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0, tile = 0;
+  int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0, tile = 0, route_spread = -1;
   std::string routing = "both";
   bool fp8_mma = false, explain = false, gpt_oss_experts = false;
   for (int i = 1; i < argc; ++i) {
@@ -525,11 +526,13 @@ int main(int argc, char** argv) {
       gpt_oss_experts = true;
     else if (a == "--tile")
       tile = std::stoi(next());
+    else if (a == "--route-spread")
+      route_spread = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "bench_layer: unknown option '%s' (--json --shape --recipes --tokens --iters "
                    "--ep --experts --hidden --inter --routing --fp8-mma --explain "
-                   "--gpt-oss-experts --tile)\n",
+                   "--gpt-oss-experts --tile --route-spread)\n",
                    a.c_str());
       return 2;
     }
@@ -606,6 +609,7 @@ int main(int argc, char** argv) {
     cfg.recipe.top_k = s.K;
     cfg.recipe.fp8_mma = fp8_mma && *recipe == Recipe::kMxfp4Mxfp8;
     cfg.plan_options.tile_n = tile;  // 0: the plan's policy
+    cfg.plan_options.route_spread = route_spread;  // -1: the plan's policy
     // gpt-oss's expert semantics (the extended epilogue): clamp 7, slope 1.702, offset 1 and
     // random expert biases.
     std::vector<float> b13, b2;

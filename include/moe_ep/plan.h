@@ -21,8 +21,7 @@ enum class GemmKernel : uint8_t {
   kNone,      // no launch (no tokens)
   kDecode,    // sm90 decode kernel: weight stream through a bulk-copy ring, tiles of 8-32 rows
   kMma16,     // sm90 mma.sync kernel, tiles of 16 rows (bf16 weights)
-  kWgmma128,  // sm90 wgmma kernel, tiles of 128 rows (bf16 weights)
-  kWgmmaM64,  // sm90 wgmma m64 kernel, tiles of up to 160 rows (4-bit weights)
+  kWgmmaM64,  // sm90 wgmma m64 kernel, tiles of up to 160 rows
   kFp8,       // sm90 fp8 wgmma kernel, persistent (mxfp4_mxfp8 with fp8_mma)
 };
 const char* gemm_kernel_name(GemmKernel k);
@@ -54,7 +53,7 @@ struct GemmPlan {
   int mtiles = 0;      // M-tiles of 128 weight rows (fc1: 64 gate + 64 up rows)
   int num_decode_launches = 0;  // kDecode: 1, or 2 where tile 16 splits its rows
   DecodeLaunchPlan decode[2];
-  int grid_ctas = 0;             // kWgmmaM64 / kWgmma128 / kFp8: CTAs launched
+  int grid_ctas = 0;             // kWgmmaM64 / kFp8: CTAs launched
   bool fp8_fine_widths = false;  // kFp8: the fine list of MMA widths (many M-tiles)
 };
 

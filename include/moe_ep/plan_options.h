@@ -18,9 +18,8 @@ const char* combine_mode_name(CombineMode m);
 // field's default leaves the choice to the plan's policy, which is what an engine gets.
 struct PlanOptions {
   // Tokens per routing tile. 0: the policy. 4-bit recipes: 8, 16, 32 (the decode kernel) or
-  // 160 (the m64 wgmma kernel); the bf16 recipe runs 16 (mma.sync) or 128 (wgmma), and maps
-  // 8 to 16 and 32 or 160 to 128 (128 is the bf16 recipe's only). Ignored by the fp8 path
-  // (RecipeConfig::fp8_mma).
+  // 160 (the m64 wgmma kernel); the bf16 recipe runs 16 (mma.sync) or 160 (the m64 kernel),
+  // and maps 8 to 16 and 32 to 160. Ignored by the fp8 path (RecipeConfig::fp8_mma).
   int tile_n = 0;
   // Tile 16 of a 4-bit recipe: run an expert's last tile of at most 8 rows on the tile-8
   // kernel. -1: the policy (at most 10 expected rows per expert), 0: never, 1: always.

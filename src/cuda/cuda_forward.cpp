@@ -1,5 +1,7 @@
 // The CUDA backend's single-GPU forward (W = 1): the launch plan of the call, then prepare,
 // fc1, fc2 and finalize as it says; and the arguments every forward shares.
+#include <cstdint>
+
 #include "cuda/cuda_backend.h"
 #include "plan/forward_plan.h"
 #include "reference/cpu_math.h"
@@ -23,6 +25,14 @@ void CudaBackend::forward(const ValidatedForward& in, const ForwardTargets& out)
   a.ids = in.ids.ptr<int32_t>();
   a.topk_weights = in.weights.ptr<float>();
   a.xq = reinterpret_cast<uint16_t*>(base + ws.scratch.xq_off);
+  // Recipes with bf16 activations read x as it is: where its rows are xq's (contiguous, 16-byte
+  // aligned for the GEMMs' 16-byte copies), fc1 reads x and prepare only routes.
+  const Recipe r = cfg_.recipe.recipe;
+  const bool bf16_activations = r != Recipe::kNvfp4 && r != Recipe::kMxfp4Mxfp8;
+  if (bf16_activations && a.x_stride == a.H && reinterpret_cast<uintptr_t>(a.x) % 16 == 0) {
+    a.xq = const_cast<uint16_t*>(a.x);  // read only: prepare writes xq only when it copies
+    a.xq_is_x = true;
+  }
   attach_expert_scratch(a, base, state, ws.scratch);
   if (fp8_) {
     a.fp8 = true;

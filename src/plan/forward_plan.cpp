@@ -28,8 +28,6 @@ const char* gemm_kernel_name(GemmKernel k) {
       return "decode";
     case GemmKernel::kMma16:
       return "mma16";
-    case GemmKernel::kWgmma128:
-      return "wgmma128";
     case GemmKernel::kWgmmaM64:
       return "wgmma_m64";
     case GemmKernel::kFp8:
@@ -56,12 +54,9 @@ std::vector<std::string> plan_options_reasons(const PlanOptions& o, Recipe recip
     r.push_back(std::string("plan_options.") + field + " = " + std::to_string(v) +
                 " is not one of " + allowed);
   };
-  if (o.tile_n != 0 && o.tile_n != 8 && o.tile_n != 16 && o.tile_n != 32 && o.tile_n != 128 &&
+  if (o.tile_n != 0 && o.tile_n != 8 && o.tile_n != 16 && o.tile_n != 32 &&
       o.tile_n != plan::kM64TileN)
-    bad("tile_n", o.tile_n, "0 (policy), 8, 16, 32, 128, 160");
-  if (o.tile_n == 128 && recipe != Recipe::kBf16)
-    r.push_back(std::string("plan_options.tile_n = 128 runs only the bf16 recipe, not ") +
-                recipe_name(recipe) + " (its prefill tile is 160)");
+    bad("tile_n", o.tile_n, "0 (policy), 8, 16, 32, 160");
   if (o.tile16_row_split < -1 || o.tile16_row_split > 1)
     bad("tile16_row_split", o.tile16_row_split, "-1 (policy), 0, 1");
   if (o.tile32_chunks_per_slot != 0 && o.tile32_chunks_per_slot != 2 &&
@@ -146,7 +141,7 @@ int tile_for_mean(double mean, double tile16_max) {
 }
 
 // The bf16 recipe has no decode kernel: tile 8 runs as 16 on mma.sync, tile 32 as the m64
-// kernel's 160. The 4-bit recipes have no tile of 128 (plan_options_reasons rejects it).
+// kernel's 160.
 int recipe_tile(Recipe r, int n) {
   if (r != Recipe::kBf16) return n;
   return n == 8 ? 16 : n == 32 ? kM64TileN : n;
@@ -278,18 +273,21 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
   if (p.tile_n == 16) {
     gp.kernel = GemmKernel::kMma16;
     gp.grid_ctas = gp.grid_tiles * g.mtiles;
-  } else if (p.tile_n == kM64TileN) {
+  } else {
     gp.kernel = GemmKernel::kWgmmaM64;
     gp.grid_ctas = gp.grid_tiles * kern::m64_groups(in.recipe, g.mtiles);
-  } else {
-    gp.kernel = GemmKernel::kWgmma128;
-    gp.grid_ctas = gp.grid_tiles * g.mtiles;
   }
   if (gp.grid_tiles == 0) gp.kernel = GemmKernel::kNone;
   return gp;
 }
 
 }  // namespace
+
+bool bf16_takes_m64(const PlanInputs& in, int64_t pairs, int fc1_mtiles) {
+  const int64_t tiles = kern::expected_tiles(int(pairs), in.local_experts, kM64TileN);
+  return double(tiles * kern::m64_groups(Recipe::kBf16, fc1_mtiles)) >=
+         kBf16M64MinGridPerSm * in.num_sms;
+}
 
 int choose_tile_n(int tokens, int top_k, int local_experts, Recipe recipe, int intermediate) {
   const double tile16_max = recipe != Recipe::kBf16 && tile32_chunks_per_slot(intermediate) == 2
@@ -317,8 +315,11 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
   p.expected_pairs = int64_t(in.tokens) * in.K;
   p.mean_rows_per_expert = mean_rows(p.expected_pairs, in.local_experts);
   if (in.tokens == 0 && !owner) return p;
-  const int chosen = owner ? choose_owner_tile_n(in.tokens, in.world, in.K, in.local_experts)
-                           : choose_tile_n(in.tokens, in.K, in.local_experts, in.recipe, in.I);
+  const kern::ResidentShape rs = kern::resident_shape(in.recipe, in.H, in.I);
+  int chosen = owner ? choose_owner_tile_n(in.tokens, in.world, in.K, in.local_experts)
+                     : choose_tile_n(in.tokens, in.K, in.local_experts, in.recipe, in.I);
+  if (in.recipe == Recipe::kBf16)
+    chosen = bf16_takes_m64(in, p.expected_pairs, rs.fc1_mtiles) ? kM64TileN : 16;
   p.tile_n = in.fp8 ? kFp8TileN : recipe_tile(in.recipe, o.tile_n ? o.tile_n : chosen);
   p.quant_per_thread = p.rows >= kPrepWideTokens ? 8 : 4;
   const bool spread =
@@ -333,7 +334,6 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
            ? o.tile16_row_split == 1
            : in.local_experts > 0 &&
                  double(split_pairs) <= kTile16SplitMaxMeanRows * in.local_experts);
-  const kern::ResidentShape rs = kern::resident_shape(in.recipe, in.H, in.I);
   p.fc1 = gemm_plan(in, o, p, GemmShape{true, rs.fc1_mtiles, in.H});
   p.fc2 = gemm_plan(in, o, p, GemmShape{false, rs.fc2_mtiles, in.I});
   return p;

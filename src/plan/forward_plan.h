@@ -35,7 +35,6 @@ constexpr double kTile16MaxMeanRows = 17.0, kTile16MaxMeanRowsLeanFc2 = 14.0;
 // Tile 32 up to 21 rows; above, the m64 wgmma kernel's tiles of up to 160 rows.
 constexpr double kTile32MaxMeanRows = 21.0;
 constexpr int kM64TileN = kern::kM64TileN;
-constexpr int kWgmmaTileN = kern::kWgmmaTileN;  // the bf16 recipe's prefill tile
 constexpr int kFp8TileN =
     kern::kFp8TileN;  // the fp8 path's (its MMA width follows each tile's rows)
 
@@ -48,6 +47,13 @@ constexpr int tile32_chunks_per_slot(int k_total) { return k_total <= kLeanMaxK 
 // Tile 16 runs an expert's narrow last tile (at most 8 rows) on the tile-8 kernel up to this
 // many expected rows per expert: 3-11 % faster at 8 rows, 3 % slower at 16.
 constexpr double kTile16SplitMaxMeanRows = 10.0;
+
+// The bf16 recipe runs the m64 kernel at every token count where fc1's expected grid holds at
+// least this fraction of the SMs' count in CTAs, else the mma.sync kernel (tiles of 16). m64
+// measured faster from 4 rows per expert on every shape, and at 1 token on DSV3 (128 CTAs:
+// 176 against 182 us) and gpt-oss (92: 72 against 75), slower on Qwen3 (48: 42 against 38).
+constexpr double kBf16M64MinGridPerSm = 0.5;
+bool bf16_takes_m64(const PlanInputs& in, int64_t pairs, int fc1_mtiles);
 
 // From this many token rows on, prepare quantizes 8 elements per thread and routes in batches.
 constexpr int kPrepWideTokens = 256;

@@ -70,7 +70,6 @@ TEST(ForwardPlan, TileWidthFollowsMeanRowsPerExpert) {
   EXPECT_EQ(d(672), 32);   // 21 rows
   EXPECT_EQ(d(673), 160);  // just above 21
   EXPECT_EQ(d(4096), 160);
-  EXPECT_EQ(d(480, Recipe::kBf16), 16);  // bf16 weights keep tile 16 up to 17 rows
   // Qwen3 (I = 768) as DSV3; gpt-oss (I = 2880, K 4, 128 experts: mean rows = T / 32) keeps
   // tile 16 up to 17 rows (its fc2 runs the 4-chunk consumer).
   EXPECT_EQ(choose_tile_n(224, 8, 128, Recipe::kMxfp4Mxfp8, 768), 16);  // 14 rows
@@ -185,14 +184,36 @@ TEST(ForwardPlan, Tile16RowSplitUpToTenRows) {
   EXPECT_TRUE(make_forward_plan(dsv3(Recipe::kNvfp4, 352), on).tile16_row_split);
   EXPECT_FALSE(make_forward_plan(dsv3(Recipe::kNvfp4, 256), off).tile16_row_split);
   // bf16 weights never split (their tile 16 runs the mma.sync kernel).
-  const ForwardPlan b = make_forward_plan(dsv3(Recipe::kBf16, 256), on);
+  PlanOptions on16 = on;
+  on16.tile_n = 16;
+  const ForwardPlan b = make_forward_plan(dsv3(Recipe::kBf16, 256), on16);
   EXPECT_FALSE(b.tile16_row_split);
   EXPECT_EQ(b.fc1.kernel, GemmKernel::kMma16);
 }
 
+// The bf16 recipe: the m64 kernel wherever fc1's expected grid holds half the SMs' count in
+// CTAs (4 half M-tiles per CTA), else the mma.sync kernel's tiles of 16.
+TEST(ForwardPlan, Bf16KernelByGrid) {
+  // Qwen3 at 1 token: 8 tiles x 6 CTAs = 48 < 66.
+  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 1), {}).fc1.kernel, GemmKernel::kMma16);
+  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 1), {}).tile_n, 16);
+  // Qwen3 at 2 tokens: 16 x 6 = 96; DSV3 at 1 token: 8 x 16 = 128; gpt-oss: 4 x 23 = 92.
+  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 2), {}).fc1.kernel, GemmKernel::kWgmmaM64);
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), {}).fc1.kernel, GemmKernel::kWgmmaM64);
+  EXPECT_EQ(make_forward_plan(gpt_oss(Recipe::kBf16, 1), {}).fc1.kernel, GemmKernel::kWgmmaM64);
+  for (const int T : {8, 128, 480, 1024, 4096}) {
+    const ForwardPlan p = make_forward_plan(qwen3(Recipe::kBf16, T), {});
+    EXPECT_EQ(p.tile_n, 160) << T;
+    EXPECT_EQ(p.fc2.kernel, GemmKernel::kWgmmaM64) << T;
+  }
+  PlanInputs few_sms = qwen3(Recipe::kBf16, 2);
+  few_sms.num_sms = 200;  // 96 CTAs < 100
+  EXPECT_EQ(make_forward_plan(few_sms, {}).tile_n, 16);
+}
+
 // Prefill: the m64 wgmma kernel, tiles of 160 (4-bit weights: one CTA per tile and M-tile;
-// bf16: one per tile and two M-tiles, 4 warpgroups); the v2 wgmma kernel's tile 128 only where
-// asked for; prepare quantizes 8 elements per thread and routes in batches from 256 tokens.
+// bf16: one per tile and two M-tiles, 4 warpgroups); prepare quantizes 8 elements per thread
+// and routes in batches from 256 tokens.
 TEST(ForwardPlan, PrefillKernels) {
   const ForwardPlan p = make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 4096), {});
   EXPECT_EQ(p.tile_n, 160);
@@ -207,13 +228,9 @@ TEST(ForwardPlan, PrefillKernels) {
   EXPECT_EQ(b.fc1.kernel, GemmKernel::kWgmmaM64);
   EXPECT_EQ(b.fc1.grid_ctas, b.fc1.grid_tiles * 16);  // 64 halves of M-tiles, 4 per CTA
   EXPECT_EQ(b.fc2.grid_ctas, b.fc2.grid_tiles * 28);
-  PlanOptions v2;
-  v2.tile_n = 128;
-  const ForwardPlan b128 = make_forward_plan(dsv3(Recipe::kBf16, 4096), v2);
-  EXPECT_EQ(b128.tile_n, 128);
-  EXPECT_EQ(b128.fc1.kernel, GemmKernel::kWgmma128);
-  EXPECT_EQ(b128.fc1.grid_ctas, b128.fc1.grid_tiles * 32);
-  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), {}).tile_n, 16);  // no tile 8 for bf16
+  PlanOptions t8;
+  t8.tile_n = 8;
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), t8).tile_n, 16);  // no tile 8 for bf16
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kNvfp4, 255), {}).quant_per_thread, 4);
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kNvfp4, 256), {}).quant_per_thread, 8);
 }
@@ -283,8 +300,6 @@ TEST(ForwardPlan, OptionsForceTheTile) {
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 160);
   o.tile_n = 160;
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 160);
-  o.tile_n = 128;
-  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 128);
   o.tile_n = 32;
   o.tile32_chunks_per_slot = 4;
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 64), o).fc2.decode[0].chunks_per_slot, 4);
@@ -306,8 +321,10 @@ TEST(ForwardPlan, OptionsAreValidated) {
   ASSERT_EQ(r.size(), 7u);
   EXPECT_NE(r[0].find("plan_options.tile_n = 12"), std::string::npos) << r[0];
   o = PlanOptions{};
-  o.tile_n = 128;  // the bf16 recipe's tile only
+  o.tile_n = 128;  // no kernel has tiles of 128
   EXPECT_EQ(plan_options_reasons(o, Recipe::kNvfp4).size(), 1u);
+  EXPECT_EQ(plan_options_reasons(o, Recipe::kBf16).size(), 1u);
+  o.tile_n = 160;
   EXPECT_TRUE(plan_options_reasons(o, Recipe::kBf16).empty());
 }
 

@@ -72,10 +72,10 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
   return s;
 }
 
-// Routing tiles of the prefill GEMM kernels, in rows: the m64 wgmma kernel's (4-bit weights),
-// the wgmma kernel's (bf16 weights) and the fp8 kernel's; the launch plan (src/plan) picks
-// among these and the decode kernel's 8, 16 and 32.
-constexpr int kM64TileN = 160, kWgmmaTileN = 128, kFp8TileN = 160;
+// Routing tiles of the prefill GEMM kernels, in rows: the m64 wgmma kernel's and the fp8
+// kernel's; the launch plan (src/plan) picks among these, the decode kernel's 8, 16 and 32
+// (4-bit weights) and the mma.sync kernel's 16 (bf16 weights).
+constexpr int kM64TileN = 160, kFp8TileN = 160;
 // The m64 kernel's CTA: warpgroups (64 weight rows each, sharing one B stage) and CTAs per SM.
 // 4-bit weights: 2 x 2; bf16 weights, four times the bytes per row: 4 x 1, so that a B stage
 // serves 256 weight rows and the L2 traffic per MMA stays that of the 4-bit kernel.
@@ -178,6 +178,9 @@ struct ForwardArgs {
   // EP owner side: xq (and ids / topk_weights) were filled from the received rows
   // (launch_ep_unpack), so prepare only routes.
   bool xq_ready = false;
+  // One GPU, bf16 activations (mxfp4_bf16, nvfp4_bf16, bf16) and x contiguous and 16-byte
+  // aligned: xq is x itself (the GEMM's rows are x's rows), so prepare copies nothing.
+  bool xq_is_x = false;
   // Tiles of 16 split by rows (the plan's tile16_row_split): route writes the tiles of at most 8
   // rows first and their count at num_tiles[1]; the decode GEMMs then run those on the tile-8
   // kernel (tile_part 1) and the rest on the tile-16 kernel (tile_part 2), each CTA grid over its

@@ -20,14 +20,6 @@ cudaError_t launch_mma16(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s
   return cudaGetLastError();
 }
 
-// bf16 weights, tiles of 128 rows: one CTA per (tile, M-tile) in a 1-D grid, M-tile fastest.
-template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
-cudaError_t launch_wgmma128(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
-  sm90_moe_wgmma_kernel<R, kFc1, kEpi>
-      <<<unsigned(g.grid_ctas), kThreads, WgmmaConfig<R>::kSmemBytes, s>>>(a);
-  return cudaGetLastError();
-}
-
 // Tiles of up to 160 rows: one CTA per (tile, group of half M-tiles), its warpgroups on the
 // halves sharing each B stage (forward_args.h: 2 warpgroups at 2 CTAs per SM for 4-bit weights,
 // 4 at 1 for bf16).
@@ -55,9 +47,6 @@ cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s)
       return launch_wgmma_m64<R, kFc1, kEpi>(a, g, s);
     case GemmKernel::kMma16:
       if constexpr (!kFourBit) return launch_mma16<R, kFc1, kEpi>(a, g, s);
-      break;
-    case GemmKernel::kWgmma128:
-      if constexpr (!kFourBit) return launch_wgmma128<R, kFc1, kEpi>(a, g, s);
       break;
     case GemmKernel::kFp8:
       break;
@@ -93,9 +82,7 @@ cudaError_t set_gemm_attributes_for() {
         {set_max_smem(m64_kernel<R, true, kEpi>, kM64Bytes),
          set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes),
          set_max_smem(sm90_moe_gemm_kernel<R, 16, true, kEpi>, GemmConfig<R, 16>::kSmemBytes),
-         set_max_smem(sm90_moe_gemm_kernel<R, 16, false, kEpi>, GemmConfig<R, 16>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma_kernel<R, true, kEpi>, WgmmaConfig<R>::kSmemBytes),
-         set_max_smem(sm90_moe_wgmma_kernel<R, false, kEpi>, WgmmaConfig<R>::kSmemBytes)});
+         set_max_smem(sm90_moe_gemm_kernel<R, 16, false, kEpi>, GemmConfig<R, 16>::kSmemBytes)});
   }
 }
 

@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
       if (blockIdx.y == 0 && blockIdx.x >= 1 && int(blockIdx.x) <= nb)
         route_spread(a, blockIdx.x - 1, nb);
     }
-    if (blockIdx.x == 0 || a.xq_ready) return;
+    if (blockIdx.x == 0 || a.xq_ready || (a.xq_is_x && a.weights_out == nullptr)) return;
   } else if (blockIdx.x == 0) {
     if (blockIdx.y == 0) route<kRB>(a);
     return;
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
       }
     }
   }
-  if (t >= T) return;
+  if (t >= T || a.xq_is_x) return;  // xq_is_x: fc1 reads x's rows themselves
   const uint16_t* x = a.x + int64_t(t) * a.x_stride;
   uint16_t* xq = a.xq + size_t(t) * H;
   const int i0 = c0 + kN * tid;
@@ -382,10 +382,12 @@ cudaError_t launch_prepare_recipe(const ForwardArgs& a, const ForwardPlan& p, bo
                                   cudaStream_t s) {
   const int qn = p.quant_per_thread;
   // One block per token and part of its row (plus the routing column); an EP owner's rows are
-  // quantized already (xq_ready): its grid only routes.
-  dim3 grid(a.xq_ready ? 1 : a.tokens + 1, a.xq_ready ? 1 : quant_blocks_per_token(a.H, qn));
+  // quantized already (xq_ready), and fc1 reads x itself where xq_is_x: without unfinalized
+  // outputs to write per token, the grid only routes.
+  const bool route_only = a.xq_ready || (a.xq_is_x && a.weights_out == nullptr);
+  dim3 grid(route_only ? 1 : a.tokens + 1, route_only ? 1 : quant_blocks_per_token(a.H, qn));
   if (p.route == RouteKind::kSpread) {
-    if (a.xq_ready) grid = dim3(spread_blocks(a.tokens, a.K) + 1, 1);
+    if (route_only) grid = dim3(spread_blocks(a.tokens, a.K) + 1, 1);
     const auto k = qn == 8 ? prepare_kernel<R, 8, 0> : prepare_kernel<R, 4, 0>;
     return launch_kernel(pdl, k, grid, dim3(kPrepThreads), 0, s, a);
   }
