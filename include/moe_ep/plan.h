@@ -68,6 +68,9 @@ struct ForwardPlan {
   // The GEMMs run the extended expert epilogue (biases, activation slope and offset: gpt-oss).
   bool extended_epilogue = false;
   int quant_per_thread = 0;  // activation elements per prepare thread (4 or 8)
+  // Prepare's quantizing blocks per part of a row: block b takes tokens b, b + this, ... (one
+  // wave of the SMs at most, instead of a block per token).
+  int prepare_token_blocks = 0;
   RouteKind route = RouteKind::kOneBlock;
   bool tile16_row_split = false;
   int fp8_forced_widths = -1;  // PlanOptions::fp8_fine_widths as the fp8 kernel reads it

@@ -111,9 +111,9 @@ std::string ForwardPlan::to_string() const {
     return s;
   }
   std::string s;
-  append(s, "cuda T=%d rows=%d pairs=%lld rows/expert=%.2f tile=%d%s prepare=q%d/%s%s", tokens,
-         rows, static_cast<long long>(expected_pairs), mean_rows_per_expert, tile_n,
-         fp8 ? " fp8" : "", quant_per_thread, route_kind_name(route),
+  append(s, "cuda T=%d rows=%d pairs=%lld rows/expert=%.2f tile=%d%s prepare=q%dx%d/%s%s",
+         tokens, rows, static_cast<long long>(expected_pairs), mean_rows_per_expert, tile_n,
+         fp8 ? " fp8" : "", quant_per_thread, prepare_token_blocks, route_kind_name(route),
          tile16_row_split ? " row_split" : "");
   s += " fc1=" + gemm_string(fc1) + " fc2=" + gemm_string(fc2);
   if (extended_epilogue) s += " epilogue=extended";
@@ -322,6 +322,12 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
     chosen = bf16_takes_m64(in, p.expected_pairs, rs.fc1_mtiles) ? kM64TileN : 16;
   p.tile_n = in.fp8 ? kFp8TileN : recipe_tile(in.recipe, o.tile_n ? o.tile_n : chosen);
   p.quant_per_thread = p.rows >= kPrepWideTokens ? 8 : 4;
+  {
+    const int elems = p.quant_per_thread * kern::kPrepThreads;
+    const int parts = (in.H + elems - 1) / elems;
+    const int wave = std::max(1, kPrepBlocksPerSm * in.num_sms / std::max(1, parts));
+    p.prepare_token_blocks = std::max(1, std::min(p.rows, wave));
+  }
   const bool spread =
       o.route_spread >= 0 ? o.route_spread == 1 : owner && in.tokens >= kPrepWideTokens;
   p.route = spread && in.K <= kSpreadMaxTopK ? RouteKind::kSpread

@@ -55,6 +55,9 @@ constexpr double kTile16SplitMaxMeanRows = 10.0;
 constexpr double kBf16M64MinGridPerSm = 0.5;
 bool bf16_takes_m64(const PlanInputs& in, int64_t pairs, int fc1_mtiles);
 
+// Prepare's quantizing blocks (kPrepThreads threads, four fit an SM) in all, at most: one wave.
+constexpr int kPrepBlocksPerSm = 4;
+
 // From this many token rows on, prepare quantizes 8 elements per thread and routes in batches.
 constexpr int kPrepWideTokens = 256;
 // Route spread over blocks needs K at most one block's pairs.

@@ -223,6 +223,11 @@ TEST(ForwardPlan, PrefillKernels) {
   EXPECT_EQ(p.fc2.grid_ctas, p.fc2.grid_tiles * 56);
   EXPECT_EQ(p.quant_per_thread, 8);
   EXPECT_EQ(p.route, RouteKind::kBatched);
+  // Prepare's quantizing blocks: one wave of 4 per SM over the row's parts (DSV3: 2 of 4096).
+  EXPECT_EQ(p.prepare_token_blocks, 4 * 132 / 2);
+  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 4096), {}).prepare_token_blocks, 4 * 132);
+  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 100), {}).prepare_token_blocks, 100);
+  EXPECT_NE(p.to_string().find("prepare=q8x264/batched"), std::string::npos) << p.to_string();
   const ForwardPlan b = make_forward_plan(dsv3(Recipe::kBf16, 4096), {});
   EXPECT_EQ(b.tile_n, 160);
   EXPECT_EQ(b.fc1.kernel, GemmKernel::kWgmmaM64);

@@ -4,6 +4,8 @@
 // quantizer's elements per thread.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/common/forward_device.cuh"
 #include "kernels/common/launch.h"
 #include "kernels/common/pdl.cuh"
@@ -304,10 +306,15 @@ __host__ __device__ inline int quant_blocks_per_token(int H, int per_thread) {
   return (H + elems - 1) / elems;
 }
 
-// Block (0, 0) routes (the other blocks of column 0 have nothing to do); block (t + 1, part)
-// quantizes part `part` of token t's row, kN elements per thread. Writes xq (x as the GEMM sees
-// it: q*s in bf16, exact, the same per-block arithmetic as fmt::quantize_block_*, whatever kN)
-// and, for the unfinalized outputs, weights/indices and zero rows for empty slots.
+template <Recipe R, int kN>
+__device__ __forceinline__ void prepare_token(const ForwardArgs& a, int t, int T, int K, int H,
+                                              int c0, int c1, int tid);
+
+// Block (0, 0) routes (the other blocks of column 0 have nothing to do); block (b + 1, part)
+// quantizes part `part` of the rows of tokens b, b + gridDim.x - 1, ... (prepare_token), kN
+// elements per thread. Writes xq (x as the GEMM sees it: q*s in bf16, exact, the same per-block
+// arithmetic as fmt::quantize_block_*, whatever kN) and, for the unfinalized outputs,
+// weights/indices and zero rows for empty slots.
 // kRB = 0: the route spread over blocks (1, 0) .. (nb, 0) (route_spread), which then quantize as
 // well (an EP owner's grid, xq_ready, has only those); block (0, *) has nothing to do.
 template <Recipe R, int kN, int kRB = kRouteIds>
@@ -333,14 +340,24 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const ForwardArgs
     if (blockIdx.y == 0) route<kRB>(a);
     return;
   }
-  const int t = blockIdx.x - 1, part = blockIdx.y, tid = threadIdx.x;
+  const int part = blockIdx.y, tid = threadIdx.x;
   const int T = valid_tokens(a), K = a.K, H = a.H;
   const int c0 = part * kElems, c1 = min(H, c0 + kElems);
+  // Tokens blockIdx.x - 1, + (gridDim.x - 1), ... (block-uniform).
+  for (int t = blockIdx.x - 1; t < a.tokens; t += gridDim.x - 1)
+    prepare_token<R, kN>(a, t, T, K, H, c0, c1, tid);
+}
+
+// Block part [c0, c1) of token t's row: the unfinalized outputs' weights, indices and zero rows
+// (t < a.tokens), and xq (t < T, unless fc1 reads x itself).
+template <Recipe R, int kN>
+__device__ __forceinline__ void prepare_token(const ForwardArgs& a, int t, int T, int K, int H,
+                                              int c0, int c1, int tid) {
   if (a.weights_out) {
     for (int k = 0; k < K; ++k) {
       const int row = t * K + k;
       const bool live = t < T && live_id(a.ids[row], a.num_experts);
-      if (tid == 0 && part == 0) {
+      if (tid == 0 && c0 == 0) {  // the row's first part
         a.weights_out[row] = t < T ? (a.weight_in_fc1 ? 1.0f : a.topk_weights[row]) : 0.0f;
         a.indices_out[row] = live ? row : -1;
       }
@@ -381,13 +398,16 @@ template <Recipe R>
 cudaError_t launch_prepare_recipe(const ForwardArgs& a, const ForwardPlan& p, bool pdl,
                                   cudaStream_t s) {
   const int qn = p.quant_per_thread;
-  // One block per token and part of its row (plus the routing column); an EP owner's rows are
-  // quantized already (xq_ready), and fc1 reads x itself where xq_is_x: without unfinalized
-  // outputs to write per token, the grid only routes.
+  // The routing column, then the plan's blocks per part of a row, each taking every
+  // prepare_token_blocks-th token; an EP owner's rows are quantized already (xq_ready), and fc1
+  // reads x itself where xq_is_x: without unfinalized outputs to write per token, the grid only
+  // routes.
   const bool route_only = a.xq_ready || (a.xq_is_x && a.weights_out == nullptr);
-  dim3 grid(route_only ? 1 : a.tokens + 1, route_only ? 1 : quant_blocks_per_token(a.H, qn));
+  const int token_blocks = std::max(1, std::min(a.tokens, p.prepare_token_blocks));
+  dim3 grid(route_only ? 1 : token_blocks + 1, route_only ? 1 : quant_blocks_per_token(a.H, qn));
   if (p.route == RouteKind::kSpread) {
-    if (route_only) grid = dim3(spread_blocks(a.tokens, a.K) + 1, 1);
+    const int nb = spread_blocks(a.tokens, a.K);  // the route's blocks (1..nb, 0)
+    grid.x = route_only ? nb + 1 : std::max<int>(grid.x, nb + 1);
     const auto k = qn == 8 ? prepare_kernel<R, 8, 0> : prepare_kernel<R, 4, 0>;
     return launch_kernel(pdl, k, grid, dim3(kPrepThreads), 0, s, a);
   }
