@@ -58,7 +58,9 @@ bool bf16_takes_m64(const PlanInputs& in, int64_t pairs, int fc1_mtiles);
 // Prepare's quantizing blocks (kPrepThreads threads, four fit an SM) in all, at most: one wave.
 constexpr int kPrepBlocksPerSm = 4;
 
-// From this many token rows on, prepare quantizes 8 elements per thread and routes in batches.
+// From this many token rows on, prepare quantizes 8 elements per thread; from this many tokens
+// on, the route spreads over blocks (route_spread, then route_scatter_kernel; an EP owner with
+// fewer tokens but as many rows routes in one block, in batches).
 constexpr int kPrepWideTokens = 256;
 // Route spread over blocks needs K at most one block's pairs.
 constexpr int kSpreadMaxTopK = kern::kPrepThreads;

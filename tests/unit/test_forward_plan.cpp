@@ -213,7 +213,7 @@ TEST(ForwardPlan, Bf16KernelByGrid) {
 
 // Prefill: the m64 wgmma kernel, tiles of 160 (4-bit weights: one CTA per tile and M-tile;
 // bf16: one per tile and two M-tiles, 4 warpgroups); prepare quantizes 8 elements per thread
-// and routes in batches from 256 tokens.
+// and routes over many blocks from 256 tokens.
 TEST(ForwardPlan, PrefillKernels) {
   const ForwardPlan p = make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 4096), {});
   EXPECT_EQ(p.tile_n, 160);
@@ -222,12 +222,13 @@ TEST(ForwardPlan, PrefillKernels) {
   EXPECT_EQ(p.fc1.grid_ctas, p.fc1.grid_tiles * 32);
   EXPECT_EQ(p.fc2.grid_ctas, p.fc2.grid_tiles * 56);
   EXPECT_EQ(p.quant_per_thread, 8);
-  EXPECT_EQ(p.route, RouteKind::kBatched);
+  EXPECT_EQ(p.route, RouteKind::kSpread);
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 255), {}).route, RouteKind::kOneBlock);
   // Prepare's quantizing blocks: one wave of 4 per SM over the row's parts (DSV3: 2 of 4096).
   EXPECT_EQ(p.prepare_token_blocks, 4 * 132 / 2);
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 4096), {}).prepare_token_blocks, 4 * 132);
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 100), {}).prepare_token_blocks, 100);
-  EXPECT_NE(p.to_string().find("prepare=q8x264/batched"), std::string::npos) << p.to_string();
+  EXPECT_NE(p.to_string().find("prepare=q8x264/spread"), std::string::npos) << p.to_string();
   const ForwardPlan b = make_forward_plan(dsv3(Recipe::kBf16, 4096), {});
   EXPECT_EQ(b.tile_n, 160);
   EXPECT_EQ(b.fc1.kernel, GemmKernel::kWgmmaM64);
