@@ -328,7 +328,9 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
     const int wave = std::max(1, kPrepBlocksPerSm * in.num_sms / std::max(1, parts));
     p.prepare_token_blocks = std::max(1, std::min(p.rows, wave));
   }
-  const bool spread = o.route_spread >= 0 ? o.route_spread == 1 : in.tokens >= kPrepWideTokens;
+  const bool spread = o.route_spread >= 0
+                         ? o.route_spread == 1
+                         : in.tokens >= (owner ? kPrepWideTokens : kSpreadMinTokensOneGpu);
   p.route = spread && in.K <= kSpreadMaxTopK ? RouteKind::kSpread
             : p.rows >= kPrepWideTokens      ? RouteKind::kBatched
                                              : RouteKind::kOneBlock;

@@ -59,9 +59,13 @@ bool bf16_takes_m64(const PlanInputs& in, int64_t pairs, int fc1_mtiles);
 constexpr int kPrepBlocksPerSm = 4;
 
 // From this many token rows on, prepare quantizes 8 elements per thread; from this many tokens
-// on, the route spreads over blocks (route_spread, then route_scatter_kernel; an EP owner with
-// fewer tokens but as many rows routes in one block, in batches).
+// on an EP owner's route spreads over blocks (route_spread, then route_scatter_kernel; an owner
+// with fewer tokens but as many rows routes in one block, in batches).
 constexpr int kPrepWideTokens = 256;
+// One GPU: the route spreads over blocks from this many tokens (Qwen3 nvfp4 / bf16: 4096 tokens
+// 803 -> 784 / 788 -> 759 us, 1024 tokens 310 -> 307 / 370 -> 366, 256 tokens 187 -> 189 /
+// 320 -> 321; DSV3 level), in one block below.
+constexpr int kSpreadMinTokensOneGpu = 1024;
 // Route spread over blocks needs K at most one block's pairs.
 constexpr int kSpreadMaxTopK = kern::kPrepThreads;
 

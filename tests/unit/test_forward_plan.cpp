@@ -213,7 +213,7 @@ TEST(ForwardPlan, Bf16KernelByGrid) {
 
 // Prefill: the m64 wgmma kernel, tiles of 160 (4-bit weights: one CTA per tile and M-tile;
 // bf16: one per tile and two M-tiles, 4 warpgroups); prepare quantizes 8 elements per thread
-// and routes over many blocks from 256 tokens.
+// from 256 tokens and routes over many blocks from 1024.
 TEST(ForwardPlan, PrefillKernels) {
   const ForwardPlan p = make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 4096), {});
   EXPECT_EQ(p.tile_n, 160);
@@ -224,6 +224,8 @@ TEST(ForwardPlan, PrefillKernels) {
   EXPECT_EQ(p.quant_per_thread, 8);
   EXPECT_EQ(p.route, RouteKind::kSpread);
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 255), {}).route, RouteKind::kOneBlock);
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 1023), {}).route, RouteKind::kBatched);
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 1024), {}).route, RouteKind::kSpread);
   // Prepare's quantizing blocks: one wave of 4 per SM over the row's parts (DSV3: 2 of 4096).
   EXPECT_EQ(p.prepare_token_blocks, 4 * 132 / 2);
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 4096), {}).prepare_token_blocks, 4 * 132);
