@@ -608,7 +608,7 @@ int main(int argc, char** argv) {
     cfg.recipe.intermediate_size = s.I;
     cfg.recipe.top_k = s.K;
     cfg.recipe.fp8_mma = fp8_mma && *recipe == Recipe::kMxfp4Mxfp8;
-    cfg.plan_options.tile_n = tile;  // 0: the plan's policy
+    cfg.plan_options.tile_n = tile;                // 0: the plan's policy
     cfg.plan_options.route_spread = route_spread;  // -1: the plan's policy
     // gpt-oss's expert semantics (the extended epilogue): clamp 7, slope 1.702, offset 1 and
     // random expert biases.

@@ -111,8 +111,8 @@ std::string ForwardPlan::to_string() const {
     return s;
   }
   std::string s;
-  append(s, "cuda T=%d rows=%d pairs=%lld rows/expert=%.2f tile=%d%s prepare=q%dx%d/%s%s",
-         tokens, rows, static_cast<long long>(expected_pairs), mean_rows_per_expert, tile_n,
+  append(s, "cuda T=%d rows=%d pairs=%lld rows/expert=%.2f tile=%d%s prepare=q%dx%d/%s%s", tokens,
+         rows, static_cast<long long>(expected_pairs), mean_rows_per_expert, tile_n,
          fp8 ? " fp8" : "", quant_per_thread, prepare_token_blocks, route_kind_name(route),
          tile16_row_split ? " row_split" : "");
   s += " fc1=" + gemm_string(fc1) + " fc2=" + gemm_string(fc2);
@@ -329,8 +329,8 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
     p.prepare_token_blocks = std::max(1, std::min(p.rows, wave));
   }
   const bool spread = o.route_spread >= 0
-                         ? o.route_spread == 1
-                         : in.tokens >= (owner ? kPrepWideTokens : kSpreadMinTokensOneGpu);
+                          ? o.route_spread == 1
+                          : in.tokens >= (owner ? kPrepWideTokens : kSpreadMinTokensOneGpu);
   p.route = spread && in.K <= kSpreadMaxTopK ? RouteKind::kSpread
             : p.rows >= kPrepWideTokens      ? RouteKind::kBatched
                                              : RouteKind::kOneBlock;

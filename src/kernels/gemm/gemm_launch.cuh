@@ -26,11 +26,13 @@ cudaError_t launch_mma16(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s
 template <Recipe R>
 using M64Config = Wgmma3Config<R, m64_warpgroups(R), m64_ctas_per_sm(R)>;
 template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
-constexpr auto m64_kernel = sm90_moe_wgmma3_kernel<R, kFc1, m64_warpgroups(R), m64_ctas_per_sm(R), kEpi>;
+constexpr auto m64_kernel =
+    sm90_moe_wgmma3_kernel<R, kFc1, m64_warpgroups(R), m64_ctas_per_sm(R), kEpi>;
 
 template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 cudaError_t launch_wgmma_m64(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
-  m64_kernel<R, kFc1, kEpi><<<unsigned(g.grid_ctas), M64Config<R>::kNT, M64Config<R>::kSmemBytes, s>>>(a);
+  m64_kernel<R, kFc1, kEpi>
+      <<<unsigned(g.grid_ctas), M64Config<R>::kNT, M64Config<R>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 

@@ -487,8 +487,8 @@ cudaError_t launch_prepare(const ForwardArgs& a, const ForwardPlan& p, bool pdl,
   if (p.route == RouteKind::kSpread) {
     const cudaError_t err = launch_prepare_kind(a, p, pdl, s);
     if (err != cudaSuccess) return err;
-    return launch_pdl(route_scatter_kernel, dim3(spread_blocks(a.tokens, a.K)),
-                      dim3(kPrepThreads), 0, s, a);
+    return launch_pdl(route_scatter_kernel, dim3(spread_blocks(a.tokens, a.K)), dim3(kPrepThreads),
+                      0, s, a);
   }
   return launch_prepare_kind(a, p, pdl, s);
 }

@@ -330,9 +330,9 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     // step (q % 4) ^ ((q / 8) % 4) of that lane's 64 bytes, so that the 16-byte reads of one k16
     // step by eight consecutive lanes hit eight distinct 16-byte bank groups (4-way conflicts
     // in the plain order).
-    const uint32_t wpiece = RT::kFourBit
-                                ? uint32_t(wtid * 16)
-                                : uint32_t((wtid & ~3) * 16 + (((wtid & 3) ^ ((wtid >> 3) & 3)) << 4));
+    const uint32_t wpiece =
+        RT::kFourBit ? uint32_t(wtid * 16)
+                     : uint32_t((wtid & ~3) * 16 + (((wtid & 3) ^ ((wtid >> 3) & 3)) << 4));
     const uint32_t wdst = uint32_t(kNW * 128 + wg * C::kWBytes) + wpiece;
     const uint32_t sdst = uint32_t(kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16);
     const bool copies_scales = wtid < C::kSBytes / 16;
@@ -436,8 +436,8 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
           f[2] = mul_bf16x2(bits[2], sc_lo[s]);
           f[3] = mul_bf16x2(bits[3], sc_hi[s]);
         } else {  // the step's 16 bytes of this lane, where the weight copy put them
-          const uint4 v = *reinterpret_cast<const uint4*>(
-              ws + warp * RT::kFragBytes + lane * 64 + ((s ^ ((lane >> 1) & 3)) << 4));
+          const uint4 v = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 64 +
+                                                          ((s ^ ((lane >> 1) & 3)) << 4));
           f[0] = v.x;
           f[1] = v.y;
           f[2] = v.z;
