@@ -435,12 +435,12 @@ cudaError_t launch_prepare_recipe(const ForwardArgs& a, const ForwardPlan& p, bo
 }  // namespace
 
 // Every prepare_kernel instance a plan can pick: 4 or 8 elements per thread, each with the
-// batched, the one-at-a-time and the spread route.
+// batched, the one-at-a-time and the spread route; and the spread route's scatter kernel.
 cudaError_t set_prepare_attributes(Recipe recipe) {
   auto all = [](auto r) {
     constexpr Recipe R = decltype(r)::value;
     cudaFuncAttributes attr;
-    cudaError_t err = cudaSuccess;
+    cudaError_t err = cudaFuncGetAttributes(&attr, route_scatter_kernel);
     for (const void* k : {reinterpret_cast<const void*>(prepare_kernel<R, 4, kRouteIds>),
                           reinterpret_cast<const void*>(prepare_kernel<R, 4, 1>),
                           reinterpret_cast<const void*>(prepare_kernel<R, 4, 0>),
