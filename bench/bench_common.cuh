@@ -59,6 +59,19 @@ inline void fill(void* p, size_t n, uint64_t seed, int kind) {
   CK(cudaGetLastError());
 }
 
+// The layer configuration of a benchmark case: E experts, H, I, top-k K, workspace capacity.
+inline moe_ep::LayerConfig layer_config(moe_ep::Recipe recipe, int E, int capacity, int H, int I,
+                                        int K) {
+  moe_ep::LayerConfig c;
+  c.fleet.num_experts = E;
+  c.fleet.max_tokens_per_rank = capacity;
+  c.fleet.hidden_size = H;
+  c.recipe.recipe = recipe;
+  c.recipe.intermediate_size = I;
+  c.recipe.top_k = K;
+  return c;
+}
+
 // Random checkpoint-layout weights of `El` experts on the GPU (never zeros; valid scale bytes),
 // freed with the object. seed_base separates ranks.
 struct DeviceWeights {

@@ -110,13 +110,7 @@ int main(int argc, char** argv) {
     }
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));
-  LayerConfig c;
-  c.fleet.num_experts = E;
-  c.fleet.max_tokens_per_rank = capacity;
-  c.fleet.hidden_size = H;
-  c.recipe.recipe = recipe;
-  c.recipe.intermediate_size = I;
-  c.recipe.top_k = K;
+  const LayerConfig c = layer_config(recipe, E, capacity, H, I, K);
   const Device dev{DeviceKind::kCUDA, 0};
   // Checkpoint-layout weights of one layer (seeded per layer), made on the GPU and freed after
   // the layer preprocessed them.

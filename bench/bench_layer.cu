@@ -215,13 +215,8 @@ void ep_rank(EpShared* sh, int rank, int world, const Shape& s, const std::vecto
     const RecipeTraits tr = recipe_traits(recipe);
     const DeviceWeights dw(recipe, s.H, s.I, El, uint64_t(rank) * 10, gpu);
     const WeightPack& wp = dw.pack;
-    LayerConfig cfg;
-    cfg.fleet.num_experts = s.E;
-    cfg.fleet.max_tokens_per_rank = 1;  // each token count gets its own workspace below
-    cfg.fleet.hidden_size = s.H;
-    cfg.recipe.recipe = recipe;
-    cfg.recipe.intermediate_size = s.I;
-    cfg.recipe.top_k = s.K;
+    // Capacity 1: each token count gets its own workspace below.
+    const LayerConfig cfg = layer_config(recipe, s.E, 1, s.H, s.I, s.K);
     Bootstrap boot;
     boot.backend = Backend::kCUDA;
     boot.device = rank;
@@ -600,13 +595,7 @@ int main(int argc, char** argv) {
     const Device gpu{DeviceKind::kCUDA, dev};
     const DeviceWeights dw(*recipe, s.H, s.I, s.E, 0, gpu);
     const WeightPack& wp = dw.pack;
-    LayerConfig cfg;
-    cfg.fleet.num_experts = s.E;
-    cfg.fleet.max_tokens_per_rank = cap;
-    cfg.fleet.hidden_size = s.H;
-    cfg.recipe.recipe = *recipe;
-    cfg.recipe.intermediate_size = s.I;
-    cfg.recipe.top_k = s.K;
+    LayerConfig cfg = layer_config(*recipe, s.E, cap, s.H, s.I, s.K);
     cfg.recipe.fp8_mma = fp8_mma && *recipe == Recipe::kMxfp4Mxfp8;
     cfg.plan_options.tile_n = tile;                // 0: the plan's policy
     cfg.plan_options.route_spread = route_spread;  // -1: the plan's policy

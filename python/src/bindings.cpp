@@ -151,6 +151,20 @@ nb::object to_python(const TensorView& v, nb::handle owner, Framework fw) {
       .cast();
 }
 
+// Weights and per-expert epilogue vectors as numpy arrays that keep `owner` alive: w13, w2,
+// w13_scale, w2_scale, fc1_alpha, fc2_alpha, fc1_norm_const (None where a view is undefined).
+nb::dict weights_dict(const WeightPack& wp, const EpilogueVectors& ev, nb::handle owner) {
+  nb::dict d;
+  d["w13"] = to_python(wp.w13, owner, kNumpy);
+  d["w2"] = to_python(wp.w2, owner, kNumpy);
+  d["w13_scale"] = to_python(wp.w13_scale, owner, kNumpy);
+  d["w2_scale"] = to_python(wp.w2_scale, owner, kNumpy);
+  d["fc1_alpha"] = to_python(ev.fc1_alpha, owner, kNumpy);
+  d["fc2_alpha"] = to_python(ev.fc2_alpha, owner, kNumpy);
+  d["fc1_norm_const"] = to_python(ev.fc1_norm_const, owner, kNumpy);
+  return d;
+}
+
 // An owning library tensor handed to Python without a copy.
 nb::object owned_to_python(Tensor t, Framework fw) {
   auto* keep = new Tensor(std::move(t));
@@ -678,15 +692,7 @@ NB_MODULE(_moe_ep, m) {
         nb::capsule owner(pe, [](void* p) noexcept { delete static_cast<PackedExperts*>(p); });
         const WeightPack wp = pe->view();
         const EpilogueVectors ev = pe->epilogue_view();
-        nb::dict d;
-        d["w13"] = to_python(wp.w13, owner, kNumpy);
-        d["w2"] = to_python(wp.w2, owner, kNumpy);
-        d["w13_scale"] = to_python(wp.w13_scale, owner, kNumpy);
-        d["w2_scale"] = to_python(wp.w2_scale, owner, kNumpy);
-        d["fc1_alpha"] = to_python(ev.fc1_alpha, owner, kNumpy);
-        d["fc2_alpha"] = to_python(ev.fc2_alpha, owner, kNumpy);
-        d["fc1_norm_const"] = to_python(ev.fc1_norm_const, owner, kNumpy);
-        return d;
+        return weights_dict(wp, ev, owner);
       },
       "recipe"_a, "w13"_a, "w2"_a, "input_norm_const"_a = 1.0f,
       "fc1_norm_const"_a.none() = nb::none());
@@ -743,14 +749,7 @@ NB_MODULE(_moe_ep, m) {
                               [](void* p) noexcept { delete static_cast<LayerCheckpoint*>(p); });
             const WeightPack wp = lc->weights();
             const EpilogueVectors ev = lc->epilogue();
-            nb::dict d;
-            d["w13"] = to_python(wp.w13, owner, kNumpy);
-            d["w2"] = to_python(wp.w2, owner, kNumpy);
-            d["w13_scale"] = to_python(wp.w13_scale, owner, kNumpy);
-            d["w2_scale"] = to_python(wp.w2_scale, owner, kNumpy);
-            d["fc1_alpha"] = to_python(ev.fc1_alpha, owner, kNumpy);
-            d["fc2_alpha"] = to_python(ev.fc2_alpha, owner, kNumpy);
-            d["fc1_norm_const"] = to_python(ev.fc1_norm_const, owner, kNumpy);
+            nb::dict d = weights_dict(wp, ev, owner);
             d["fc1_bias"] = to_python(ev.fc1_bias, owner, kNumpy);
             d["fc2_bias"] = to_python(ev.fc2_bias, owner, kNumpy);
             const LayerConfig& cfg = lc->config;

@@ -32,6 +32,19 @@ struct JsonReader {
   // A JSON integer (no fraction, no exponent) that fits int64; `what` names the field.
   int64_t integer(const std::string& what);
   std::vector<int64_t> int_array(const std::string& what);
+  // An object: '{', then for each member its key string and ':' before on_member(key) reads the
+  // value, members separated by ',', then '}'.
+  template <class OnMember>
+  void members(OnMember on_member) {
+    expect('{');
+    for (bool first = true; !peek('}'); first = false) {
+      if (!first) expect(',');
+      const std::string key = str();
+      expect(':');
+      on_member(key);
+    }
+    expect('}');
+  }
   static std::string printable(char c);
 };
 

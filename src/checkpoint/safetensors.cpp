@@ -110,43 +110,25 @@ StFile parse_safetensors_header(const std::string& header, uint64_t data_size,
   // The header is one object of objects, strings and arrays of integers, checked as it is read
   // (nothing nests deeper than the format's two levels).
   JsonReader j{header, "safetensors file " + label + ": malformed header"};
-  j.expect('{');
-  bool first = true;
   bool seen_metadata = false;
-  while (!j.peek('}')) {
-    if (!first) j.expect(',');
-    first = false;
-    const std::string name = j.str();
-    j.expect(':');
-    j.expect('{');
+  j.members([&](const std::string& name) {
     if (name == "__metadata__") {
       if (seen_metadata) bad(label, "the header has '__metadata__' twice");
       seen_metadata = true;
-      bool f2 = true;
-      while (!j.peek('}')) {
-        if (!f2) j.expect(',');
-        f2 = false;
-        std::string k = j.str();
-        j.expect(':');
+      j.members([&](const std::string& k) {
         if (!j.peek('"')) j.fail("metadata '" + k + "' must be a string");
         std::string v = j.str();
         if (!out.metadata.emplace(k, std::move(v)).second)
           bad(label, "metadata key '" + k + "' appears twice");
-      }
-      j.expect('}');
-      continue;
+      });
+      return;
     }
     if (name.empty()) bad(label, "a tensor has an empty name");
     if (out.tensors.count(name)) bad(label, "tensor '" + name + "' appears twice in the header");
     StTensor t;
     std::vector<int64_t> offsets;
     bool has_dtype = false, has_shape = false, has_offsets = false;
-    bool f2 = true;
-    while (!j.peek('}')) {
-      if (!f2) j.expect(',');
-      f2 = false;
-      const std::string key = j.str();
-      j.expect(':');
+    j.members([&](const std::string& key) {
       bool* seen = nullptr;
       if (key == "dtype") {
         seen = &has_dtype;
@@ -164,13 +146,11 @@ StFile parse_safetensors_header(const std::string& header, uint64_t data_size,
       }
       if (*seen) bad(label, "tensor '" + name + "' has field '" + key + "' twice");
       *seen = true;
-    }
-    j.expect('}');
+    });
     StTensor checked;
     check_tensor(label, name, t, has_dtype, has_shape, has_offsets, offsets, data_size, checked);
     out.tensors.emplace(name, std::move(checked));
-  }
-  j.expect('}');
+  });
   j.ws();
   if (j.i != header.size()) j.fail("unexpected text after the header's closing '}'");
 

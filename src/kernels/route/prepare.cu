@@ -417,8 +417,8 @@ cudaError_t launch_prepare_recipe(const ForwardArgs& a, const ForwardPlan& p, bo
   // reads x itself where xq_is_x: without unfinalized outputs to write per token, the grid only
   // routes.
   const bool route_only = a.xq_ready || (a.xq_is_x && a.weights_out == nullptr);
-  const int token_blocks = std::max(1, std::min(a.tokens, p.prepare_token_blocks));
-  dim3 grid(route_only ? 1 : token_blocks + 1, route_only ? 1 : quant_blocks_per_token(a.H, qn));
+  dim3 grid(route_only ? 1 : p.prepare_token_blocks + 1,
+            route_only ? 1 : quant_blocks_per_token(a.H, qn));
   if (p.route == RouteKind::kSpread) {
     const int nb = spread_blocks(a.tokens, a.K);  // the route's blocks (1..nb, 0)
     grid.x = route_only ? nb + 1 : std::max<int>(grid.x, nb + 1);

@@ -334,8 +334,9 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         RT::kFourBit ? uint32_t(wtid * 16)
                      : uint32_t((wtid & ~3) * 16 + (((wtid & 3) ^ ((wtid >> 3) & 3)) << 4));
     const uint32_t wdst = uint32_t(kNW * 128 + wg * C::kWBytes) + wpiece;
-    const uint32_t sdst = uint32_t(kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16);
-    const bool copies_scales = wtid < C::kSBytes / 16;
+    [[maybe_unused]] const uint32_t sdst =
+        uint32_t(kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16);
+    [[maybe_unused]] const bool copies_scales = wtid < C::kSBytes / 16;  // 4-bit weights only
     auto load_stage = [&](int slot, int chunk, bool live) {
       const uint32_t st = smem_base + uint32_t(slot * kStageBytes);
       const int cc = live ? chunk : 0;
