@@ -30,6 +30,8 @@ const char* gemm_kernel_name(GemmKernel k) {
       return "mma16";
     case GemmKernel::kWgmmaM64:
       return "wgmma_m64";
+    case GemmKernel::kWgmmaM64Narrow:
+      return "wgmma_m64_narrow";
     case GemmKernel::kFp8:
       return "fp8";
   }
@@ -55,8 +57,8 @@ std::vector<std::string> plan_options_reasons(const PlanOptions& o, Recipe recip
                 " is not one of " + allowed);
   };
   if (o.tile_n != 0 && o.tile_n != 8 && o.tile_n != 16 && o.tile_n != 32 &&
-      o.tile_n != plan::kM64TileN)
-    bad("tile_n", o.tile_n, "0 (policy), 8, 16, 32, 160");
+      o.tile_n != plan::kM64NarrowTileN && o.tile_n != plan::kM64TileN)
+    bad("tile_n", o.tile_n, "0 (policy), 8, 16, 32, 64, 160");
   if (o.tile16_row_split < -1 || o.tile16_row_split > 1)
     bad("tile16_row_split", o.tile16_row_split, "-1 (policy), 0, 1");
   if (o.tile32_chunks_per_slot != 0 && o.tile32_chunks_per_slot != 2 &&
@@ -64,6 +66,7 @@ std::vector<std::string> plan_options_reasons(const PlanOptions& o, Recipe recip
     bad("tile32_chunks_per_slot", o.tile32_chunks_per_slot, "0 (policy), 2, 4");
   if (o.tile8_frags_per_warp < 0 || o.tile8_frags_per_warp > 2)
     bad("tile8_frags_per_warp", o.tile8_frags_per_warp, "0 (policy), 1, 2");
+  if (o.m64_split < -1 || o.m64_split > 1) bad("m64_split", o.m64_split, "-1 (policy), 0, 1");
   if (o.route_spread < -1 || o.route_spread > 1)
     bad("route_spread", o.route_spread, "-1 (policy), 0, 1");
   if (o.decode_first_wave < 0) bad("decode_first_wave", o.decode_first_wave, "0 (policy) or > 0");
@@ -97,6 +100,7 @@ std::string gemm_string(const GemmPlan& g) {
     }
   } else {
     append(s, " ctas=%d", g.grid_ctas);
+    if (g.m64_narrow_ctas > 0) append(s, " narrow_ctas=%d", g.m64_narrow_ctas);
     if (g.kernel == GemmKernel::kFp8) s += g.fp8_fine_widths ? " widths=fine" : " widths=coarse";
   }
   return s + "]";
@@ -111,10 +115,10 @@ std::string ForwardPlan::to_string() const {
     return s;
   }
   std::string s;
-  append(s, "cuda T=%d rows=%d pairs=%lld rows/expert=%.2f tile=%d%s prepare=q%dx%d/%s%s", tokens,
+  append(s, "cuda T=%d rows=%d pairs=%lld rows/expert=%.2f tile=%d%s prepare=q%dx%d/%s%s%s", tokens,
          rows, static_cast<long long>(expected_pairs), mean_rows_per_expert, tile_n,
          fp8 ? " fp8" : "", quant_per_thread, prepare_token_blocks, route_kind_name(route),
-         tile16_row_split ? " row_split" : "");
+         tile16_row_split ? " row_split" : "", m64_split ? " m64_split" : "");
   s += " fc1=" + gemm_string(fc1) + " fc2=" + gemm_string(fc2);
   if (extended_epilogue) s += " epilogue=extended";
   if (world > 1) append(s, " W=%d combine=%s", world, combine_mode_name(combine));
@@ -140,11 +144,11 @@ int tile_for_mean(double mean, double tile16_max) {
                                       : kM64TileN;
 }
 
-// The bf16 recipe has no decode kernel: tile 8 runs as 16 on mma.sync, tile 32 as the m64
-// kernel's 160.
+// The bf16 recipe has no decode kernel and no narrow m64 kernel: tile 8 runs as 16 on mma.sync,
+// tiles 32 and 64 as the m64 kernel's 160.
 int recipe_tile(Recipe r, int n) {
   if (r != Recipe::kBf16) return n;
-  return n == 8 ? 16 : n == 32 ? kM64TileN : n;
+  return n == 8 ? 16 : n == 32 || n == kM64NarrowTileN ? kM64TileN : n;
 }
 
 // Ring depth and shared memory of one decode launch sized for per_sm CTAs per SM: as deep as the
@@ -274,8 +278,17 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
     gp.kernel = GemmKernel::kMma16;
     gp.grid_ctas = gp.grid_tiles * g.mtiles;
   } else {
-    gp.kernel = GemmKernel::kWgmmaM64;
-    gp.grid_ctas = gp.grid_tiles * kern::m64_groups(in.recipe, g.mtiles);
+    gp.kernel = p.tile_n == kM64NarrowTileN ? GemmKernel::kWgmmaM64Narrow : GemmKernel::kWgmmaM64;
+    const int groups = kern::m64_groups(in.recipe, g.mtiles);
+    gp.grid_ctas = gp.grid_tiles * groups;
+    if (p.m64_split && gp.grid_tiles > 0) {
+      // At most one narrow tile per touched expert; every wide tile holds more than 64 rows.
+      const int64_t narrow =
+          std::min<int64_t>(std::min<int64_t>(pairs, in.local_experts), gp.grid_tiles);
+      const int64_t wide = std::min<int64_t>(pairs / (kM64NarrowTileN + 1), gp.grid_tiles);
+      gp.m64_narrow_ctas = int(narrow * groups);
+      gp.grid_ctas = int(wide * groups);
+    }
   }
   if (gp.grid_tiles == 0) gp.kernel = GemmKernel::kNone;
   return gp;
@@ -341,6 +354,9 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
            ? o.tile16_row_split == 1
            : in.local_experts > 0 &&
                  double(split_pairs) <= kTile16SplitMaxMeanRows * in.local_experts);
+  p.m64_split = p.tile_n == kM64TileN && in.recipe != Recipe::kBf16 && !in.fp8 &&
+                (o.m64_split >= 0 ? o.m64_split == 1
+                                  : !owner && p.mean_rows_per_expert <= kM64SplitMaxMeanRows);
   p.fc1 = gemm_plan(in, o, p, GemmShape{true, rs.fc1_mtiles, in.H});
   p.fc2 = gemm_plan(in, o, p, GemmShape{false, rs.fc2_mtiles, in.I});
   return p;

@@ -35,6 +35,15 @@ constexpr double kTile16MaxMeanRows = 17.0, kTile16MaxMeanRowsLeanFc2 = 14.0;
 // Tile 32 up to 21 rows; above, the m64 wgmma kernel's tiles of up to 160 rows.
 constexpr double kTile32MaxMeanRows = 21.0;
 constexpr int kM64TileN = kern::kM64TileN;
+constexpr int kM64NarrowTileN = kern::kM64NarrowTileN;
+// Single GPU, tiles of 160 of a 4-bit recipe: up to this many mean rows per expert, every
+// expert's last tile of at most 64 rows runs on the narrow m64 kernel (three CTAs per SM), the
+// others on the m64 kernel (m64_split). Measured against the unsplit kernel, nvfp4: DSV3 768 /
+// 1024 / 2048 tokens (24 / 32 / 64 rows) 3101 -> 2975, 3179 -> 3133, 4134 -> 4034 us (Zipf
+// 1024: 3560 -> 3439), Qwen3 512 / 1024 (32 / 64 rows) 246 -> 219, 308 -> 295, gpt-oss 1024 /
+// 2048 (32 / 64 rows) 987 -> 931, 1244 -> 1189; at 128 rows (Qwen3 2048, gpt-oss and DSV3
+// 4096), where no tile is narrow, 1-3 % slower. EP owners: not measured, not chosen.
+constexpr double kM64SplitMaxMeanRows = 64.0;
 constexpr int kFp8TileN =
     kern::kFp8TileN;  // the fp8 path's (its MMA width follows each tile's rows)
 

@@ -334,6 +334,25 @@ TEST(GpuLayer, GptOssClampNormConsts) {
   compare_shape(kGptOss, gpt_oss_options(), {0, 1, 7, 128, 159, 160}, 13);
 }
 
+// A test's plan options on one layer for its scope: `set` edits a copy of the layer's options,
+// which apply to its forwards until the scope ends and the previous ones return.
+class PlanScope {
+ public:
+  template <class Set>
+  PlanScope(MegaLayer& layer, Set set) : layer_(layer), saved_(layer.config().plan_options) {
+    PlanOptions o = saved_;
+    set(o);
+    layer_.set_plan_options(o);
+  }
+  ~PlanScope() { layer_.set_plan_options(saved_); }
+  PlanScope(const PlanScope&) = delete;
+  PlanScope& operator=(const PlanScope&) = delete;
+
+ private:
+  MegaLayer& layer_;
+  PlanOptions saved_;
+};
+
 // gpt-oss's expert semantics on the CUDA backend (contract §3.1): expert biases, the activation's
 // slope 1.702 and offset 1 after the clamp at 7, against the CPU oracle, with the top-k weight in
 // fc1 and in the final sum, at token counts that run every kernel the plan picks for the recipe
@@ -389,6 +408,16 @@ TEST(GpuLayer, GptOssExpertSemantics) {
         std::printf("[ gpt-oss ] %-10s fc1w=%d T=%-4d rel_l2=%.3e bitwise %.4f  %s\n",
                     recipe_name(r), int(in_fc1), T, err, double(same) / double(ref.size()),
                     gpu.last_plan().to_string().c_str());
+        if (r != Recipe::kBf16 && T >= 128) {
+          // The narrow m64 kernel's extended epilogue: tile 64 gives tile 160's bits.
+          auto forced = [&](int tile) {
+            PlanScope o(gpu, [&](PlanOptions& q) { q.tile_n = tile; });
+            return forward_bits(gpu, d, h);
+          };
+          const std::vector<uint16_t> wide = forced(160);
+          EXPECT_TRUE(forced(64) == wide) << "tile 64 differs from tile 160";
+          EXPECT_EQ(gpu.last_plan().fc1.kernel, GemmKernel::kWgmmaM64Narrow);
+        }
       }
       EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     }
@@ -785,30 +814,12 @@ TEST(GpuLayer, WorkspaceAtDsv3Capacity4096) {
   EXPECT_LE(bytes, size_t(1) << 30);
 }
 
-// A test's plan options on one layer for its scope: `set` edits a copy of the layer's options,
-// which apply to its forwards until the scope ends and the previous ones return.
-class PlanScope {
- public:
-  template <class Set>
-  PlanScope(MegaLayer& layer, Set set) : layer_(layer), saved_(layer.config().plan_options) {
-    PlanOptions o = saved_;
-    set(o);
-    layer_.set_plan_options(o);
-  }
-  ~PlanScope() { layer_.set_plan_options(saved_); }
-  PlanScope(const PlanScope&) = delete;
-  PlanScope& operator=(const PlanScope&) = delete;
-
- private:
-  MegaLayer& layer_;
-  PlanOptions saved_;
-};
-
 // Every N class of the m64 kernel (its K loop runs at the narrowest class that holds the tile's
 // rows): one expert with T rows, T at and one past each class bound, tile 160 forced, against
 // the CPU (nvfp4 bit for bit; mxfp4_mxfp8 and bf16 within contract §7). A class that covered too
 // few columns would leave rows of the expert's output wrong. bf16 runs its 4-warpgroup CTA (two
-// M-tiles, the weight copies' bank swizzle).
+// M-tiles, the weight copies' bank swizzle). The 4-bit recipes then run tile 64 (the narrow
+// kernel: classes 32..64, an expert of more rows in several tiles) and must give tile 160's bits.
 TEST(GpuLayer, M64EveryNClassAgainstCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
@@ -835,6 +846,10 @@ TEST(GpuLayer, M64EveryNClassAgainstCpu) {
         EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;
       }
       ASSERT_EQ(gpu->plan(T).fc1.kernel, GemmKernel::kWgmmaM64);
+      if (r == Recipe::kBf16) continue;
+      PlanScope narrow(*gpu, [](PlanOptions& o) { o.tile_n = 64; });
+      EXPECT_TRUE(forward_bits(*gpu, d, h) == got) << "tile 64 differs from tile 160";
+      ASSERT_EQ(gpu->last_plan().fc1.kernel, GemmKernel::kWgmmaM64Narrow);
     }
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
@@ -842,11 +857,12 @@ TEST(GpuLayer, M64EveryNClassAgainstCpu) {
 
 // A forward of T tokens captured in a CUDA graph that reads its token count on the device
 // (`captured` runs it under the overrides it needs), replayed with each n of `ns` and compared
-// bit for bit with an eager tile-8 forward of the first n tokens.
+// bit for bit with an eager forward of the first n tokens at tile `eager_tile` (tile 160 without
+// the m64 split).
 template <class Captured>
-void expect_replays_equal_eager_tile8(MegaLayer& gpu, const Shape& s, const DeviceInputs& d,
-                                      const HostInputs& h, int T, std::initializer_list<int> ns,
-                                      Captured captured) {
+void expect_replays_equal_eager(MegaLayer& gpu, const Shape& s, const DeviceInputs& d,
+                                const HostInputs& h, int T, std::initializer_list<int> ns,
+                                Captured captured, int eager_tile = 8) {
   CountedStream cs;
   PoisonedOut out(size_t(T) * s.H);
   ForwardInputs f = device_view(d, h);
@@ -864,10 +880,13 @@ void expect_replays_equal_eager_tile8(MegaLayer& gpu, const Shape& s, const Devi
     const std::vector<uint16_t> got = out.host();
     const HostInputs hn = first_tokens(h, n);
     DeviceInputs dn(hn);
-    PlanScope o(gpu, [](PlanOptions& p) { p.tile_n = 8; });
+    PlanScope o(gpu, [&](PlanOptions& p) {
+      p.tile_n = eager_tile;
+      p.m64_split = 0;
+    });
     const std::vector<uint16_t> want = forward_bits(gpu, dn, hn);
     EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()))
-        << "graph replay differs from the eager tile-8 forward";
+        << "graph replay differs from the eager tile-" << eager_tile << " forward";
   }
 }
 
@@ -890,6 +909,50 @@ void for_each_4bit_layer_and_tokens(const Shape& s, const Master& m, int cap,
       body(*gpu, d, h, T);
     }
   }
+}
+
+// The m64 split (PlanOptions::m64_split): tiles of 160, every expert's last tile of at most 64
+// rows on the narrow m64 kernel after the wide ones on the m64 kernel (a second launch that starts
+// at once and waits for the first before it exits). Each column gets the same MMAs in the same k
+// order either way, so the split gives the unsplit bits. Qwen3 (E 16, K 8): T = 60 (30 rows per
+// expert: every tile narrow), 150 (75: every tile wide), 400 (200: a wide tile of 160 and a
+// narrow remainder per expert), 8 (64 pairs: too few for a wide tile, the narrow launch alone);
+// then T = 400 captured in a CUDA graph, replayed with device counts (the narrow tiles
+// change with each replay's rows) against eager unsplit forwards.
+TEST(GpuLayer, M64SplitSameBitsAsUnsplit) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  const Master m(s, 43);
+  for_each_4bit_layer_and_tokens(
+      s, m, 400, {60, 150, 400, 8}, 120,
+      [&](MegaLayer& gpu, const DeviceInputs& d, const HostInputs& h, int T) {
+        auto run = [&](int split) {
+          PlanScope o(gpu, [&](PlanOptions& p) {
+            p.tile_n = 160;
+            p.m64_split = split;
+          });
+          return forward_bits(gpu, d, h);
+        };
+        const std::vector<uint16_t> plain = run(0);
+        EXPECT_TRUE(any_nonzero(plain)) << "every output is zero";
+        EXPECT_TRUE(run(1) == plain) << "the m64 split differs from the unsplit m64 kernel";
+        const ForwardPlan p = gpu.last_plan();
+        ASSERT_TRUE(p.m64_split) << p.to_string();
+        EXPECT_GT(p.fc1.m64_narrow_ctas, 0);
+        EXPECT_EQ(p.fc1.grid_ctas > 0, T * s.K >= 65);  // a wide tile needs 65 pairs
+        if (T != 400) return;
+        expect_replays_equal_eager(
+            gpu, s, d, h, T, {400, 150, 60, 7},
+            [&](const ForwardInputs& f, const TensorView& out) {
+              PlanScope o(gpu, [](PlanOptions& q) {
+                q.tile_n = 160;
+                q.m64_split = 1;
+              });
+              gpu.forward(f, out);
+            },
+            160);
+      });
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer
@@ -920,14 +983,14 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
         if (T != 40) return;
         // The split captured in a CUDA graph at T and replayed with device counts (route orders
         // each replay's tiles on the device) against eager tile-8 forwards of the first n tokens.
-        expect_replays_equal_eager_tile8(gpu, s, d, h, T, {40, 12, 3},
-                                         [&](const ForwardInputs& f, const TensorView& out) {
-                                           PlanScope o(gpu, [](PlanOptions& p) {
-                                             p.tile_n = 16;
-                                             p.tile16_row_split = 1;
-                                           });
-                                           gpu.forward(f, out);
-                                         });
+        expect_replays_equal_eager(gpu, s, d, h, T, {40, 12, 3},
+                                   [&](const ForwardInputs& f, const TensorView& out) {
+                                     PlanScope o(gpu, [](PlanOptions& p) {
+                                       p.tile_n = 16;
+                                       p.tile16_row_split = 1;
+                                     });
+                                     gpu.forward(f, out);
+                                   });
         EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
       });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
@@ -967,11 +1030,11 @@ TEST(GpuLayer, Decode32SameBitsAsTile8) {
             EXPECT_EQ(gpu.last_plan().fc2.decode[0].chunks_per_slot, cps);
           }
           if (T != 100) return;
-          expect_replays_equal_eager_tile8(
-              gpu, s, d, h, T, {100, 40, 5}, [&](const ForwardInputs& f, const TensorView& out) {
-                PlanScope o(gpu, [](PlanOptions& p) { p.tile_n = 32; });
-                gpu.forward(f, out);
-              });
+          expect_replays_equal_eager(gpu, s, d, h, T, {100, 40, 5},
+                                     [&](const ForwardInputs& f, const TensorView& out) {
+                                       PlanScope o(gpu, [](PlanOptions& p) { p.tile_n = 32; });
+                                       gpu.forward(f, out);
+                                     });
         });
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
@@ -1023,7 +1086,7 @@ TEST(GpuLayer, DecodeOneFragmentWarpsSameBits) {
                 << (fc1 ? "fc1" : "fc2") << ": " << ctas << " CTAs on " << sms << " SMs";
           }
           if (T != 7) return;
-          expect_replays_equal_eager_tile8(
+          expect_replays_equal_eager(
               gpu, s, d, h, T, {7, 3, 1}, [&](const ForwardInputs& f, const TensorView& out) {
                 PlanScope o(gpu, [](PlanOptions& p) { p.tile8_frags_per_warp = 1; });
                 gpu.forward(f, out);
@@ -1191,7 +1254,7 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
   // Captured once at T and replayed with fewer tokens read on the device: the ticket counters
   // that each launch zeroes at its end serve every replay (the tile-8 override of the eager
   // forwards does not apply to the fp8 path).
-  expect_replays_equal_eager_tile8(
+  expect_replays_equal_eager(
       gpu, s, d, h, T, {T, 120, 7},
       [&](const ForwardInputs& f, const TensorView& out) { gpu.forward(f, out); });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);

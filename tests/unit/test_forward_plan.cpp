@@ -298,10 +298,19 @@ TEST(ForwardPlan, EpOwner) {
 // Options force a tile; the bf16 recipe maps the tiles it has no kernel for.
 TEST(ForwardPlan, OptionsForceTheTile) {
   PlanOptions o;
-  for (const int n : {8, 16, 32, 160}) {
+  for (const int n : {8, 16, 32, 64, 160}) {
     o.tile_n = n;
     EXPECT_EQ(make_forward_plan(dsv3(Recipe::kNvfp4, 64), o).tile_n, n);
   }
+  // Tile 64: the narrow m64 kernel on both GEMMs, its grid that of the m64 kernel's groups.
+  o.tile_n = 64;
+  const ForwardPlan narrow = make_forward_plan(dsv3(Recipe::kMxfp4Bf16, 1024), o);
+  EXPECT_EQ(narrow.fc1.kernel, GemmKernel::kWgmmaM64Narrow);
+  EXPECT_EQ(narrow.fc2.kernel, GemmKernel::kWgmmaM64Narrow);
+  EXPECT_EQ(narrow.fc1.grid_ctas,
+            narrow.fc1.grid_tiles * kern::m64_groups(Recipe::kMxfp4Bf16, narrow.fc1.mtiles));
+  EXPECT_NE(narrow.to_string().find("fc1=wgmma_m64_narrow["), std::string::npos);
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 160);
   o.tile_n = 8;
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 16);
   o.tile_n = 32;
@@ -315,6 +324,60 @@ TEST(ForwardPlan, OptionsForceTheTile) {
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 64), o).fc1.decode[0].first_wave, 5);
 }
 
+// The m64 split: tiles of 160 of a 4-bit recipe, the narrow kernel's grid sized for one narrow
+// tile per touched expert, the m64 kernel's for the wide tiles (more than 64 rows each). Never
+// for bf16 (no narrow kernel) or the fp8 path, and only on tiles of 160.
+TEST(ForwardPlan, M64SplitGrids) {
+  PlanOptions o;
+  o.m64_split = 1;
+  const ForwardPlan p = make_forward_plan(dsv3(Recipe::kNvfp4, 1024), o);  // 8192 pairs, E 256
+  ASSERT_EQ(p.tile_n, 160);
+  ASSERT_TRUE(p.m64_split);
+  const int groups = kern::m64_groups(Recipe::kNvfp4, p.fc1.mtiles);
+  EXPECT_EQ(p.fc1.kernel, GemmKernel::kWgmmaM64);
+  EXPECT_EQ(p.fc1.m64_narrow_ctas, 256 * groups);
+  EXPECT_EQ(p.fc1.grid_ctas, (8192 / 65) * groups);
+  EXPECT_EQ(p.fc2.m64_narrow_ctas, 256 * kern::m64_groups(Recipe::kNvfp4, p.fc2.mtiles));
+  EXPECT_NE(p.to_string().find(" m64_split "), std::string::npos) << p.to_string();
+  EXPECT_NE(p.to_string().find("narrow_ctas="), std::string::npos);
+  // 8 pairs: no wide tile fits, the narrow launch alone.
+  const ForwardPlan one = make_forward_plan(dsv3(Recipe::kNvfp4, 1), [] {
+    PlanOptions q;
+    q.m64_split = 1;
+    q.tile_n = 160;
+    return q;
+  }());
+  EXPECT_EQ(one.fc1.grid_ctas, 0);
+  EXPECT_EQ(one.fc1.m64_narrow_ctas, 8 * kern::m64_groups(Recipe::kNvfp4, one.fc1.mtiles));
+  EXPECT_FALSE(make_forward_plan(dsv3(Recipe::kBf16, 1024), o).m64_split);
+  o.tile_n = 32;
+  EXPECT_FALSE(make_forward_plan(dsv3(Recipe::kNvfp4, 1024), o).m64_split);
+  o.tile_n = 0;
+  o.m64_split = 0;
+  const ForwardPlan off = make_forward_plan(dsv3(Recipe::kNvfp4, 1024), o);
+  EXPECT_FALSE(off.m64_split);
+  EXPECT_EQ(off.fc1.m64_narrow_ctas, 0);
+  EXPECT_EQ(off.fc1.grid_ctas, off.fc1.grid_tiles * groups);
+}
+
+// The policy splits the tiles of 160 of a 4-bit recipe on one GPU up to 64 mean rows per
+// expert (kM64SplitMaxMeanRows).
+TEST(ForwardPlan, M64SplitPolicy) {
+  EXPECT_FALSE(make_forward_plan(dsv3(Recipe::kNvfp4, 640), {}).m64_split);  // 20 rows: tile 32
+  EXPECT_TRUE(make_forward_plan(dsv3(Recipe::kNvfp4, 704), {}).m64_split);   // 22 rows
+  EXPECT_TRUE(make_forward_plan(dsv3(Recipe::kMxfp4Mxfp8, 2048), {}).m64_split);  // 64 rows
+  EXPECT_FALSE(make_forward_plan(dsv3(Recipe::kNvfp4, 2080), {}).m64_split);      // 65 rows
+  EXPECT_FALSE(make_forward_plan(dsv3(Recipe::kBf16, 1024), {}).m64_split);
+  PlanInputs in = dsv3(Recipe::kNvfp4, 1024);
+  in.fp8 = false;
+  in.world = 2;
+  in.capacity = 1024;
+  EXPECT_FALSE(make_forward_plan(in, {}).m64_split);  // EP owner: not measured
+  PlanInputs f = dsv3(Recipe::kMxfp4Mxfp8, 1024);
+  f.fp8 = true;
+  EXPECT_FALSE(make_forward_plan(f, {}).m64_split);
+}
+
 TEST(ForwardPlan, OptionsAreValidated) {
   EXPECT_TRUE(plan_options_reasons(PlanOptions{}, Recipe::kNvfp4).empty());
   PlanOptions o;
@@ -325,8 +388,9 @@ TEST(ForwardPlan, OptionsAreValidated) {
   o.route_spread = -2;
   o.decode_first_wave = -1;
   o.fp8_grid_ctas = -1;
+  o.m64_split = 2;
   const auto r = plan_options_reasons(o, Recipe::kNvfp4);
-  ASSERT_EQ(r.size(), 7u);
+  ASSERT_EQ(r.size(), 8u);
   EXPECT_NE(r[0].find("plan_options.tile_n = 12"), std::string::npos) << r[0];
   o = PlanOptions{};
   o.tile_n = 128;  // no kernel has tiles of 128
@@ -334,6 +398,8 @@ TEST(ForwardPlan, OptionsAreValidated) {
   EXPECT_EQ(plan_options_reasons(o, Recipe::kBf16).size(), 1u);
   o.tile_n = 160;
   EXPECT_TRUE(plan_options_reasons(o, Recipe::kBf16).empty());
+  o.tile_n = 64;
+  EXPECT_TRUE(plan_options_reasons(o, Recipe::kNvfp4).empty());
 }
 
 // The plan is a pure function of its inputs, prints in one line, and names what it chose.

@@ -76,6 +76,8 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
 // kernel's; the launch plan (src/plan) picks among these, the decode kernel's 8, 16 and 32
 // (4-bit weights) and the mma.sync kernel's 16 (bf16 weights).
 constexpr int kM64TileN = 160, kFp8TileN = 160;
+// The narrow m64 kernel (4-bit weights): tiles of up to 64 rows at three CTAs per SM.
+constexpr int kM64NarrowTileN = 64, kM64NarrowCtasPerSm = 3;
 // The m64 kernel's CTA: warpgroups (64 weight rows each, sharing one B stage) and CTAs per SM.
 // 4-bit weights: 2 x 2; bf16 weights, four times the bytes per row: 4 x 1, so that a B stage
 // serves 256 weight rows and the L2 traffic per MMA stays that of the 4-bit kernel.
@@ -181,13 +183,17 @@ struct ForwardArgs {
   // One GPU, bf16 activations (mxfp4_bf16, nvfp4_bf16, bf16) and x contiguous and 16-byte
   // aligned: xq is x itself (the GEMM's rows are x's rows), so prepare copies nothing.
   bool xq_is_x = false;
-  // Tiles of 16 split by rows (the plan's tile16_row_split): route writes the tiles of at most 8
-  // rows first and their count at num_tiles[1]; the decode GEMMs then run those on the tile-8
-  // kernel (tile_part 1) and the rest on the tile-16 kernel (tile_part 2), each CTA grid over its
-  // own part of the list (tile_item). pdl_late: the kernel is the second launch of such a pair, and
-  // everything it reads was complete before it could launch, so it skips the wait at its start
-  // and waits before it exits instead (so it still completes after the first).
+  // Tiles split by rows: route writes every expert's last tile of at most tile_split_rows rows
+  // first and their count at num_tiles[1]. The plan's tile16_row_split (tiles of 16, 8 rows):
+  // the decode GEMMs run those on the tile-8 kernel (tile_part 1) and the rest on the tile-16
+  // kernel (tile_part 2). The plan's m64_split (tiles of 160, 64 rows): the wide tiles on the
+  // m64 kernel (tile_part 2), then the narrow ones on the narrow m64 kernel (tile_part 1). Each
+  // CTA grid covers its own part of the list (tile_part_range). pdl_late: the kernel is the
+  // second launch of such a pair, and everything it reads was complete before it could launch,
+  // so it skips the wait at its start and waits before it exits instead (so it still completes
+  // after the first).
   bool tile_split = false;
+  int tile_split_rows = 0;
   int tile_part = 0;  // 0: every tile
   bool pdl_late = false;
   // The fp8 MMA path of mxfp4_mxfp8 (RecipeConfig::fp8_mma, single GPU; docs/kernels.md):

@@ -29,11 +29,45 @@ template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 constexpr auto m64_kernel =
     sm90_moe_wgmma3_kernel<R, kFc1, m64_warpgroups(R), m64_ctas_per_sm(R), kEpi>;
 
+// 4-bit weights, tiles of up to 64 rows: the same CTA of two warpgroups, at three per SM.
+template <Recipe R>
+using M64NarrowConfig = Wgmma3Config<R, m64_warpgroups(R), kM64NarrowCtasPerSm, kM64NarrowTileN>;
 template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
-cudaError_t launch_wgmma_m64(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
-  m64_kernel<R, kFc1, kEpi>
-      <<<unsigned(g.grid_ctas), M64Config<R>::kNT, M64Config<R>::kSmemBytes, s>>>(a);
+constexpr auto m64_narrow_kernel =
+    sm90_moe_wgmma3_kernel<R, kFc1, m64_warpgroups(R), kM64NarrowCtasPerSm, kEpi, kM64NarrowTileN>;
+
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
+cudaError_t launch_wgmma_m64_narrow(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
+  m64_narrow_kernel<R, kFc1, kEpi>
+      <<<unsigned(g.grid_ctas), M64NarrowConfig<R>::kNT, M64NarrowConfig<R>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
+}
+
+// Tiles of up to 160 rows. Split by rows (GemmPlan::m64_narrow_ctas, 4-bit weights): the wide
+// tiles first on the m64 kernel, whose CTAs let the second launch start at once; then the
+// narrow tiles (an expert's last, at most 64 rows) on the narrow kernel, which waits for the
+// first before it exits.
+template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
+cudaError_t launch_wgmma_m64(const ForwardArgs& args, const GemmPlan& g, cudaStream_t s) {
+  ForwardArgs a = args;
+  const bool split = g.m64_narrow_ctas > 0;
+  a.tile_part = split ? 2 : 0;
+  a.pdl_late = false;
+  if (g.grid_ctas > 0) {
+    m64_kernel<R, kFc1, kEpi>
+        <<<unsigned(g.grid_ctas), M64Config<R>::kNT, M64Config<R>::kSmemBytes, s>>>(a);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  if (!split) return cudaSuccess;
+  if constexpr (R != Recipe::kBf16) {
+    // Without a wide launch (too few pairs for a wide tile) the narrow one is a plain launch.
+    a.tile_part = 1;
+    a.pdl_late = g.grid_ctas > 0;
+    return launch_kernel(a.pdl_late, m64_narrow_kernel<R, kFc1, kEpi>,
+                         dim3(unsigned(g.m64_narrow_ctas)), dim3(M64NarrowConfig<R>::kNT),
+                         M64NarrowConfig<R>::kSmemBytes, s, a);
+  }
+  return cudaErrorInvalidConfiguration;  // the plan never splits the bf16 recipe
 }
 
 template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
@@ -47,6 +81,9 @@ cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s)
       break;
     case GemmKernel::kWgmmaM64:
       return launch_wgmma_m64<R, kFc1, kEpi>(a, g, s);
+    case GemmKernel::kWgmmaM64Narrow:
+      if constexpr (kFourBit) return launch_wgmma_m64_narrow<R, kFc1, kEpi>(a, g, s);
+      break;
     case GemmKernel::kMma16:
       if constexpr (!kFourBit) return launch_mma16<R, kFc1, kEpi>(a, g, s);
       break;
@@ -76,9 +113,12 @@ template <Recipe R, ExpertEpilogue kEpi>
 cudaError_t set_gemm_attributes_for() {
   constexpr int kM64Bytes = M64Config<R>::kSmemBytes;
   if constexpr (R != Recipe::kBf16) {
+    constexpr int kNarrowBytes = M64NarrowConfig<R>::kSmemBytes;
     return first_error({set_decode_attributes<R, kEpi>(),
                         set_max_smem(m64_kernel<R, true, kEpi>, kM64Bytes),
-                        set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes)});
+                        set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes),
+                        set_max_smem(m64_narrow_kernel<R, true, kEpi>, kNarrowBytes),
+                        set_max_smem(m64_narrow_kernel<R, false, kEpi>, kNarrowBytes)});
   } else {
     return first_error(
         {set_max_smem(m64_kernel<R, true, kEpi>, kM64Bytes),

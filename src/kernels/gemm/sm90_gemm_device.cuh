@@ -164,8 +164,11 @@ __device__ __forceinline__ MTileStream mtile_stream(const ForwardArgs& a, int ex
 // those start and exit in the grid's tail. With a split tile list (ForwardArgs::tile_part) the
 // grid covers its part only: the first num_tiles[1] tiles (1) or the rest (2). False: no tile
 // for this CTA.
-__device__ __forceinline__ bool tile_item(const ForwardArgs& a, int& tile_idx, int& mtile) {
-  unsigned lo = 0, n = unsigned(a.num_tiles[0]);
+// The first tile and the number of tiles of this launch's part of the list (all of it where
+// tile_part is 0).
+__device__ __forceinline__ void tile_part_range(const ForwardArgs& a, unsigned& lo, unsigned& n) {
+  lo = 0;
+  n = unsigned(a.num_tiles[0]);
   if (a.tile_part != 0) {
     const unsigned narrow = unsigned(a.num_tiles[1]);
     if (a.tile_part == 1) {
@@ -175,6 +178,11 @@ __device__ __forceinline__ bool tile_item(const ForwardArgs& a, int& tile_idx, i
       n -= narrow;
     }
   }
+}
+
+__device__ __forceinline__ bool tile_item(const ForwardArgs& a, int& tile_idx, int& mtile) {
+  unsigned lo, n;
+  tile_part_range(a, lo, n);
   const unsigned item = blockIdx.y * gridDim.x + blockIdx.x;
   if (item >= n * gridDim.y) return false;  // n = 0 included
   tile_idx = int(lo + item % n);

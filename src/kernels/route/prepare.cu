@@ -33,10 +33,10 @@ __device__ void report_bad_id(DeviceError* err, int index, int value, int limit)
 }
 
 // A routing tile is narrow (tile_split only) when it is an expert's last and holds at most
-// tn / 2 of its c rows; those come first in the tile list.
+// tile_split_rows of its c rows; those come first in the tile list.
 __device__ __forceinline__ int narrow_tile(const ForwardArgs& a, int c, int tn) {
   const int r = c % tn;
-  return a.tile_split && r != 0 && 2 * r <= tn ? 1 : 0;
+  return a.tile_split && r != 0 && r <= a.tile_split_rows ? 1 : 0;
 }
 
 // The local expert of a routed id, or -1 (an empty slot, a bad id, another rank's expert).

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/gemm/sm90_gemm_device.cuh"
 
 namespace moe_ep::kern {
@@ -94,10 +95,9 @@ __device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint
 // ascending), so the same bits for any G. fc1: warps 0/2 hold gate rows, 1/3 the matching up
 // rows (fragment order of forward_args.h), so the epilogue pairs them through shared memory.
 
-constexpr int kWg3MaxN = kM64TileN;  // tokens per routing tile
-constexpr int kWg3Rows = 64;         // weight rows per CTA
-constexpr int kWg3Frags = 4;         // fragments per CTA, one per warp
-constexpr int kWg3HCols = 32;        // h columns per fc1 CTA
+constexpr int kWg3Rows = 64;   // weight rows per CTA
+constexpr int kWg3Frags = 4;   // fragments per CTA, one per warp
+constexpr int kWg3HCols = 32;  // h columns per fc1 CTA
 // The epilogue's staging rows per token column (m64_epilogue; the fp8 kernel's too).
 constexpr int kWg3XS = kWg3Rows + 4;  // fc1 exchange row (fp32)
 constexpr int kWg3YS = kWg3Rows + 8;  // fc2 y row (bf16)
@@ -112,8 +112,10 @@ __device__ __forceinline__ void named_barrier(int id, int count) {
 
 // kG warpgroups per CTA, each the m64 consumer of one 64-row half M-tile (consecutive halves of
 // one routing tile), all reading the same B stage: B crosses L2 once per kG halves. kMinB CTAs
-// per SM size the ring (the shared memory of an SM, 228 KB, split kMinB ways).
-template <Recipe R, int kG = 1, int kMinB = 3>
+// per SM size the ring (the shared memory of an SM, 228 KB, split kMinB ways). kMaxN: rows per
+// routing tile (kM64TileN, or kM64NarrowTileN: N <= 64 needs 32 accumulators per thread instead
+// of 80, so three CTAs of two warpgroups fit an SM's registers).
+template <Recipe R, int kG = 1, int kMinB = 3, int kMaxN = kM64TileN>
 struct Wgmma3Config {
   using RT = RecipeKernelTraits<R>;
   static constexpr int kNT = 128 * kG;  // threads per CTA
@@ -132,22 +134,22 @@ struct Wgmma3Config {
   }
   // Static shared memory (scale table and the tile's column tables) and the 1024-byte
   // alignment of the ring come out of the SM's share.
-  static constexpr int kStaticBytes = (RT::kFourBit ? 256 * 4 : 4) + kWg3MaxN * (8 + 4 + 4);
+  static constexpr int kStaticBytes = (RT::kFourBit ? 256 * 4 : 4) + kMaxN * (8 + 4 + 4);
   static constexpr int kBudget =
       (kMinB == 1 ? kSmemPerCtaMax : kSmemPerSm / kMinB - kSmemReservedPerCta) - kStaticBytes -
       1024;
   static constexpr int kMaxStages = 8;
   static constexpr int kStagesMaxN =
-      kBudget / stage_bytes(kWg3MaxN) < kMaxStages ? kBudget / stage_bytes(kWg3MaxN) : kMaxStages;
-  static_assert(kStagesMaxN >= 3, "the ring needs three stages of N = 160");
-  static constexpr int kRingBytes = kStagesMaxN * stage_bytes(kWg3MaxN);
+      kBudget / stage_bytes(kMaxN) < kMaxStages ? kBudget / stage_bytes(kMaxN) : kMaxStages;
+  static_assert(kStagesMaxN >= 3, "the ring needs three stages of the widest N");
+  static constexpr int kRingBytes = kStagesMaxN * stage_bytes(kMaxN);
   // Smaller N get more stages, up to kMaxStages.
   __host__ __device__ static constexpr int stages(int n) {
     return kRingBytes / stage_bytes(n) < kMaxStages ? kRingBytes / stage_bytes(n) : kMaxStages;
   }
   // Each warpgroup's epilogue staging (m64_epilogue), side by side.
   static constexpr int kEpiBytes =
-      kWg3MaxN * kWg3XS * 4 > kWg3MaxN* kWg3YS * 2 ? kWg3MaxN* kWg3XS * 4 : kWg3MaxN* kWg3YS * 2;
+      kMaxN * kWg3XS * 4 > kMaxN* kWg3YS * 2 ? kMaxN* kWg3XS * 4 : kMaxN* kWg3YS * 2;
   static constexpr int kSmemBytes =
       (kRingBytes > kG * kEpiBytes ? kRingBytes : kG * kEpiBytes) + 1024;
   // kMinB CTAs fit an SM (228 KB, 1 KB reserved per CTA) and one CTA the 227 KB per-CTA limit.
@@ -230,6 +232,10 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
 // 3386 to 3221 us).
 using M64NClasses =
     std::integer_sequence<int, 32, 40, 48, 56, 64, 72, 80, 96, 112, 120, 128, 136, 144, 152, 160>;
+// The narrow kernel's (kMaxN = kM64NarrowTileN).
+using M64NarrowNClasses = std::integer_sequence<int, 32, 40, 48, 56, 64>;
+template <int kMaxN>
+using M64Classes = std::conditional_t<kMaxN == kM64TileN, M64NClasses, M64NarrowNClasses>;
 template <class F, int N0, int... Ns>
 __device__ __forceinline__ void with_n_class(int rows, F& f,
                                              std::integer_sequence<int, N0, Ns...>) {
@@ -247,28 +253,40 @@ __device__ __forceinline__ void with_n_class(int rows, F& f,
 // computes half M-tile group * kG + wg; a warpgroup past the matrix (kG not dividing the halves,
 // or fc2's padding rows past H) loads its share of B and takes part in the barriers, but neither
 // decodes nor multiplies.
-template <Recipe R, bool kFc1, int kG, int kMinB, ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu>
+template <Recipe R, bool kFc1, int kG, int kMinB, ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu,
+          int kMaxN = kM64TileN>
 __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const ForwardArgs a) {
-  using C = Wgmma3Config<R, kG, kMinB>;
+  static_assert(kMaxN == kM64TileN || kMaxN == kM64NarrowTileN, "an N class list per tile");
+  using C = Wgmma3Config<R, kG, kMinB, kMaxN>;
   using RT = typename C::RT;
   constexpr int kNT = C::kNT;
-  constexpr int kNF = kWg3MaxN / 8;
+  constexpr int kNF = kMaxN / 8;
   constexpr int kIF = C::kInFlight;
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint32_t scale_lut[RT::kFourBit ? 256 : 1];
-  __shared__ const uint16_t* brow_ptr[kWg3MaxN];  // first element of each B row (xq or h)
-  __shared__ int pair_of[kWg3MaxN];               // t*K+k of each column
-  __shared__ float tw_of[kWg3MaxN];
+  __shared__ const uint16_t* brow_ptr[kMaxN];  // first element of each B row (xq or h)
+  __shared__ int pair_of[kMaxN];               // t*K+k of each column
+  __shared__ float tw_of[kMaxN];
 
+  // A split pair (ForwardArgs::tile_part, m64_split): the first launch, the wide tiles, lets
+  // the second (the narrow tiles, on the narrow kernel) start at once; that one reads nothing
+  // the first writes, and waits for it before every exit (pdl_late) so that the pair completes
+  // after both.
+  if (a.tile_part == 2) pdl_launch_dependents();
+  auto finish = [&] {
+    if (a.pdl_late) pdl_wait();
+  };
   const int halves = 2 * (kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles);
   const int groups = (halves + kG - 1) / kG;
   const int group = int(blockIdx.x % unsigned(groups));
-  const int tile_idx = int(blockIdx.x / unsigned(groups));
-  if (tile_idx >= *a.num_tiles) return;
+  unsigned tile_lo, part_tiles;
+  tile_part_range(a, tile_lo, part_tiles);
+  if (blockIdx.x / unsigned(groups) >= part_tiles) return finish();
+  const int tile_idx = int(tile_lo + blockIdx.x / unsigned(groups));
   // fc2 rows are padded to a multiple of 128: halves made only of padding have nothing to store
   // (if the group's first is one, so are the others).
   auto half_live = [&](int m64) { return m64 < halves && (kFc1 || m64 * kWg3Rows < a.H); };
-  if (!half_live(group * kG)) return;
+  if (!half_live(group * kG)) return finish();
   const TileInfo tile = a.tiles[tile_idx];
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
   const int warp = wtid >> 5, lane = tid & 31;  // warp within the warpgroup
@@ -290,7 +308,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   if constexpr (RT::kFourBit) {
     for (int b = tid; b < 256; b += kNT) scale_lut[b] = scale_multiplier<R>(b);
   }
-  tile_columns<kFc1>(a, tile, kWg3MaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kNT);
+  tile_columns<kFc1>(a, tile, kMaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kNT);
   __syncthreads();
 
   // This thread's B pieces: 16-byte column bc of rows br0 + kBStep i; the swizzle XORs the
@@ -458,13 +476,13 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     // different N merge (ptxas may move accumulators there: C7515 serialization otherwise).
     wgmma_wait<0>();
   };
-  with_n_class(tile.rows, k_loop, M64NClasses{});
+  with_n_class(tile.rows, k_loop, M64Classes<kMaxN>{});
   wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < kNF * 4; ++i) asm volatile("" : "+f"(acc[i])::"memory");
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline; its smem becomes the epilogue tiles
-  if (!active) return;
+  if (!active) return finish();
 
   // acc[nf*4 + i]: row warp*16 + g + (i>>1)*8 of the half's 64, column nf*8 + 2*t4 + (i&1).
   const float alpha = gemm_alpha<R, kFc1>(a, tile.expert);
@@ -476,6 +494,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     m64_epilogue<R, kFc1, kNF, kEpi>(a, tile, mtile, half, acc, smem + wg * C::kEpiBytes, tw_of,
                                      pair_of, wtid, value, [wg] { named_barrier(1 + wg, 128); });
   }
+  finish();
 }
 
 }  // namespace moe_ep::kern
