@@ -1494,18 +1494,21 @@ TEST(GpuLayer, SmallForSanitizer) {
     // T = 5 and 40 (10 rows per expert): the decode kernel with tile_n 8 and 16 (T = 5 also with
     // one fragment per consumer warp forced, nvfp4's default on this grid of a few CTAs); T = 72
     // (18 rows): tile 32 on its lean consumer (this K's default) and, forced, on 4-chunk slots;
-    // T = 120: 30 rows per expert, the wgmma kernel; T = 1100 (2200 pairs): prepare's spread
-    // route.
+    // T = 120: 30 rows per expert, the m64 split (4-bit recipes; every tile on the narrow
+    // kernel, the wide launch empty) or the m64 kernel; T = 800 (200 rows) with the split forced:
+    // a wide tile per expert on the m64 kernel and the narrow remainder on the narrow kernel;
+    // T = 1100 (2200 pairs): prepare's spread route.
     struct Case {
-      int T, cps, fw;  // 0: the default
+      int T, cps, fw, split;  // 0 / -1: the default
     };
-    for (const Case c : {Case{5, 0, 0},
-                         {5, 0, 1},
-                         {40, 0, 0},
-                         {72, 0, 0},
-                         {72, 4, 0},
-                         {120, 0, 0},
-                         {1100, 0, 0}}) {
+    for (const Case c : {Case{5, 0, 0, -1},
+                         {5, 0, 1, -1},
+                         {40, 0, 0, -1},
+                         {72, 0, 0, -1},
+                         {72, 4, 0, -1},
+                         {120, 0, 0, -1},
+                         {800, 0, 0, 1},
+                         {1100, 0, 0, -1}}) {
       const int T = c.T;
       SCOPED_TRACE(std::string(recipe_name(r)) + " T = " + std::to_string(T) + " chunks per slot " +
                    std::to_string(c.cps) + " fragments per warp " + std::to_string(c.fw));
@@ -1516,6 +1519,7 @@ TEST(GpuLayer, SmallForSanitizer) {
         o.decode_first_wave = 1;
         o.tile32_chunks_per_slot = c.cps;
         o.tile8_frags_per_warp = c.fw;
+        o.m64_split = c.split;
       };
       PlanScope plan_gpu(*gpu, set), plan_unf(*unf, set);
       const std::vector<uint16_t> got = to_host_bf16(gpu->forward(device_view(d, h)).view());

@@ -81,7 +81,9 @@ __device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint
 
 // ---------------------------------------------------------------------------------------------
 // The m64 kernel (tile_n kM64TileN = 160; 4-bit weights above 21 rows per expert on average,
-// bf16 weights above 17; docs/kernels.md §4.2): one m64nNk16 wgmma per k16 step. A warpgroup =
+// bf16 weights above 17; docs/kernels.md §4.2), and the narrow m64 kernel (kMaxN =
+// kM64NarrowTileN = 64, three CTAs per SM, 4-bit weights: the narrow tiles of the m64 split, or
+// tile_n 64): one m64nNk16 wgmma per k16 step. A warpgroup =
 // 64 weight rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's
 // rows rounded up to a class (M64NClasses, <= 160; acc N/2 fp32 registers per thread). A CTA
 // holds G warpgroups on consecutive halves of one routing tile, which share each B stage, at B
