@@ -16,12 +16,14 @@ BF16_FLOPS_PER_S = 755e12  # dense bf16 matmul, measured
 
 
 def kernel_of(plan):
-    """fc1's kernel family and the routing tile of a record's plan string, e.g. 'decode/8'."""
+    """fc1's kernel family and the routing tile of a record's plan string, e.g. 'decode/8', or
+    'wgmma_m64+narrow/160' where the plan splits the tiles of 160 by rows (m64_split)."""
     tile = re.search(r"\btile=(\d+)", plan)
-    fc1 = re.search(r"\bfc1=([a-z0-9_]+)", plan)
+    fc1 = re.search(r"\bfc1=([a-z0-9_]+)(\[[^]]*\])?", plan)
     if not tile or not fc1:
         return "?"
-    return f"{fc1.group(1)}/{tile.group(1)}"
+    narrow = "+narrow" if fc1.group(2) and "narrow_ctas=" in fc1.group(2) else ""
+    return f"{fc1.group(1)}{narrow}/{tile.group(1)}"
 
 
 def floors_us(records):

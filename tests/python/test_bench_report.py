@@ -51,3 +51,7 @@ def test_refusals_name_the_problem():
     with pytest.raises(ValueError, match="several shapes"):
         report.table(RECORDS + [other])
     assert report.kernel_of("no plan here") == "?"
+    split = ("cuda T=1024 tile=160 m64_split fc1=wgmma_m64[tiles=305 mtiles=32 ctas=4032 "
+             "narrow_ctas=8192] fc2=wgmma_m64[tiles=305 mtiles=56 ctas=7056 narrow_ctas=14336]")
+    assert report.kernel_of(split) == "wgmma_m64+narrow/160"
+    assert report.kernel_of(split.replace(" narrow_ctas=8192", "")) == "wgmma_m64/160"
