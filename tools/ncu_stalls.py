@@ -4,8 +4,12 @@
 Reads the ncu_<kernel>_<tokens>_sass.csv.gz files that `PROFILE_SOURCE=1 scripts/gpu_round.sh
 profile` writes (ncu --page source --csv --print-source sass) and prints, per profiled kernel,
 the share of warp-state samples in each stall reason and the opcodes that collect the most.
+With --loop, also the hottest loop body: the SASS lines executed as often as the most executed
+one (within 1 %), in address order, with their samples, and their count: the instructions a
+warp issues per trip of that loop (e.g. per K-chunk of a GEMM), the budget to compare against
+what the trip must do.
 
-  tools/ncu_stalls.py FILE.csv.gz [FILE.csv.gz ...] [--top N]
+  tools/ncu_stalls.py FILE.csv.gz [FILE.csv.gz ...] [--top N] [--loop]
 """
 import argparse
 import collections
@@ -62,15 +66,34 @@ def summarize(name, header, rows, top):
         print(f"     {op:<22} {100 * s / samples:5.1f} %  ({parts})")
 
 
+def hottest_loop(header, rows):
+    """The SASS lines executed within 1 % as often as the most executed one, in address order:
+    (executed count, [(source, samples), ...])."""
+    col = {n: i for i, n in enumerate(header)}
+    executed = [int(r[col["Instructions Executed"]] or 0) for r in rows]
+    top = max(executed, default=0)
+    if top == 0:
+        return 0, []
+    body = [(r[col["Source"]].strip(), int(r[col["# Samples"]] or 0))
+            for r, n in zip(rows, executed) if n >= 0.99 * top]
+    return top, body
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--loop", action="store_true", help="print the hottest loop body")
     a = ap.parse_args()
     for path in a.files:
         print(f"# {path}")
         for name, header, rows in kernels(path):
             summarize(name, header, rows, a.top)
+            if a.loop:
+                trips, body = hottest_loop(header, rows)
+                print(f"   hottest loop: {len(body)} instructions per trip, {trips} warp-trips")
+                for source, samples in body:
+                    print(f"     {samples:>7}  {source}")
 
 
 if __name__ == "__main__":
