@@ -53,7 +53,6 @@ cudaError_t launch_forward(const ForwardArgs& args, const ForwardPlan& p, cudaSt
   if (args.tokens == 0) return cudaSuccess;
   ForwardArgs a = args;
   a.tile_n = p.tile_n;
-  a.tile_split = p.tile16_row_split || p.m64_split;
   a.tile_split_rows = p.tile16_row_split ? p.tile_n / 2 : p.m64_split ? kM64NarrowTileN : 0;
   a.fp8_widths = p.fp8_forced_widths;
   if (ev) cudaEventRecord(ev[0], s);

@@ -156,7 +156,7 @@ struct ForwardArgs {
   uint16_t* h = nullptr;            // bf16 [T*K, I]: fc1 output in sorted order (q*s)
   int32_t* sorted_pairs = nullptr;  // [T*K]: t*K+k grouped by expert
   TileInfo* tiles = nullptr;        // [max_tiles]
-  int32_t* num_tiles = nullptr;     // [2]: the tiles; the narrow ones first (tile_split)
+  int32_t* num_tiles = nullptr;     // [2]: the tiles; the narrow ones first (tile_split_rows)
   // [local_experts + 1], zero between forwards: the spread route's per-expert counts and its
   // ticket (route_spread leaves them at zero).
   int32_t* counts = nullptr;
@@ -183,16 +183,15 @@ struct ForwardArgs {
   // One GPU, bf16 activations (mxfp4_bf16, nvfp4_bf16, bf16) and x contiguous and 16-byte
   // aligned: xq is x itself (the GEMM's rows are x's rows), so prepare copies nothing.
   bool xq_is_x = false;
-  // Tiles split by rows: route writes every expert's last tile of at most tile_split_rows rows
-  // first and their count at num_tiles[1]. The plan's tile16_row_split (tiles of 16, 8 rows):
-  // the decode GEMMs run those on the tile-8 kernel (tile_part 1) and the rest on the tile-16
-  // kernel (tile_part 2). The plan's m64_split (tiles of 160, 64 rows): the wide tiles on the
-  // m64 kernel (tile_part 2), then the narrow ones on the narrow m64 kernel (tile_part 1). Each
-  // CTA grid covers its own part of the list (tile_part_range). pdl_late: the kernel is the
-  // second launch of such a pair, and everything it reads was complete before it could launch,
-  // so it skips the wait at its start and waits before it exits instead (so it still completes
-  // after the first).
-  bool tile_split = false;
+  // Tiles split by rows (tile_split_rows > 0; 0: no split): route writes every expert's last
+  // tile of at most tile_split_rows rows first and their count at num_tiles[1]. The plan's
+  // tile16_row_split (tiles of 16, 8 rows): the decode GEMMs run those on the tile-8 kernel
+  // (tile_part 1) and the rest on the tile-16 kernel (tile_part 2). The plan's m64_split (tiles of
+  // 160, 64 rows): the wide tiles on the m64 kernel (tile_part 2), then the narrow ones on the
+  // narrow m64 kernel (tile_part 1). Each CTA grid covers its own part of the list
+  // (tile_part_range). pdl_late: the kernel is the second launch of such a pair, and everything it
+  // reads was complete before it could launch, so it skips the wait at its start and waits before
+  // it exits instead (so it still completes after the first).
   int tile_split_rows = 0;
   int tile_part = 0;  // 0: every tile
   bool pdl_late = false;

@@ -36,11 +36,12 @@ template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
 constexpr auto m64_narrow_kernel =
     sm90_moe_wgmma3_kernel<R, kFc1, m64_warpgroups(R), kM64NarrowCtasPerSm, kEpi, kM64NarrowTileN>;
 
+// `ctas` CTAs of the narrow kernel; the second launch of an m64 split (pdl_late) with
+// programmatic dependent launch.
 template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
-cudaError_t launch_wgmma_m64_narrow(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
-  m64_narrow_kernel<R, kFc1, kEpi>
-      <<<unsigned(g.grid_ctas), M64NarrowConfig<R>::kNT, M64NarrowConfig<R>::kSmemBytes, s>>>(a);
-  return cudaGetLastError();
+cudaError_t launch_wgmma_m64_narrow(const ForwardArgs& a, int ctas, cudaStream_t s) {
+  return launch_kernel(a.pdl_late, m64_narrow_kernel<R, kFc1, kEpi>, dim3(unsigned(ctas)),
+                       dim3(M64NarrowConfig<R>::kNT), M64NarrowConfig<R>::kSmemBytes, s, a);
 }
 
 // Tiles of up to 160 rows. Split by rows (GemmPlan::m64_narrow_ctas, 4-bit weights): the wide
@@ -63,9 +64,7 @@ cudaError_t launch_wgmma_m64(const ForwardArgs& args, const GemmPlan& g, cudaStr
     // Without a wide launch (too few pairs for a wide tile) the narrow one is a plain launch.
     a.tile_part = 1;
     a.pdl_late = g.grid_ctas > 0;
-    return launch_kernel(a.pdl_late, m64_narrow_kernel<R, kFc1, kEpi>,
-                         dim3(unsigned(g.m64_narrow_ctas)), dim3(M64NarrowConfig<R>::kNT),
-                         M64NarrowConfig<R>::kSmemBytes, s, a);
+    return launch_wgmma_m64_narrow<R, kFc1, kEpi>(a, g.m64_narrow_ctas, s);
   }
   return cudaErrorInvalidConfiguration;  // the plan never splits the bf16 recipe
 }
@@ -82,7 +81,7 @@ cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s)
     case GemmKernel::kWgmmaM64:
       return launch_wgmma_m64<R, kFc1, kEpi>(a, g, s);
     case GemmKernel::kWgmmaM64Narrow:
-      if constexpr (kFourBit) return launch_wgmma_m64_narrow<R, kFc1, kEpi>(a, g, s);
+      if constexpr (kFourBit) return launch_wgmma_m64_narrow<R, kFc1, kEpi>(a, g.grid_ctas, s);
       break;
     case GemmKernel::kMma16:
       if constexpr (!kFourBit) return launch_mma16<R, kFc1, kEpi>(a, g, s);

@@ -32,11 +32,11 @@ __device__ void report_bad_id(DeviceError* err, int index, int value, int limit)
   }
 }
 
-// A routing tile is narrow (tile_split only) when it is an expert's last and holds at most
-// tile_split_rows of its c rows; those come first in the tile list.
+// A routing tile is narrow when it is an expert's last and holds at most tile_split_rows (0: no
+// split) of its c rows; those come first in the tile list.
 __device__ __forceinline__ int narrow_tile(const ForwardArgs& a, int c, int tn) {
   const int r = c % tn;
-  return a.tile_split && r != 0 && r <= a.tile_split_rows ? 1 : 0;
+  return r != 0 && r <= a.tile_split_rows ? 1 : 0;
 }
 
 // The local expert of a routed id, or -1 (an empty slot, a bad id, another rank's expert).
@@ -125,7 +125,7 @@ __device__ __forceinline__ void for_each_id(const ForwardArgs& a, int P, int tid
 }
 
 // The layout of the routed pairs from the per-expert pair counts cnt[El] (shared): off[e] (shared)
-// = the pairs of the experts below e, the tile list and its counts. A narrow tile (tile_split
+// = the pairs of the experts below e, the tile list and its counts. A narrow tile (tile_split_rows
 // only) is an expert's last tile when it has at most tn / 2 rows; those come first in the list.
 // Leaves cnt[e] = 0 (the placement cursor of route's second pass), behind a block barrier.
 __device__ void route_layout(const ForwardArgs& a, int* cnt, int* off) {
@@ -205,7 +205,7 @@ __device__ void route_layout(const ForwardArgs& a, int* cnt, int* off) {
   for (int e = tid; e < El; e += kPrepThreads) {
     const int c = cnt[e];
     // Wide tiles after every narrow one: the expert's place among the wide tiles is its tile
-    // offset minus the narrow tiles before it. Without tile_split there are none (the old order).
+    // offset minus the narrow tiles before it. Without a split there are none (the old order).
     write_tiles(a, e, c, off[e], tn, narrow_of(c), noff[e], narrow_total + toff[e] - noff[e]);
     cnt[e] = 0;  // becomes the placement cursor
   }

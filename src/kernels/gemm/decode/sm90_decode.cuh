@@ -424,7 +424,7 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   if (!tile_item(a, tile_idx, mtile)) {
     // A split pair's second launch skips its first wait, so this grid may let it launch only in
     // order: a CTA without a tile still waits for the grid before it (fc2's early start).
-    if (kEarly && a.tile_split && !a.pdl_late) pdl_wait();
+    if (kEarly && a.tile_split_rows > 0 && !a.pdl_late) pdl_wait();
     return;
   }
   if (!first_wave) setup();
