@@ -182,23 +182,38 @@ Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_si
 }
 
 std::vector<double> dense_reference(const Problem& p, int rank) {
-  const int H = p.shape.H, I = p.shape.I, K = p.shape.K, T = p.tokens(rank);
   if (p.w13.empty())
     throw Error(ErrorCode::kInvalidArgument,
                 "dense_reference needs fp32 master weights (not available for loaded packs)");
+  DenseLayer l;
+  l.H = p.shape.H, l.I = p.shape.I, l.K = p.shape.K;
+  l.w13 = p.w13.data();
+  l.w2 = p.w2.data();
+  l.fc1_bias = p.fc1_bias.empty() ? nullptr : p.fc1_bias.data();
+  l.fc2_bias = p.fc2_bias.empty() ? nullptr : p.fc2_bias.data();
+  l.swiglu_limit = p.swiglu_limit;
+  l.swiglu_alpha = p.swiglu_alpha;
+  l.swiglu_beta = p.swiglu_beta;
+  return dense_reference(l, p.x[rank], p.ids[rank], p.topk_w[rank]);
+}
+
+std::vector<double> dense_reference(const DenseLayer& l, const std::vector<uint16_t>& xs,
+                                    const std::vector<int32_t>& ids,
+                                    const std::vector<float>& topk_w) {
+  const int H = l.H, I = l.I, K = l.K, T = int(ids.size()) / K;
   std::vector<double> out(size_t(T) * H, 0.0);
-  const float limit = p.swiglu_limit ? *p.swiglu_limit : -1.0f;
+  const float limit = l.swiglu_limit ? *l.swiglu_limit : -1.0f;
 #pragma omp parallel for schedule(dynamic)
   for (int t = 0; t < T; ++t) {
     std::vector<double> x(H), h(I);
-    for (int i = 0; i < H; ++i) x[i] = fmt::bf16_to_float(p.x[rank][size_t(t) * H + i]);
+    for (int i = 0; i < H; ++i) x[i] = fmt::bf16_to_float(xs[size_t(t) * H + i]);
     for (int k = 0; k < K; ++k) {
-      const int e = p.ids[rank][size_t(t) * K + k];
+      const int e = ids[size_t(t) * K + k];
       if (e < 0) continue;
-      const float* w13 = p.w13.data() + size_t(e) * 2 * I * H;
-      const float* w2 = p.w2.data() + size_t(e) * H * I;
-      const float* b13 = p.fc1_bias.empty() ? nullptr : p.fc1_bias.data() + size_t(e) * 2 * I;
-      const float* b2 = p.fc2_bias.empty() ? nullptr : p.fc2_bias.data() + size_t(e) * H;
+      const float* w13 = l.w13 + size_t(e) * 2 * I * H;
+      const float* w2 = l.w2 + size_t(e) * H * I;
+      const float* b13 = l.fc1_bias ? l.fc1_bias + size_t(e) * 2 * I : nullptr;
+      const float* b2 = l.fc2_bias ? l.fc2_bias + size_t(e) * H : nullptr;
       for (int j = 0; j < I; ++j) {
         double g = 0, u = 0;
         for (int i = 0; i < H; ++i) {
@@ -210,9 +225,9 @@ std::vector<double> dense_reference(const Problem& p, int rank) {
           g = std::min(g, double(limit));
           u = std::clamp(u, -double(limit), double(limit));
         }
-        h[j] = (u + p.swiglu_beta) * g / (1.0 + std::exp(-double(p.swiglu_alpha) * g));
+        h[j] = (u + l.swiglu_beta) * g / (1.0 + std::exp(-double(l.swiglu_alpha) * g));
       }
-      const double c = p.topk_w[rank][size_t(t) * K + k];
+      const double c = topk_w[size_t(t) * K + k];
       for (int i = 0; i < H; ++i) {
         double y = b2 ? double(b2[i]) : 0.0;
         for (int j = 0; j < I; ++j) y += double(w2[size_t(i) * I + j]) * h[j];

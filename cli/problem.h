@@ -50,8 +50,24 @@ Problem make_random_problem(const ModelShape& shape, Recipe recipe, int world_si
 void make_random_inputs(Problem& p, const std::vector<int>& tokens_per_rank, uint64_t seed,
                         const std::string& routing);
 
-// float64 math on the master weights, no quantization: what every recipe approximates (with
-// the problem's activation alpha / beta, clamp and expert biases).
+// The layer as float64 math on fp32 master weights, no quantization: what every recipe
+// approximates. w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I]; biases null or [E * 2I]
+// and [E * H]; the activation's clamp (none if unset), slope and offset as in LayerConfig.
+struct DenseLayer {
+  int H = 0, I = 0, K = 0;
+  const float* w13 = nullptr;
+  const float* w2 = nullptr;
+  const float* fc1_bias = nullptr;
+  const float* fc2_bias = nullptr;
+  std::optional<float> swiglu_limit;
+  float swiglu_alpha = 1.0f, swiglu_beta = 0.0f;
+};
+// out[t] = sum over the slots of topk_w[t, k] * expert ids[t, k] of bf16 x[t] ([T, H]; ids < 0
+// skipped), in double.
+std::vector<double> dense_reference(const DenseLayer& l, const std::vector<uint16_t>& x,
+                                    const std::vector<int32_t>& ids,
+                                    const std::vector<float>& topk_w);
+// The problem's layer on rank `rank`'s inputs (needs its master weights).
 std::vector<double> dense_reference(const Problem& p, int rank);
 
 struct RunResult {

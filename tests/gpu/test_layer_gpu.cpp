@@ -22,6 +22,7 @@
 #include "moe_ep/layer.h"
 #include "moe_ep/plan.h"
 #include "moe_ep/weight_prep.h"
+#include "problem.h"
 #include "unit/layer_test_util.h"
 
 namespace moe_ep {
@@ -958,7 +959,7 @@ TEST(GpuLayer, M64SplitSameBitsAsUnsplit) {
 // The decode kernel's tile of 16 runs tiles with at most 8 live rows on its 8-column consumer
 // (half the MMAs and B loads) and the others on the 16-column one; either way a column gets the
 // same MMAs in the same k order as in a tile of 8, so forcing tile 16 or 8 gives the same bits.
-// With the row split (ForwardArgs::tile_split) route puts the narrow tiles first and each GEMM
+// With the row split (ForwardArgs::tile_split_rows) route puts the narrow tiles first and each GEMM
 // runs them on the tile-8 kernel and the rest on the tile-16 kernel: the same bits again.
 // Qwen3 (E 16, K 8): T = 3 (1.5 rows per expert: every tile narrow), 12 (6: narrow and wide
 // tiles in one launch), 24 (12: mostly wide), 40 (20: a full tile of 16 and a narrow or wide
@@ -1139,49 +1140,6 @@ TEST(GpuLayer, Fp8PathMxfp4Mxfp8) {
   }
 }
 
-// float64 math on the fp32 master weights, no quantization (what every recipe approximates):
-// out[t] = sum_k w[t,k] * W2_e (silu(g) * u), g / u = the gate / up rows of W13_e times x[t].
-std::vector<double> dense_reference(const Shape& s, const Master& m, const HostInputs& h) {
-  const int H = s.H, I = s.I, K = s.K;
-  std::vector<double> out(size_t(h.T) * H, 0.0);
-#pragma omp parallel for schedule(dynamic)
-  for (int t = 0; t < h.T; ++t) {
-    std::vector<double> x(H), hv(I);
-    for (int i = 0; i < H; ++i) x[i] = fmt::bf16_to_float(h.x[size_t(t) * H + i]);
-    for (int k = 0; k < K; ++k) {
-      const int e = h.ids[size_t(t) * K + k];
-      if (e < 0) continue;
-      const float* w13 = m.w13.data() + size_t(e) * 2 * I * H;
-      const float* w2 = m.w2.data() + size_t(e) * H * I;
-      for (int j = 0; j < I; ++j) {
-        double g = 0, u = 0;
-        for (int i = 0; i < H; ++i) {
-          g += double(w13[size_t(j) * H + i]) * x[i];
-          u += double(w13[size_t(I + j) * H + i]) * x[i];
-        }
-        hv[j] = u * g / (1.0 + std::exp(-g));
-      }
-      const double c = h.w[size_t(t) * K + k];
-      for (int i = 0; i < H; ++i) {
-        double y = 0;
-        for (int j = 0; j < I; ++j) y += double(w2[size_t(i) * I + j]) * hv[j];
-        out[size_t(t) * H + i] += c * y;
-      }
-    }
-  }
-  return out;
-}
-
-double rel_l2_vs(const std::vector<uint16_t>& out, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = double(fmt::bf16_to_float(out[i])) - ref[i];
-    num += d * d;
-    den += ref[i] * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 // The fp8 path under contract §7's rule for a path whose fp32 sums run in another order than the
 // oracle's: on every input, (a) rel L2 against the CPU oracle <= 1e-2 and (b) its rel L2 against
 // float64 math on the unquantized weights at most 1 % above the oracle's own. Every shape of the
@@ -1210,10 +1168,14 @@ TEST(GpuLayer, Fp8PathPassesTheReorderedSumRule) {
         DeviceInputs d(h);
         const std::vector<uint16_t> oracle = cpu_bits(*cpu, h);
         const std::vector<uint16_t> got = forward_bits(*gpu, d, h);
-        const std::vector<double> dense = dense_reference(s, m, h);
+        cli::DenseLayer dl;
+        dl.H = s.H, dl.I = s.I, dl.K = s.K;
+        dl.w13 = m.w13.data();
+        dl.w2 = m.w2.data();
+        const std::vector<double> dense = cli::dense_reference(dl, h.x, h.ids, h.w);
         std::string why;
         const double vs_oracle = rel_l2(got, oracle, &why);
-        const double err = rel_l2_vs(got, dense), oracle_err = rel_l2_vs(oracle, dense);
+        const double err = cli::rel_l2(got, dense), oracle_err = cli::rel_l2(oracle, dense);
         EXPECT_LE(vs_oracle, 1e-2) << why;
         EXPECT_LE(err, 1.01 * oracle_err) << "fp8 path " << err << ", oracle " << oracle_err;
         std::printf(
