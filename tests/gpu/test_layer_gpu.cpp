@@ -856,6 +856,72 @@ TEST(GpuLayer, M64EveryNClassAgainstCpu) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// Scale bytes the resident encoding handles by changing the codes (resident_scales.h), mixed
+// into every expert's fc1 and fc2: NVFP4 blocks with negative scales and +0 / -0 scales, then
+// also E4M3 subnormals (positive and negative); MXFP4 blocks with scales below 2^-62 (their
+// codes zeroed). The decode kernels (1 and 8 tokens) and the m64 kernels (100 tokens: the plan's
+// choice, tile 160 and the narrow kernel) against the CPU: nvfp4 bitwise where the signs and
+// zeros leave its sums exact as in the other tests (subnormal scales widen the range of its
+// products, so the order of the fp32 sums shows, and a rounding of h may flip: 5e-4), the others
+// within the contract's 5e-3.
+TEST(GpuLayer, UnusualScaleBytesAgainstCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  Master m(s, 43);
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kNvfp4Bf16, Recipe::kMxfp4Bf16, Recipe::kMxfp4Mxfp8}) {
+    const bool nv = r == Recipe::kNvfp4 || r == Recipe::kNvfp4Bf16;
+    for (bool subnormals : {false, true}) {
+      if (subnormals && !nv) continue;
+      SCOPED_TRACE(std::string(recipe_name(r)) + (subnormals ? ", subnormal scales" : ""));
+      PackedExperts p = pack(s, r, m, Options{});
+      for (std::vector<uint8_t>* sc : {&p.w13_scale, &p.w2_scale}) {
+        for (size_t i = 0; i < sc->size(); ++i) {
+          uint8_t& b = (*sc)[i];
+          if (nv && i % 4 == 1) b |= 0x80;  // negative
+          if (nv && i % 8 == 2) b = 0x00;   // +0
+          if (nv && i % 8 == 6) b = 0x80;   // -0
+          if (subnormals && i % 16 == 3) b = uint8_t(1 + i / 16 % 7);
+          if (subnormals && i % 32 == 7) b = uint8_t(0x81 + i / 32 % 7);
+          if (!nv && i % 4 == 2) b = uint8_t(40 + i / 4 % 25);  // below 2^-62: zeroed
+        }
+      }
+      LayerConfig cfg = make_config(s, r, 128, true, Options{});
+      auto cpu = make_layer(Backend::kCPU, cfg, p);
+      auto gpu = make_layer(Backend::kCUDA, cfg, p);
+      gpu->warmup();
+      const bool bitwise = r == Recipe::kNvfp4 && !subnormals;
+      const double tol = r == Recipe::kNvfp4 ? 5e-4 : 5e-3;
+      for (int T : {1, 8, 100}) {
+        SCOPED_TRACE("T = " + std::to_string(T));
+        HostInputs h = make_inputs(T, s.H, s.K, s.E, 700 + T);
+        DeviceInputs d(h);
+        const std::vector<uint16_t> ref = cpu_bits(*cpu, h);
+        ASSERT_TRUE(any_nonzero(ref));
+        auto check = [&](const std::vector<uint16_t>& got) {
+          std::string why;
+          if (bitwise) EXPECT_TRUE(got == ref) << "not bitwise equal to the CPU";
+          EXPECT_LE(rel_l2(got, ref, &why), tol) << why;
+        };
+        check(forward_bits(*gpu, d, h));
+        EXPECT_EQ(gpu->last_plan().fc1.kernel,
+                  T == 100 ? GemmKernel::kWgmmaM64 : GemmKernel::kDecode);
+        if (T != 100) continue;
+        for (int tile : {160, 64}) {
+          SCOPED_TRACE("tile " + std::to_string(tile));
+          PlanScope forced(*gpu, [tile](PlanOptions& o) {
+            o.tile_n = tile;
+            o.m64_split = 0;
+          });
+          check(forward_bits(*gpu, d, h));
+          EXPECT_EQ(gpu->last_plan().fc1.kernel,
+                    tile == 64 ? GemmKernel::kWgmmaM64Narrow : GemmKernel::kWgmmaM64);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // A forward of T tokens captured in a CUDA graph that reads its token count on the device
 // (`captured` runs it under the overrides it needs), replayed with each n of `ns` and compared
 // bit for bit with an eager forward of the first n tokens at tile `eager_tile` (tile 160 without

@@ -18,6 +18,7 @@
 #include "kernels/common/quantize_math.h"
 #include "kernels/common/sm90_ptx.cuh"
 #include "kernels/gemm/decode/decode_config.h"
+#include "kernels/weights/resident_scales.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
@@ -26,8 +27,8 @@ namespace moe_ep::kern {
 // E2M1 -> bf16 without a table. Placing an E2M1 code's bits (e1 e0 m) at bf16 bits 8..6 and its
 // sign at bit 15 gives value * 2^-126 exactly (code 1 = 0.5 lands on the bf16 subnormal 2^-127,
 // the others on normals). The 2^126 comes back partly through the scale multiplier (scale *
-// 2^63, a table built per CTA) and partly through the fp32 accumulator (* 2^63 in the
-// epilogue): both exact powers of two.
+// 2^63, formed from the resident scale byte: resident_scales.h) and partly through the fp32
+// accumulator (* 2^63 in the epilogue): both exact powers of two.
 //
 // One 32-bit word holds the 8 codes of one k16 step of a lane (registers j = 0..3, a low and a
 // high element each). The preprocessing scatters their bits so that registers 0..2 come out
@@ -41,6 +42,19 @@ __device__ __forceinline__ void decode_e2m1x8(uint32_t w, uint32_t (&r)[4]) {
   r[1] = (w << 6) & kBf16E2m1Mask;
   r[2] = (w << 3) & kBf16E2m1Mask;
   r[3] = ((w >> 7) & 0x00C000C0u) | ((w >> 3) & 0x01000100u) | ((w << 5) & 0x80008000u);
+}
+
+// decode_e2m1x8 with register 3 from a multiply-high: the bits of the weight word's codes that
+// go to bf16 bits 6..8 (and 22..24) move right by 7 or 3, i.e. left by 25 or 29 into the high
+// word of m * (2^25 + 2^29), where the two shifted copies of m = w & 0x68006800 do not overlap
+// (so no carries); the sign bits move left by 5 as before.
+// 5 instructions for register 3 instead of 6, 3 of them off the integer ALU pipe (the decode and
+// m64 kernels' K loops). Checked equal to decode_e2m1x8 on all 2^32 words.
+__device__ __forceinline__ void decode_e2m1x8_mulhi(uint32_t w, uint32_t (&r)[4]) {
+  r[0] = w & kBf16E2m1Mask;
+  r[1] = (w << 6) & kBf16E2m1Mask;
+  r[2] = (w << 3) & kBf16E2m1Mask;
+  r[3] = (__umulhi(w & 0x68006800u, 0x22000000u) & 0x01C001C0u) | ((w & 0x04000400u) << 5);
 }
 
 // Bit positions of register j's low element {m, e0, e1, s} (the preprocessing's side).
@@ -113,18 +127,21 @@ __device__ __forceinline__ float fc2_value(const ForwardArgs& a, int e, int hrow
   return v;
 }
 
-// bf16x2 {s, s} with s = scale(b) * 2^63 for every scale byte b (UE8M0 bytes above 191 are
-// rejected at construction; below 65 the block is too small to matter and becomes 0).
+// bf16x2 {s, s} with s = scale * 2^63 for every resident scale byte b (resident_scales.h): the
+// table of the decode and mma.sync kernels.
 template <Recipe R>
 __device__ __forceinline__ uint32_t scale_multiplier(int b) {
-  float s;
-  if constexpr (RecipeKernelTraits<R>::kNvScale) {
-    s = fmt::e4m3_to_float(uint8_t(b)) * kTwo63;
-  } else {
-    s = b >= 65 && b <= 191 ? fmt::exp2i(b - 64) : 0.0f;
-  }
-  const uint32_t h = fmt::float_to_bf16(s);
+  const uint32_t h = resident_scale_bf16<RecipeKernelTraits<R>::kNvScale>(uint32_t(b));
   return h | (h << 16);
+}
+
+// The same multiplier without a table (the m64 kernel): byte `sel` of `bytes` (0..3) in both
+// halves, then one multiply-add on both.
+template <Recipe R, int kByte>
+__device__ __forceinline__ uint32_t scale_multiplier_of(uint32_t bytes) {
+  constexpr bool kNv = RecipeKernelTraits<R>::kNvScale;
+  const uint32_t b2 = __byte_perm(bytes, 0u, 0x4040u | (kByte << 8) | kByte);  // {b, 0, b, 0}
+  return b2 * (kNv ? 16u : 128u) + resident_scale_bf16<kNv>(0) * 0x10001u;
 }
 
 // ---------------------------------------------------------------------------------------------

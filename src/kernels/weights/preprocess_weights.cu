@@ -1,5 +1,6 @@
 // Weight preprocessing, once at construction: checkpoint-layout expert weights into the
-// kernel-resident layout (forward_args.h), and the scale bytes checked on the way.
+// kernel-resident layout (forward_args.h), and the scale bytes checked on the way and written in
+// their resident encoding (resident_scales.h), the codes of their blocks adjusted to it.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include "kernels/common/launch.h"
 #include "kernels/gemm/fp8/fp8_fragments.h"
 #include "kernels/gemm/sm90_gemm_device.cuh"
+#include "kernels/weights/resident_scales.h"
 
 namespace moe_ep::kern {
 namespace {
@@ -29,9 +31,13 @@ struct PrepRows {
   __device__ int operator()(int frag, int r) const { return p->row_of(mtile, frag, r); }
 };
 
-// One thread per 16-byte piece of the resident weights.
+// One thread per 16-byte piece of the resident weights. 4-bit codes in the bf16 layout: those of
+// a block whose raw scale (raw_scale, nv: E4M3 per 16, else UE8M0 per 32) the resident encoding
+// cannot carry are zeroed or have their signs flipped (resident_scales.h).
 __global__ void preprocess_weights_kernel(PrepShape p, bool four_bit, const uint8_t* raw,
-                                          uint8_t* out, size_t pieces_per_expert) {
+                                          const uint8_t* raw_scale, bool nv, uint8_t* out,
+                                          size_t pieces_per_expert) {
+  const int block = nv ? fmt::kNvfp4Block : fmt::kMxBlock;
   const size_t total = pieces_per_expert * p.E;
   for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total;
        idx += size_t(gridDim.x) * blockDim.x) {
@@ -56,7 +62,12 @@ __global__ void preprocess_weights_kernel(PrepShape p, bool four_bit, const uint
           const int row = p.row_of(mtile, frag, g + (j & 1) * 8);
           const int kc = chunk * kKChunk + s * 16 + 2 * t4 + (j >> 1) * 8;
           uint32_t byte = 0;
-          if (row < p.M) byte = raw[(size_t(e) * p.M + row) * (p.K / 2) + kc / 2];
+          if (row < p.M) {
+            byte = raw[(size_t(e) * p.M + row) * (p.K / 2) + kc / 2];
+            const uint8_t sc = raw_scale[(size_t(e) * p.M + row) * (p.K / block) + kc / block];
+            if (block_codes_zeroed(nv, sc)) byte = 0;
+            if (block_codes_negated(nv, sc)) byte ^= 0x88u;  // both codes' sign bits
+          }
           // Low element = low nibble (even k), high element = high nibble; bit layout of
           // decode_e2m1x8 (sm90_gemm_device.cuh).
           for (int half = 0; half < 2; ++half) {
@@ -108,7 +119,7 @@ __global__ void preprocess_scales_kernel(PrepShape p, bool nv, const uint8_t* ra
         bad[3] = b;
       }
     }
-    out[idx] = b;
+    out[idx] = nv ? nv_resident_scale(b) : b;
   }
 }
 
@@ -134,7 +145,8 @@ cudaError_t preprocess_weights(Recipe recipe, bool fc1, int E, int H, int I, con
   why->clear();
   if (E == 0) return cudaSuccess;
   const int threads = 256, blocks = 132 * 16;
-  preprocess_weights_kernel<<<blocks, threads, 0, stream>>>(p, four_bit, raw, out, wbytes / 16);
+  preprocess_weights_kernel<<<blocks, threads, 0, stream>>>(p, four_bit, raw, raw_scale, nv_scales,
+                                                            out, wbytes / 16);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || !four_bit)
     return err != cudaSuccess ? err : cudaStreamSynchronize(stream);

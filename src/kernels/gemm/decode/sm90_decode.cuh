@@ -76,19 +76,6 @@ struct DecodeConfig {
 // dependence ahead of the arrive), not after its MMAs. Same decode, same MMAs in the same order
 // on every accumulator, so the same bits as the plain loop.
 
-// decode_e2m1x8 (sm90_gemm_device.cuh) with register 3 from a multiply-high: the bits of the
-// weight word's codes that go to bf16 bits 6..8 (and 22..24) move right by 7 or 3, i.e. left by
-// 25 or 29 into the high word of m * (2^25 + 2^29), where the two shifted copies of
-// m = w & 0x68006800 do not overlap (so no carries); the sign bits move left by 5 as before.
-// 5 instructions for register 3 instead of 6, 3 of them off the integer ALU pipe. Checked equal
-// to decode_e2m1x8 on all 2^32 words.
-__device__ __forceinline__ void decode_e2m1x8_mulhi(uint32_t w, uint32_t (&r)[4]) {
-  r[0] = w & kBf16E2m1Mask;
-  r[1] = (w << 6) & kBf16E2m1Mask;
-  r[2] = (w << 3) & kBf16E2m1Mask;
-  r[3] = (__umulhi(w & 0x68006800u, 0x22000000u) & 0x01C001C0u) | ((w & 0x04000400u) << 5);
-}
-
 // Scale tables per consumer warp: two (by chunk parity, so a chunk's table is written while the
 // previous one may still be read), or one where the second would keep a fourth CTA of two ring
 // slots off the SM: 4 x (2 x stage + static + 1 KB reserved) must fit 228 KB, and the static

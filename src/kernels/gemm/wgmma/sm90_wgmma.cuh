@@ -134,9 +134,9 @@ struct Wgmma3Config {
   __host__ __device__ static constexpr int stage_bytes(int n) {
     return (n * 128 + kG * (kWBytes + kSBytes) + 1023) / 1024 * 1024;
   }
-  // Static shared memory (scale table and the tile's column tables) and the 1024-byte
+  // Static shared memory (the tile's column tables) and the 1024-byte
   // alignment of the ring come out of the SM's share.
-  static constexpr int kStaticBytes = (RT::kFourBit ? 256 * 4 : 4) + kMaxN * (8 + 4 + 4);
+  static constexpr int kStaticBytes = kMaxN * (8 + 4 + 4);
   static constexpr int kBudget =
       (kMinB == 1 ? kSmemPerCtaMax : kSmemPerSm / kMinB - kSmemReservedPerCta) - kStaticBytes -
       1024;
@@ -265,7 +265,6 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   constexpr int kNF = kMaxN / 8;
   constexpr int kIF = C::kInFlight;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint32_t scale_lut[RT::kFourBit ? 256 : 1];
   __shared__ const uint16_t* brow_ptr[kMaxN];  // first element of each B row (xq or h)
   __shared__ int pair_of[kMaxN];               // t*K+k of each column
   __shared__ float tw_of[kMaxN];
@@ -307,9 +306,6 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   [[maybe_unused]] const uint8_t* ssrc_t =
       RT::kFourBit ? ms.s + (m64_src & 1) * C::kSBytes + wtid * 16 : nullptr;
 
-  if constexpr (RT::kFourBit) {
-    for (int b = tid; b < 256; b += kNT) scale_lut[b] = scale_multiplier<R>(b);
-  }
   tile_columns<kFc1>(a, tile, kMaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kNT);
   __syncthreads();
 
@@ -332,6 +328,10 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     constexpr int kStageBytes = C::stage_bytes(kNW);
     constexpr int kAhead = kStages - 2;  // chunks loaded ahead (one more is in the wgmmas)
     constexpr int kBCopies = (kNW + kBStep - 1) / kBStep;
+    // The codes' register 3 from a multiply-high where the decode is a large share of the
+    // loop (N <= 64: 2-3 % faster at 1024 tokens); above, the integer pipe it moves work to is
+    // busier than the ALU it frees (3-5 % slower at 4096 tokens, docs/kernels.md §4.2).
+    [[maybe_unused]] constexpr bool kDecodeMulhi = kNW <= 64;
     static_assert(kNW % 8 == 0 && kStages >= 3, "N class");
     // This thread's B sources, held in registers as 32-bit element offsets from bsrc (a
     // shared-memory table costs a load and three hazard slots per copy).
@@ -428,18 +428,21 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       } else if constexpr (RT::kNvScale) {
         const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
         const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          sc_lo[s] = scale_lut[(lo >> (8 * s)) & 0xff];
-          sc_hi[s] = scale_lut[(hi >> (8 * s)) & 0xff];
-        }
+        sc_lo[0] = scale_multiplier_of<R, 0>(lo);
+        sc_lo[1] = scale_multiplier_of<R, 1>(lo);
+        sc_lo[2] = scale_multiplier_of<R, 2>(lo);
+        sc_lo[3] = scale_multiplier_of<R, 3>(lo);
+        sc_hi[0] = scale_multiplier_of<R, 0>(hi);
+        sc_hi[1] = scale_multiplier_of<R, 1>(hi);
+        sc_hi[2] = scale_multiplier_of<R, 2>(hi);
+        sc_hi[3] = scale_multiplier_of<R, 3>(hi);
       } else {
         const uint32_t lo = *reinterpret_cast<const uint16_t*>(ss + g * 2);
         const uint32_t hi = *reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2);
-        sc_lo[0] = sc_lo[1] = scale_lut[lo & 0xff];
-        sc_lo[2] = sc_lo[3] = scale_lut[lo >> 8];
-        sc_hi[0] = sc_hi[1] = scale_lut[hi & 0xff];
-        sc_hi[2] = sc_hi[3] = scale_lut[hi >> 8];
+        sc_lo[0] = sc_lo[1] = scale_multiplier_of<R, 0>(lo);
+        sc_lo[2] = sc_lo[3] = scale_multiplier_of<R, 1>(lo);
+        sc_hi[0] = sc_hi[1] = scale_multiplier_of<R, 0>(hi);
+        sc_hi[2] = sc_hi[3] = scale_multiplier_of<R, 1>(hi);
       }
 
       const uint64_t desc = sw128_desc(smem_base + slot * kStageBytes);
@@ -451,7 +454,10 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         uint32_t* f = af[s % kIF];
         if constexpr (RT::kFourBit) {
           uint32_t bits[4];
-          decode_e2m1x8(words[s], bits);
+          if constexpr (kDecodeMulhi)
+            decode_e2m1x8_mulhi(words[s], bits);
+          else
+            decode_e2m1x8(words[s], bits);
           f[0] = mul_bf16x2(bits[0], sc_lo[s]);
           f[1] = mul_bf16x2(bits[1], sc_hi[s]);
           f[2] = mul_bf16x2(bits[2], sc_lo[s]);
