@@ -22,10 +22,14 @@ void expect_positive_normal_bf16(uint32_t bits, int byte) {
 }
 
 TEST(ResidentScales, Nvfp4EveryE4m3Byte) {
-  int carried = 0, zeroed = 0;
+  int carried = 0, zeroed = 0, refused = 0;
   for (int b = 0; b < 256; ++b) {
     const uint8_t raw = uint8_t(b);
-    if ((raw & 0x7f) == 0x7f) continue;  // NaN: refused at construction
+    if (scale_byte_refused(true, raw)) {  // NaN
+      EXPECT_TRUE(std::isnan(fmt::e4m3_to_float(raw))) << "byte " << b;
+      ++refused;
+      continue;
+    }
     const float scale = fmt::e4m3_to_float(raw);
     if (block_codes_zeroed(true, raw)) {
       EXPECT_EQ(scale, 0.0f) << "byte " << b;
@@ -43,8 +47,23 @@ TEST(ResidentScales, Nvfp4EveryE4m3Byte) {
         << "byte " << b;
     ++carried;
   }
+  EXPECT_EQ(refused, 2);    // 0x7f and 0xff
   EXPECT_EQ(zeroed, 2);     // +0 and -0
   EXPECT_EQ(carried, 252);  // every other non-NaN byte
+}
+
+// Two bytes side by side in one multiply-add give each byte's multiplier in its half.
+TEST(ResidentScales, PairHalvesAreIndependent) {
+  for (int lo = 0; lo < 256; ++lo)
+    for (int hi = 0; hi < 256; hi += 17) {
+      const uint32_t pair = uint32_t(lo) | uint32_t(hi) << 16;
+      const uint32_t nv = resident_scale_bf16x2<true>(pair),
+                     mx = resident_scale_bf16x2<false>(pair);
+      EXPECT_EQ(nv & 0xffffu, resident_scale_bf16<true>(lo)) << lo << " " << hi;
+      EXPECT_EQ(nv >> 16, resident_scale_bf16<true>(hi)) << lo << " " << hi;
+      EXPECT_EQ(mx & 0xffffu, resident_scale_bf16<false>(lo)) << lo << " " << hi;
+      EXPECT_EQ(mx >> 16, resident_scale_bf16<false>(hi)) << lo << " " << hi;
+    }
 }
 
 // A flipped sign bit negates an E2M1 code (sign-magnitude), so a negative scale carried by the
@@ -55,8 +74,11 @@ TEST(ResidentScales, FlippedCodeSignNegates) {
 }
 
 TEST(ResidentScales, Mxfp4EveryUe8m0Byte) {
-  for (int b = 0; b <= 191; ++b) {  // bytes above 191 are refused at construction
+  for (int b = 0; b < 256; ++b) {
     const uint8_t raw = uint8_t(b);
+    // Above 191: NaN (0xff) or a scale above 2^64, which the bf16 multiplier cannot hold.
+    EXPECT_EQ(scale_byte_refused(false, raw), b > 191) << "byte " << b;
+    if (b > 191) continue;
     EXPECT_FALSE(block_codes_negated(false, raw));
     const uint32_t bits = resident_scale_bf16<false>(raw);
     expect_positive_normal_bf16(bits, b);

@@ -131,17 +131,15 @@ __device__ __forceinline__ float fc2_value(const ForwardArgs& a, int e, int hrow
 // table of the decode and mma.sync kernels.
 template <Recipe R>
 __device__ __forceinline__ uint32_t scale_multiplier(int b) {
-  const uint32_t h = resident_scale_bf16<RecipeKernelTraits<R>::kNvScale>(uint32_t(b));
-  return h | (h << 16);
+  return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(uint32_t(b) * 0x10001u);
 }
 
-// The same multiplier without a table (the m64 kernel): byte `sel` of `bytes` (0..3) in both
-// halves, then one multiply-add on both.
+// The same multiplier without a table (the m64 kernel): byte kByte (0..3) of `bytes` in both
+// halves (one byte permute), then the multiply-add.
 template <Recipe R, int kByte>
 __device__ __forceinline__ uint32_t scale_multiplier_of(uint32_t bytes) {
-  constexpr bool kNv = RecipeKernelTraits<R>::kNvScale;
-  const uint32_t b2 = __byte_perm(bytes, 0u, 0x4040u | (kByte << 8) | kByte);  // {b, 0, b, 0}
-  return b2 * (kNv ? 16u : 128u) + resident_scale_bf16<kNv>(0) * 0x10001u;
+  const uint32_t pair = __byte_perm(bytes, 0u, 0x4040u | (kByte << 8) | kByte);  // {b, 0, b, 0}
+  return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(pair);
 }
 
 // ---------------------------------------------------------------------------------------------

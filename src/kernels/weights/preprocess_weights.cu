@@ -112,8 +112,7 @@ __global__ void preprocess_scales_kernel(PrepShape p, bool nv, const uint8_t* ra
     uint8_t b = 0;
     if (row < p.M) {
       b = raw[(size_t(e) * p.M + row) * (p.K / block) + chunk * per_row + s];
-      const bool is_bad = nv ? (b & 0x7f) == 0x7f : b > 191;
-      if (is_bad && atomicCAS(&bad[0], 0, 1) == 0) {
+      if (scale_byte_refused(nv, b) && atomicCAS(&bad[0], 0, 1) == 0) {
         bad[1] = e;
         bad[2] = row;
         bad[3] = b;

@@ -11,8 +11,9 @@
 //     magnitude with the block's code signs flipped; a zero scale as byte 0 with the block's codes
 //     zeroed, so the multiplier of byte 0 (2^53) multiplies zeros only.
 //   - MXFP4 (UE8M0 per 32): the byte as it is, multiplier (byte + 63) << 7 = 2^(byte - 64) for
-//     bytes 65..191 (bytes above 191 are refused at construction); below 65 (scales under 2^-62)
-//     the block's codes are zeroed, as the bf16 multiplier could not hold the scale.
+//     bytes 65..191; below 65 (scales under 2^-62) the block's codes are zeroed, as the bf16
+//     multiplier could not hold the scale.
+// Refused at construction (scale_byte_refused): E4M3 NaN, UE8M0 NaN and scales above 2^64.
 // In both the product with a zeroed code is +0, as the CPU's zero block products sum to +0.
 #pragma once
 
@@ -25,6 +26,12 @@ namespace moe_ep::kern {
 constexpr uint32_t kNvScaleBias = 23040;  // bf16 exponent 180 << 7
 constexpr uint32_t kMxScaleBias = 8064;   // bf16 exponent 63 << 7
 
+// Scale bytes construction refuses: E4M3 NaN (0x7f, 0xff); UE8M0 above 191 (NaN 0xff and scales
+// above 2^64, which the bf16 multiplier cannot hold).
+MOE_EP_HD bool scale_byte_refused(bool nv, uint8_t raw) {
+  return nv ? (raw & 0x7fu) == 0x7fu : raw > 191;
+}
+
 // The resident byte of a non-NaN E4M3 scale byte (its sign handled by the codes).
 MOE_EP_HD uint8_t nv_resident_scale(uint8_t e4m3) {
   const uint32_t e = (e4m3 >> 3) & 15u, m = e4m3 & 7u;
@@ -35,10 +42,17 @@ MOE_EP_HD uint8_t nv_resident_scale(uint8_t e4m3) {
   return uint8_t((3u << 3) | ((m - 4u) << 1));             // 2^-7 (1 + (m - 4) / 4)
 }
 
-// The bf16 bits of a resident scale byte's multiplier (scale * 2^63).
+// The bf16x2 multipliers (scale * 2^63) of two resident scale bytes at bits 0..7 and 16..23 of
+// `pair`, in one multiply-add: each half stays below 2^16, so neither carries into the other.
+template <bool kNv>
+MOE_EP_HD uint32_t resident_scale_bf16x2(uint32_t pair) {
+  return pair * (kNv ? 16u : 128u) + (kNv ? kNvScaleBias : kMxScaleBias) * 0x10001u;
+}
+
+// The bf16 bits of one resident scale byte's multiplier.
 template <bool kNv>
 MOE_EP_HD uint32_t resident_scale_bf16(uint32_t b) {
-  return kNv ? b * 16u + kNvScaleBias : b * 128u + kMxScaleBias;
+  return resident_scale_bf16x2<kNv>(b) & 0xffffu;
 }
 
 // What the preprocessing does to the codes of a block with raw scale byte `raw`: zero them
