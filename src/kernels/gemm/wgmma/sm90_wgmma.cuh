@@ -357,13 +357,14 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     [[maybe_unused]] const uint32_t sdst =
         uint32_t(kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16);
     [[maybe_unused]] const bool copies_scales = wtid < C::kSBytes / 16;  // 4-bit weights only
-    auto load_stage = [&](int slot, int chunk, bool live) {
-      const uint32_t st = smem_base + uint32_t(slot * kStageBytes);
+    auto load_stage = [&](uint32_t stage_off, int chunk, bool live) {
+      const uint32_t st = smem_base + stage_off;
       const int cc = live ? chunk : 0;
+      const uint16_t* bsrc_c = bsrc + size_t(cc) * kKChunk;
 #pragma unroll
       for (int i = 0; i < kBCopies; ++i) {
         const uint32_t dst = st + uint32_t(bdst_off + i * (kBStep * 128));
-        const uint16_t* src = bsrc + (bptr[i] + uint32_t(cc * kKChunk));
+        const uint16_t* src = bsrc_c + bptr[i];
         const uint32_t size = live && br0 + kBStep * i < live_rows ? 16u : 0u;
         // Only the last pass can hold rows past kNW (N not a multiple of kBStep): those threads
         // issue nothing (a PTX predicate, no branch around the copy).
@@ -383,7 +384,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     };
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-      load_stage(s, s, s < chunks);
+      load_stage(uint32_t(s * kStageBytes), s, s < chunks);
       cp_async_commit();
     }
     uint32_t af[kIF][4];  // A fragments of the k16 steps in flight
@@ -392,7 +393,20 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
 #pragma unroll
       for (int i = 0; i < 4; ++i) af[s][i] = 0;
 
-    // Start of each chunk: its data is visible to every warp after the barrier, and the slot
+    // The ring's stages as byte offsets, advanced by one stage per chunk: `rd` holds the
+    // chunk's stage, `wr` the stage of chunk + kAhead, loaded at the chunk's start. A ring of
+    // 2^n stages wraps with a mask; other sizes compare and select (instead of a division by
+    // the stage count and a multiply per use).
+    constexpr uint32_t kRingN = uint32_t(kStages * kStageBytes);
+    auto advance = [](uint32_t off) {
+      off += uint32_t(kStageBytes);
+      if constexpr ((kStages & (kStages - 1)) == 0 && (kStageBytes & (kStageBytes - 1)) == 0)
+        return off & (kRingN - 1);
+      else
+        return off == kRingN ? 0u : off;
+    };
+    uint32_t rd = 0, wr = uint32_t(kAhead * kStageBytes);
+    // Start of each chunk: its data is visible to every warp after the barrier, and the stage
     // loaded then (chunk - 2's) is free: every warp's waits in chunk - 1 retired all of chunk -
     // 2's steps.
     auto chunk_start = [&](int chunk) {
@@ -400,17 +414,24 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       fence_proxy_async_smem();
       __syncthreads();
       const int next = chunk + kAhead;
-      load_stage(next % kStages, next, next < chunks);
+      load_stage(wr, next, next < chunks);
       cp_async_commit();
+      wr = advance(wr);
     };
     if (!active) {  // warpgroup-uniform: copies and barriers only
       for (int chunk = 0; chunk < chunks; ++chunk) chunk_start(chunk);
       return;
     }
+    // The B descriptor of stage 0; a stage's low word is that plus its offset / 16 (the start
+    // address field, bits 0..13, holds any shared-memory address without carrying out), its
+    // high word a constant.
+    const uint32_t desc0_lo = uint32_t(sw128_desc(smem_base));
+    const uint64_t desc_hi = sw128_desc(0) & ~uint64_t(0xFFFFFFFFu);
     for (int chunk = 0; chunk < chunks; ++chunk) {
       chunk_start(chunk);
-      const int slot = chunk % kStages;
-      const unsigned char* ws = smem + slot * kStageBytes + kNW * 128 + wg * C::kWBytes;
+      const uint32_t stage = rd;
+      rd = advance(rd);
+      const unsigned char* ws = smem + stage + kNW * 128 + wg * C::kWBytes;
 
       // This warp's fragment: the 4-bit words and scale multipliers of the whole chunk.
       [[maybe_unused]] uint32_t words[4], sc_lo[4], sc_hi[4];
@@ -421,7 +442,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         words[2] = wq.z;
         words[3] = wq.w;
       }
-      [[maybe_unused]] const unsigned char* ss = smem + slot * kStageBytes + kNW * 128 +
+      [[maybe_unused]] const unsigned char* ss = smem + stage + kNW * 128 +
                                                  kG * C::kWBytes + wg * C::kSBytes +
                                                  warp * RT::kScaleBytes;
       if constexpr (!RT::kFourBit) {
@@ -445,7 +466,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         sc_hi[2] = sc_hi[3] = scale_multiplier_of<R, 1>(hi);
       }
 
-      const uint64_t desc = sw128_desc(smem_base + slot * kStageBytes);
+      const uint64_t desc = desc_hi | (desc0_lo + (stage >> 4));
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         // af[s % kIF] was last read by the wgmma kIF steps ago, retired by the wait below in
