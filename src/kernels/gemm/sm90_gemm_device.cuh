@@ -134,12 +134,13 @@ __device__ __forceinline__ uint32_t scale_multiplier(int b) {
   return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(uint32_t(b) * 0x10001u);
 }
 
-// The same multiplier without a table (the m64 kernel): byte kByte (0..3) of `bytes` in both
-// halves (one byte permute), then the multiply-add.
+// The same multiplier without a table (the m64 kernel): byte kByte (0..3) of `bytes` alone (one
+// byte permute, integer ALU), then one multiply-add on the FMA pipe that both replicates it into
+// the two halves and applies the slope and bias (b * 0x10001 * slope + bias * 0x10001).
 template <Recipe R, int kByte>
 __device__ __forceinline__ uint32_t scale_multiplier_of(uint32_t bytes) {
-  const uint32_t pair = __byte_perm(bytes, 0u, 0x4040u | (kByte << 8) | kByte);  // {b, 0, b, 0}
-  return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(pair);
+  const uint32_t b = __byte_perm(bytes, 0u, 0x4440u | kByte);  // {b, 0, 0, 0}
+  return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(b * 0x10001u);
 }
 
 // ---------------------------------------------------------------------------------------------
