@@ -442,9 +442,8 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         words[2] = wq.z;
         words[3] = wq.w;
       }
-      [[maybe_unused]] const unsigned char* ss = smem + stage + kNW * 128 +
-                                                 kG * C::kWBytes + wg * C::kSBytes +
-                                                 warp * RT::kScaleBytes;
+      [[maybe_unused]] const unsigned char* ss =
+          smem + stage + kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + warp * RT::kScaleBytes;
       if constexpr (!RT::kFourBit) {
       } else if constexpr (RT::kNvScale) {
         const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
