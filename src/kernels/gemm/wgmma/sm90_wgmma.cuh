@@ -44,6 +44,13 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
   return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
 }
+// sw128_desc(saddr + bytes) from the low word of sw128_desc(saddr): the start address field (bits
+// 0..13, address / 16) holds any shared-memory address, so the offset adds to the low word
+// without a carry, and the high word is a constant (one add per use instead of the mask, shift
+// and merge).
+__device__ __forceinline__ uint64_t sw128_desc_at(uint32_t desc_lo, uint32_t bytes) {
+  return (sw128_desc(0) & ~uint64_t(0xFFFFFFFFu)) | (desc_lo + (bytes >> 4));
+}
 
 // One m64nNk16 wgmma, bf16 x bf16 -> fp32, A from registers (K-major), B a K-major shared-memory
 // descriptor, accumulating (scale-d 1): the SM90 GMMA atom CuTe's own selector picks for a
@@ -393,17 +400,13 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
 #pragma unroll
       for (int i = 0; i < 4; ++i) af[s][i] = 0;
 
-    // The ring's stages as byte offsets, advanced by one stage per chunk: `rd` holds the
-    // chunk's stage, `wr` the stage of chunk + kAhead, loaded at the chunk's start. A ring of
-    // 2^n stages wraps with a mask; other sizes compare and select (instead of a division by
-    // the stage count and a multiply per use).
+    // The ring's stages as byte offsets, advanced by one stage per chunk and wrapped with a
+    // compare and select (instead of a division by the stage count and a multiply per use):
+    // `rd` holds the chunk's stage, `wr` the stage of chunk + kAhead, loaded at the chunk's start.
     constexpr uint32_t kRingN = uint32_t(kStages * kStageBytes);
     auto advance = [](uint32_t off) {
       off += uint32_t(kStageBytes);
-      if constexpr ((kStages & (kStages - 1)) == 0 && (kStageBytes & (kStageBytes - 1)) == 0)
-        return off & (kRingN - 1);
-      else
-        return off == kRingN ? 0u : off;
+      return off == kRingN ? 0u : off;
     };
     uint32_t rd = 0, wr = uint32_t(kAhead * kStageBytes);
     // Start of each chunk: its data is visible to every warp after the barrier, and the stage
@@ -422,11 +425,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       for (int chunk = 0; chunk < chunks; ++chunk) chunk_start(chunk);
       return;
     }
-    // The B descriptor of stage 0; a stage's low word is that plus its offset / 16 (the start
-    // address field, bits 0..13, holds any shared-memory address without carrying out), its
-    // high word a constant.
     const uint32_t desc0_lo = uint32_t(sw128_desc(smem_base));
-    const uint64_t desc_hi = sw128_desc(0) & ~uint64_t(0xFFFFFFFFu);
     for (int chunk = 0; chunk < chunks; ++chunk) {
       chunk_start(chunk);
       const uint32_t stage = rd;
@@ -465,7 +464,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         sc_hi[2] = sc_hi[3] = scale_multiplier_of<R, 1>(hi);
       }
 
-      const uint64_t desc = desc_hi | (desc0_lo + (stage >> 4));
+      const uint64_t desc = sw128_desc_at(desc0_lo, stage);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         // af[s % kIF] was last read by the wgmma kIF steps ago, retired by the wait below in
