@@ -18,50 +18,11 @@
 #include "kernels/common/quantize_math.h"
 #include "kernels/common/sm90_ptx.cuh"
 #include "kernels/gemm/decode/decode_config.h"
+#include "kernels/weights/e2m1_layout.h"
 #include "kernels/weights/resident_scales.h"
 #include "moe_ep/formats.h"
 
 namespace moe_ep::kern {
-
-// ---------------------------------------------------------------------------------------------
-// E2M1 -> bf16 without a table. Placing an E2M1 code's bits (e1 e0 m) at bf16 bits 8..6 and its
-// sign at bit 15 gives value * 2^-126 exactly (code 1 = 0.5 lands on the bf16 subnormal 2^-127,
-// the others on normals). The 2^126 comes back partly through the scale multiplier (scale *
-// 2^63, formed from the resident scale byte: resident_scales.h) and partly through the fp32
-// accumulator (* 2^63 in the epilogue): both exact powers of two.
-//
-// One 32-bit word holds the 8 codes of one k16 step of a lane (registers j = 0..3, a low and a
-// high element each). The preprocessing scatters their bits so that registers 0..2 come out
-// with one shift and one AND (pattern 0x81C081C0 = bits 6,7,8,15 of each half); register 3 takes
-// the 4 bits left per half. Bit positions (low half; the high half is +16), as {m, e0, e1, s}:
-//   reg 0: {6, 7, 8, 15}   reg 1: {0, 1, 2, 9}   reg 2: {3, 4, 5, 12}   reg 3: {13, 14, 11, 10}
-constexpr uint32_t kBf16E2m1Mask = 0x81C081C0u;
-
-__device__ __forceinline__ void decode_e2m1x8(uint32_t w, uint32_t (&r)[4]) {
-  r[0] = w & kBf16E2m1Mask;
-  r[1] = (w << 6) & kBf16E2m1Mask;
-  r[2] = (w << 3) & kBf16E2m1Mask;
-  r[3] = ((w >> 7) & 0x00C000C0u) | ((w >> 3) & 0x01000100u) | ((w << 5) & 0x80008000u);
-}
-
-// decode_e2m1x8 with register 3 from a multiply-high: the bits of the weight word's codes that
-// go to bf16 bits 6..8 (and 22..24) move right by 7 or 3, i.e. left by 25 or 29 into the high
-// word of m * (2^25 + 2^29), where the two shifted copies of m = w & 0x68006800 do not overlap
-// (so no carries); the sign bits move left by 5 as before.
-// 5 instructions for register 3 instead of 6, 3 of them off the integer ALU pipe (the decode and
-// m64 kernels' K loops). Checked equal to decode_e2m1x8 on all 2^32 words.
-__device__ __forceinline__ void decode_e2m1x8_mulhi(uint32_t w, uint32_t (&r)[4]) {
-  r[0] = w & kBf16E2m1Mask;
-  r[1] = (w << 6) & kBf16E2m1Mask;
-  r[2] = (w << 3) & kBf16E2m1Mask;
-  r[3] = (__umulhi(w & 0x68006800u, 0x22000000u) & 0x01C001C0u) | ((w & 0x04000400u) << 5);
-}
-
-// Bit positions of register j's low element {m, e0, e1, s} (the preprocessing's side).
-__host__ __device__ __forceinline__ int e2m1_bit_pos(int reg, int bit) {
-  constexpr int kPos[4][4] = {{6, 7, 8, 15}, {0, 1, 2, 9}, {3, 4, 5, 12}, {13, 14, 11, 10}};
-  return kPos[reg][bit];
-}
 
 constexpr float kTwo63 = 9223372036854775808.0f;  // 2^63
 

@@ -69,11 +69,11 @@ __global__ void preprocess_weights_kernel(PrepShape p, bool four_bit, const uint
             if (block_codes_negated(nv, sc)) byte ^= 0x88u;  // both codes' sign bits
           }
           // Low element = low nibble (even k), high element = high nibble; bit layout of
-          // decode_e2m1x8 (sm90_gemm_device.cuh).
-          for (int half = 0; half < 2; ++half) {
-            const uint32_t code = half ? byte >> 4 : byte & 0xfu;
+          // decode_e2m1x8 (e2m1_layout.h).
+          for (int elem = 0; elem < 2; ++elem) {
+            const uint32_t code = elem ? byte >> 4 : byte & 0xfu;
             for (int bit = 0; bit < 4; ++bit)
-              w |= ((code >> bit) & 1u) << (e2m1_bit_pos(j, bit) + 16 * half);
+              w |= ((code >> bit) & 1u) << e2m1_bit_pos(j, elem, bit);
           }
         }
         words[s] = w;

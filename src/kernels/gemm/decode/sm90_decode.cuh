@@ -279,7 +279,7 @@ struct PipeConsumer {
           hi = o.hi[f][RT::kNvScale ? s : s >> 1];
         }
         uint32_t bits[4], af[4];
-        decode_e2m1x8_mulhi(word, bits);
+        decode_e2m1x8(word, bits);
         af[0] = mul_bf16x2(bits[0], lo);
         af[1] = mul_bf16x2(bits[1], hi);
         af[2] = mul_bf16x2(bits[2], lo);

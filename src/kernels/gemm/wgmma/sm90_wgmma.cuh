@@ -335,10 +335,6 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     constexpr int kStageBytes = C::stage_bytes(kNW);
     constexpr int kAhead = kStages - 2;  // chunks loaded ahead (one more is in the wgmmas)
     constexpr int kBCopies = (kNW + kBStep - 1) / kBStep;
-    // The codes' register 3 from a multiply-high where the decode is a large share of the
-    // loop (N <= 64: 2-3 % faster at 1024 tokens); above, the integer pipe it moves work to is
-    // busier than the ALU it frees (3-5 % slower at 4096 tokens, docs/kernels.md §4.2).
-    [[maybe_unused]] constexpr bool kDecodeMulhi = kNW <= 64;
     static_assert(kNW % 8 == 0 && kStages >= 3, "N class");
     // This thread's B sources, held in registers as 32-bit element offsets from bsrc (a
     // shared-memory table costs a load and three hazard slots per copy).
@@ -473,10 +469,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         uint32_t* f = af[s % kIF];
         if constexpr (RT::kFourBit) {
           uint32_t bits[4];
-          if constexpr (kDecodeMulhi)
-            decode_e2m1x8_mulhi(words[s], bits);
-          else
-            decode_e2m1x8(words[s], bits);
+          decode_e2m1x8(words[s], bits);
           f[0] = mul_bf16x2(bits[0], sc_lo[s]);
           f[1] = mul_bf16x2(bits[1], sc_hi[s]);
           f[2] = mul_bf16x2(bits[2], sc_lo[s]);
