@@ -396,36 +396,39 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
 #pragma unroll
       for (int i = 0; i < 4; ++i) af[s][i] = 0;
 
-    // The ring's stages as byte offsets, advanced by one stage per chunk and wrapped with a
-    // compare and select (instead of a division by the stage count and a multiply per use):
-    // `rd` holds the chunk's stage, `wr` the stage of chunk + kAhead, loaded at the chunk's start.
+    // The ring's stages as byte offsets. The chunk loop is unrolled over the ring (kStages
+    // chunks per pass), so every stage's offset, its B descriptor and the stage loaded at each
+    // chunk are constants: no per-chunk offset arithmetic. The warpgroup without rows keeps a
+    // rolled loop, its offsets advanced by one stage per chunk and wrapped with a compare and
+    // select.
     constexpr uint32_t kRingN = uint32_t(kStages * kStageBytes);
     auto advance = [](uint32_t off) {
       off += uint32_t(kStageBytes);
       return off == kRingN ? 0u : off;
     };
-    uint32_t rd = 0, wr = uint32_t(kAhead * kStageBytes);
-    // Start of each chunk: its data is visible to every warp after the barrier, and the stage
-    // loaded then (chunk - 2's) is free: every warp's waits in chunk - 1 retired all of chunk -
-    // 2's steps.
-    auto chunk_start = [&](int chunk) {
+    // Start of a chunk: its data is visible to every warp after the barrier, and the stage
+    // loaded then (`wr`, chunk - 2's) is free: every warp's waits in chunk - 1 retired all of
+    // chunk - 2's steps.
+    auto chunk_start = [&](int chunk, uint32_t wr) {
       cp_async_wait<kAhead - 1>();
       fence_proxy_async_smem();
       __syncthreads();
       const int next = chunk + kAhead;
       load_stage(wr, next, next < chunks);
       cp_async_commit();
-      wr = advance(wr);
     };
     if (!active) {  // warpgroup-uniform: copies and barriers only
-      for (int chunk = 0; chunk < chunks; ++chunk) chunk_start(chunk);
+      uint32_t wr = uint32_t(kAhead * kStageBytes);
+      for (int chunk = 0; chunk < chunks; ++chunk) {
+        chunk_start(chunk, wr);
+        wr = advance(wr);
+      }
       return;
     }
     const uint32_t desc0_lo = uint32_t(sw128_desc(smem_base));
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      chunk_start(chunk);
-      const uint32_t stage = rd;
-      rd = advance(rd);
+    // One chunk in ring stage `stage` (byte offset), loading chunk + kAhead into stage `wr`.
+    auto chunk_step = [&](int chunk, uint32_t stage, uint32_t wr) {
+      chunk_start(chunk, wr);
       const unsigned char* ws = smem + stage + kNW * 128 + wg * C::kWBytes;
 
       // This warp's fragment: the 4-bit words and scale multipliers of the whole chunk.
@@ -490,6 +493,14 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         // until here stops ptxas from reusing them for a decode while a wgmma may still read
         // them.
         keep_alive4(af[(s + 1) % kIF]);
+      }
+    };
+    for (int c0 = 0; c0 < chunks; c0 += kStages) {
+#pragma unroll
+      for (int j = 0; j < kStages; ++j) {
+        if (c0 + j >= chunks) break;  // CTA-uniform
+        chunk_step(c0 + j, uint32_t(j * kStageBytes),
+                   uint32_t((j + kAhead) % kStages * kStageBytes));
       }
     }
     // Retire every step inside this N's loop, so no wgmma is in flight where the paths of the
