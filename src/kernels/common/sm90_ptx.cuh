@@ -68,6 +68,25 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
+// a times half kHalf (0 low, 1 high) of b in both lanes. ptxas folds the broadcast into the
+// multiply's operand (HMUL2 ... b.H0_H0 / b.H1_H1), so one register carries two multipliers.
+template <int kHalf>
+__device__ __forceinline__ uint32_t mul_bf16x2_by_half(uint32_t a, uint32_t b) {
+  static_assert(kHalf == 0 || kHalf == 1, "a half of a bf16x2");
+  uint32_t d;
+  if constexpr (kHalf == 0)
+    asm("{\n.reg .b16 l, h;\n.reg .b32 m;\nmov.b32 {l, h}, %2;\nmov.b32 m, {l, l};\n"
+        "mul.rn.bf16x2 %0, %1, m;\n}\n"
+        : "=r"(d)
+        : "r"(a), "r"(b));
+  else
+    asm("{\n.reg .b16 l, h;\n.reg .b32 m;\nmov.b32 {l, h}, %2;\nmov.b32 m, {h, h};\n"
+        "mul.rn.bf16x2 %0, %1, m;\n}\n"
+        : "=r"(d)
+        : "r"(a), "r"(b));
+  return d;
+}
+
 // ---------------------------------------------------------------------------------------------
 // mbarrier, bulk copy
 

@@ -95,13 +95,16 @@ __device__ __forceinline__ uint32_t scale_multiplier(int b) {
   return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(uint32_t(b) * 0x10001u);
 }
 
-// The same multiplier without a table (the m64 kernel): byte kByte (0..3) of `bytes` alone (one
-// byte permute, integer ALU), then one multiply-add on the FMA pipe that both replicates it into
-// the two halves and applies the slope and bias (b * 0x10001 * slope + bias * 0x10001).
+// Two multipliers without a table (the m64 kernel): bytes kByte and kByte + 1 of `bytes` to
+// bits 0..7 and 16..23 (one byte permute, integer ALU), then one multiply-add on the FMA pipe that
+// applies the slope and bias to both: the multiplier of byte kByte in the low half, of kByte + 1
+// in the high half (the GEMM picks a half with mul_bf16x2_by_half).
 template <Recipe R, int kByte>
-__device__ __forceinline__ uint32_t scale_multiplier_of(uint32_t bytes) {
-  const uint32_t b = __byte_perm(bytes, 0u, 0x4440u | kByte);  // {b, 0, 0, 0}
-  return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(b * 0x10001u);
+__device__ __forceinline__ uint32_t scale_multiplier_pair_of(uint32_t bytes) {
+  static_assert(kByte >= 0 && kByte <= 2, "two of the word's bytes");
+  constexpr uint32_t kSel = 0x4040u | uint32_t(kByte) | uint32_t(kByte + 1) << 8;
+  const uint32_t pair = __byte_perm(bytes, 0u, kSel);  // {b, 0, b', 0}
+  return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(pair);
 }
 
 // ---------------------------------------------------------------------------------------------

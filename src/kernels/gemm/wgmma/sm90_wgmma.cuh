@@ -431,8 +431,10 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       chunk_start(chunk, wr);
       const unsigned char* ws = smem + stage + kNW * 128 + wg * C::kWBytes;
 
-      // This warp's fragment: the 4-bit words and scale multipliers of the whole chunk.
-      [[maybe_unused]] uint32_t words[4], sc_lo[4], sc_hi[4];
+      // This warp's fragment: the 4-bit words and scale multipliers of the whole chunk, two
+      // multipliers per register (sc_lo / sc_hi: rows g / g + 8): NVFP4's of k16 steps 2i and
+      // 2i + 1 in register i, MXFP4's of its two blocks (steps 0-1, 2-3) in register 0.
+      [[maybe_unused]] uint32_t words[4], sc_lo[2], sc_hi[2];
       if constexpr (RT::kFourBit) {
         const uint4 wq = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 16);
         words[0] = wq.x;
@@ -446,22 +448,21 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       } else if constexpr (RT::kNvScale) {
         const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
         const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
-        sc_lo[0] = scale_multiplier_of<R, 0>(lo);
-        sc_lo[1] = scale_multiplier_of<R, 1>(lo);
-        sc_lo[2] = scale_multiplier_of<R, 2>(lo);
-        sc_lo[3] = scale_multiplier_of<R, 3>(lo);
-        sc_hi[0] = scale_multiplier_of<R, 0>(hi);
-        sc_hi[1] = scale_multiplier_of<R, 1>(hi);
-        sc_hi[2] = scale_multiplier_of<R, 2>(hi);
-        sc_hi[3] = scale_multiplier_of<R, 3>(hi);
+        sc_lo[0] = scale_multiplier_pair_of<R, 0>(lo);
+        sc_lo[1] = scale_multiplier_pair_of<R, 2>(lo);
+        sc_hi[0] = scale_multiplier_pair_of<R, 0>(hi);
+        sc_hi[1] = scale_multiplier_pair_of<R, 2>(hi);
       } else {
         const uint32_t lo = *reinterpret_cast<const uint16_t*>(ss + g * 2);
         const uint32_t hi = *reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2);
-        sc_lo[0] = sc_lo[1] = scale_multiplier_of<R, 0>(lo);
-        sc_lo[2] = sc_lo[3] = scale_multiplier_of<R, 1>(lo);
-        sc_hi[0] = sc_hi[1] = scale_multiplier_of<R, 0>(hi);
-        sc_hi[2] = sc_hi[3] = scale_multiplier_of<R, 1>(hi);
+        sc_lo[0] = scale_multiplier_pair_of<R, 0>(lo);
+        sc_hi[0] = scale_multiplier_pair_of<R, 0>(hi);
       }
+      // Step s's multipliers: register and half.
+      auto scaled = [&](uint32_t bits, const uint32_t(&sc)[2], int s) {
+        const int reg = RT::kNvScale ? s >> 1 : 0, half = RT::kNvScale ? s & 1 : s >> 1;
+        return half ? mul_bf16x2_by_half<1>(bits, sc[reg]) : mul_bf16x2_by_half<0>(bits, sc[reg]);
+      };
 
       const uint64_t desc = sw128_desc_at(desc0_lo, stage);
 #pragma unroll
@@ -473,10 +474,10 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         if constexpr (RT::kFourBit) {
           uint32_t bits[4];
           decode_e2m1x8(words[s], bits);
-          f[0] = mul_bf16x2(bits[0], sc_lo[s]);
-          f[1] = mul_bf16x2(bits[1], sc_hi[s]);
-          f[2] = mul_bf16x2(bits[2], sc_lo[s]);
-          f[3] = mul_bf16x2(bits[3], sc_hi[s]);
+          f[0] = scaled(bits[0], sc_lo, s);
+          f[1] = scaled(bits[1], sc_hi, s);
+          f[2] = scaled(bits[2], sc_lo, s);
+          f[3] = scaled(bits[3], sc_hi, s);
         } else {  // the step's 16 bytes of this lane, where the weight copy put them
           const uint4 v = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 64 +
                                                           ((s ^ ((lane >> 1) & 3)) << 4));
