@@ -99,22 +99,12 @@ __device__ __forceinline__ uint32_t scale_multiplier(int b) {
 // bits 0..7 and 16..23 (one byte permute, integer ALU), then one multiply-add on the FMA pipe that
 // applies the slope and bias to both: the multiplier of byte kByte in the low half, of kByte + 1
 // in the high half (the GEMM picks a half with mul_bf16x2_by_half).
-// `byte` is a constant where the callers' loops are unrolled, so the permute's selector is too.
-template <Recipe R>
-__device__ __forceinline__ uint32_t scale_multiplier_pair_of(uint32_t bytes, int byte) {
-  const uint32_t sel = 0x4040u | uint32_t(byte) | uint32_t(byte + 1) << 8;
-  const uint32_t pair = __byte_perm(bytes, 0u, sel);  // {b, 0, b', 0}
+template <Recipe R, int kByte>
+__device__ __forceinline__ uint32_t scale_multiplier_pair_of(uint32_t bytes) {
+  static_assert(kByte >= 0 && kByte <= 2, "two of the word's bytes");
+  constexpr uint32_t kSel = 0x4040u | uint32_t(kByte) | uint32_t(kByte + 1) << 8;
+  const uint32_t pair = __byte_perm(bytes, 0u, kSel);  // {b, 0, b', 0}
   return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(pair);
-}
-
-// Multiplies a decoded bf16x2 by the multiplier of k16 step s (0..3) of its row, from the
-// row's pair registers `sc` (scale_multiplier_pair_of): NVFP4's steps 2i, 2i + 1 in register
-// i, MXFP4's blocks (steps 0-1, 2-3) in the halves of register 0.
-template <Recipe R>
-__device__ __forceinline__ uint32_t scaled_step(uint32_t bits, const uint32_t* sc, int s) {
-  constexpr bool kNv = RecipeKernelTraits<R>::kNvScale;
-  const int reg = kNv ? s >> 1 : 0, half = kNv ? s & 1 : s >> 1;
-  return half ? mul_bf16x2_by_half<1>(bits, sc[reg]) : mul_bf16x2_by_half<0>(bits, sc[reg]);
 }
 
 // ---------------------------------------------------------------------------------------------

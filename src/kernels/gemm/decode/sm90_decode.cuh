@@ -87,19 +87,16 @@ constexpr int decode_scale_tables(int stage_bytes) {
   return 4 * (2 * stage_bytes + kDecodeStaticTwoTables + kSmemReservedPerCta) > kSmemPerSm ? 1 : 2;
 }
 
-// One chunk's operands of one consumer lane (kFW fragments). The scale multipliers of rows g and
-// g + 8 of each fragment two to a register (scale_multiplier_pair_of; scaled_step picks one).
-// kLean: only the weight words, the rows' scale bytes (their multipliers formed per k16 step by
-// compute) and where the chunk's B columns are (read per k16 step).
+// One chunk's operands of one consumer lane (kFW fragments). kLean: only the weight words and
+// where the chunk's B columns and scale multipliers are (read per k16 step by compute).
 template <Recipe R, int kN, int kFW, bool kLean = false>
 struct PipeOps {
   using RT = RecipeKernelTraits<R>;
-  static constexpr int kSW = RT::kNvScale ? 2 : 1;  // pair registers per row
+  static constexpr int kSW = RT::kNvScale ? 4 : 2;  // multipliers per row: per k16 step or per 32
   uint32_t b[kLean ? 1 : 4][kLean ? 1 : kN / 8][2];
   uint4 w[kFW];
-  uint32_t lo[kLean ? 1 : kFW][kSW], hi[kLean ? 1 : kFW][kSW];    // rows g and g + 8 of each frag
-  uint32_t lo_bytes[kLean ? kFW : 1], hi_bytes[kLean ? kFW : 1];  // kLean: the rows' scale bytes
-  uint32_t sb;  // kLean: this lane's B address in the chunk's slot
+  uint32_t lo[kLean ? 1 : kFW][kSW], hi[kLean ? 1 : kFW][kSW];  // rows g and g + 8 of each frag
+  uint32_t sb, tbl;  // kLean: this lane's B address in the chunk's slot, the chunk's table
 };
 
 // kN columns of MMAs on a ring laid out for kRingN columns (kN <= kRingN: a tile of kRingN
@@ -123,10 +120,12 @@ struct PipeConsumer {
   // relies on a slot's closing chunk never being followed by another closing one.
   static_assert(!kLean || (!kOneTable && kCps >= 2 && kN >= 16), "lean consumer");
   uint32_t ring, ring_end, full0, empty0;  // shared addresses: slot 0, past the last slot, bars
-  uint32_t b_off, w_off, s_off;  // s_off: the scale bytes of row g of the warp's first fragment
-  uint32_t zero;                 // 0, not known to the compiler
-  uint32_t st;                   // the slot of the next chunk to load
-  uint32_t bar;                  // its barrier offset (8 * slot)
+  uint32_t lut;  // shared address of the scale multiplier table (1 KB aligned: | adds the index)
+  uint32_t b_off, w_off, s_off, t_off, tbl0, tbl_step, g_off;
+  bool s_lane;    // this lane converts scale bytes (all but mxfp4 with one fragment: lanes < 16)
+  uint32_t zero;  // 0, not known to the compiler
+  uint32_t st;    // the slot of the next chunk to load
+  uint32_t bar;   // its barrier offset (8 * slot)
   uint32_t phase;
   uint32_t pending;  // empty barrier of the last chunk loaded
 
@@ -176,32 +175,45 @@ struct PipeConsumer {
     const uint32_t sw = st + kSub<kJ> * C::kWBytes;     // the chunk's weights
     const uint32_t ss = st + kSub<kJ> * C::kSBytes;     // + s_off: its scales
     const uint32_t sb = st + kSub<kJ> * (kKChunk * 2);  // + b_off: its B columns
-    // The scale bytes of rows g and g + 8 of each fragment (16 rows of 4 bytes, nvfp4, or 2).
-    constexpr uint32_t kRowBytes = RT::kNvScale ? 4 : 2;
-    uint32_t lo_bytes[kFW], hi_bytes[kFW];
-#pragma unroll
-    for (int f = 0; f < kFW; ++f) {
-      const uint32_t t = ss + s_off + f * RT::kScaleBytes;
-      lo_bytes[f] = RT::kNvScale ? lds32(t) : lds16(t);
-      hi_bytes[f] = RT::kNvScale ? lds32(t + 8 * kRowBytes) : lds16(t + 8 * kRowBytes);
+    // Scale bytes first: their table round trip is the longest chain of the chunk.
+    const uint32_t tbl = kOneTable ? tbl0 : tbl0 + (chunk & 1) * tbl_step;
+    // One table: the previous chunk's was read. kLean: this table was last read by the MMAs of
+    // chunk - 2 (compute, after that chunk's loads), so every lane's reads of it must come first.
+    if constexpr (kOneTable || kLean) __syncwarp();
+    // Each lane converts 4 (nvfp4, 2 fragments) or 2 scale bytes; with one mxfp4 fragment (16
+    // rows of 2 bytes) only lanes 0..15 have any.
+    if constexpr (RT::kNvScale && kFW == 2) {
+      const uint32_t v = lds32(ss + s_off);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tbl + t_off),
+                   "r"(lds32(lut | ((v << 2) & 0x3fc))), "r"(lds32(lut | ((v >> 6) & 0x3fc))),
+                   "r"(lds32(lut | ((v >> 14) & 0x3fc))), "r"(lds32(lut | ((v >> 22) & 0x3fc))));
+    } else if (RT::kNvScale || kFW == 2 || s_lane) {
+      const uint32_t v = lds16(ss + s_off);
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(tbl + t_off),
+                   "r"(lds32(lut | ((v << 2) & 0x3fc))), "r"(lds32(lut | ((v >> 6) & 0x3fc))));
     }
     if constexpr (kLean) {
       o.sb = sb + b_off;
-#pragma unroll
-      for (int f = 0; f < kFW; ++f) o.lo_bytes[f] = lo_bytes[f], o.hi_bytes[f] = hi_bytes[f];
+      o.tbl = tbl;
     } else {
 #pragma unroll
       for (int s = 0; s < 4; ++s) load_b(o.b[s], sb + b_off, s);
     }
 #pragma unroll
     for (int f = 0; f < kFW; ++f) o.w[f] = lds128(sw + w_off + f * RT::kFragBytes);
+    __syncwarp();
 #pragma unroll
-    for (int f = 0; f < (kLean ? 0 : kFW); ++f)
-#pragma unroll
-      for (int i = 0; i < kSW; ++i) {
-        o.lo[f][i] = scale_multiplier_pair_of<R>(lo_bytes[f], 2 * i);
-        o.hi[f][i] = scale_multiplier_pair_of<R>(hi_bytes[f], 2 * i);
+    for (int f = 0; f < (kLean ? 0 : kFW); ++f) {
+      if constexpr (RT::kNvScale) {
+        const uint4 l = lds128(tbl + f * 256 + g_off), h = lds128(tbl + f * 256 + g_off + 128);
+        o.lo[f][0] = l.x, o.lo[f][1] = l.y, o.lo[f][2] = l.z, o.lo[f][3] = l.w;
+        o.hi[f][0] = h.x, o.hi[f][1] = h.y, o.hi[f][2] = h.z, o.hi[f][3] = h.w;
+      } else {
+        const uint2 l = lds64(tbl + f * 128 + g_off), h = lds64(tbl + f * 128 + g_off + 64);
+        o.lo[f][0] = l.x, o.lo[f][1] = l.y;
+        o.hi[f][0] = h.x, o.hi[f][1] = h.y;
       }
+    }
     if constexpr (kCloses<kJ>) {
       pending = empty0 + bar;
       bar += 8;
@@ -256,21 +268,22 @@ struct PipeConsumer {
       for (int f = 0; f < kFW; ++f) {
         const uint4& w = o.w[f];
         const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
-        uint32_t lo[kSW], hi[kSW];
-        if constexpr (kLean) {  // step s's pair (nvfp4) or the chunk's (mxfp4), formed here
-          const int i = RT::kNvScale ? s >> 1 : 0;
-          lo[i] = scale_multiplier_pair_of<R>(o.lo_bytes[f], 2 * i);
-          hi[i] = scale_multiplier_pair_of<R>(o.hi_bytes[f], 2 * i);
+        uint32_t lo, hi;
+        if constexpr (kLean) {  // the table's rows g and g + 8 of fragment f (load's layout)
+          constexpr int kRow = RT::kNvScale ? 16 : 8;
+          const uint32_t t = o.tbl + f * 16 * kRow + g_off + (RT::kNvScale ? s : s >> 1) * 4;
+          lo = lds32(t);
+          hi = lds32(t + 8 * kRow);
         } else {
-#pragma unroll
-          for (int i = 0; i < kSW; ++i) lo[i] = o.lo[f][i], hi[i] = o.hi[f][i];
+          lo = o.lo[f][RT::kNvScale ? s : s >> 1];
+          hi = o.hi[f][RT::kNvScale ? s : s >> 1];
         }
         uint32_t bits[4], af[4];
         decode_e2m1x8(word, bits);
-        af[0] = scaled_step<R>(bits[0], lo, s);
-        af[1] = scaled_step<R>(bits[1], hi, s);
-        af[2] = scaled_step<R>(bits[2], lo, s);
-        af[3] = scaled_step<R>(bits[3], hi, s);
+        af[0] = mul_bf16x2(bits[0], lo);
+        af[1] = mul_bf16x2(bits[1], hi);
+        af[2] = mul_bf16x2(bits[2], lo);
+        af[3] = mul_bf16x2(bits[3], hi);
 #pragma unroll
         for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, bf[nf][0], bf[nf][1]);
       }
@@ -346,6 +359,10 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   using RT = typename C::RT;
   constexpr int kNF = C::kNF, kCW = C::kCWarps;
   extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(1024) uint32_t scale_lut[RT::kFourBit ? 256 : 1];
+  // Per warp; double-buffered by chunk parity where the shared memory allows (decode_scale_tables).
+  constexpr int kTables = decode_scale_tables(C::kStageBytes);
+  __shared__ uint4 scale_tbl[kTables][kCW][RT::kFourBit ? kFW * 16 : 1];
   __shared__ __align__(8) uint64_t full_bar[C::kMaxStages];
   __shared__ __align__(8) uint64_t empty_bar[C::kMaxStages];
   __shared__ int pair_of[kN];  // t*K+k of each column
@@ -364,6 +381,9 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
   // first-wave CTA leaves only after its wait), so it first looks for its tile: the many CTAs
   // of an EP owner's grid without one (sized for W * capacity rows) then exit at once.
   auto setup = [&] {
+    if constexpr (RT::kFourBit) {
+      for (int b = tid; b < 256; b += C::kThreads) scale_lut[b] = scale_multiplier<R>(b);
+    }
     if (kEarly ? producer0 : tid == 0) {
       for (int s = 0; s < stages; ++s) {
         mbar_init(&full_bar[s], 1);
@@ -494,7 +514,19 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       pc.empty0 = smem_addr(&empty_bar[0]);
       pc.b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
       pc.w_off = (warp * kFW) * RT::kFragBytes + lane * 16;
-      pc.s_off = kSOff + warp * kFW * RT::kScaleBytes + g * (RT::kNvScale ? 4 : 2);
+      // This lane's share of the warp's scale bytes and where its multipliers go in the table
+      // ([frag * 16 + row], 4 (nv) or 2 (mx) multipliers per row): nvfp4 with two fragments 4
+      // bytes = one row (frag lane / 16); nvfp4 with one, 2 bytes = half a row; mxfp4 2 bytes =
+      // one row.
+      constexpr bool kWide = RT::kNvScale && kFW == 2;
+      pc.s_off = kSOff + warp * kFW * RT::kScaleBytes + lane * (kWide ? 4 : 2);
+      pc.t_off = lane * (kWide ? 16 : 8);
+      pc.s_lane = RT::kNvScale || kFW == 2 || lane < 16;
+      pc.tbl0 = smem_addr(&scale_tbl[0][warp][0]);
+      pc.tbl_step = uint32_t(sizeof(scale_tbl[0]));  // unused with one table
+      pc.lut = smem_addr(scale_lut);
+      if (pc.lut & 1023) __trap();  // the lookups OR the index into the address
+      pc.g_off = g * (RT::kNvScale ? 16 : 8);
       pc.zero = uint32_t(stages) >> 8;
       pc.st = ring;
       pc.bar = 0;

@@ -448,16 +448,21 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       } else if constexpr (RT::kNvScale) {
         const uint32_t lo = *reinterpret_cast<const uint32_t*>(ss + g * 4);
         const uint32_t hi = *reinterpret_cast<const uint32_t*>(ss + (g + 8) * 4);
-        sc_lo[0] = scale_multiplier_pair_of<R>(lo, 0);
-        sc_lo[1] = scale_multiplier_pair_of<R>(lo, 2);
-        sc_hi[0] = scale_multiplier_pair_of<R>(hi, 0);
-        sc_hi[1] = scale_multiplier_pair_of<R>(hi, 2);
+        sc_lo[0] = scale_multiplier_pair_of<R, 0>(lo);
+        sc_lo[1] = scale_multiplier_pair_of<R, 2>(lo);
+        sc_hi[0] = scale_multiplier_pair_of<R, 0>(hi);
+        sc_hi[1] = scale_multiplier_pair_of<R, 2>(hi);
       } else {
         const uint32_t lo = *reinterpret_cast<const uint16_t*>(ss + g * 2);
         const uint32_t hi = *reinterpret_cast<const uint16_t*>(ss + (g + 8) * 2);
-        sc_lo[0] = scale_multiplier_pair_of<R>(lo, 0);
-        sc_hi[0] = scale_multiplier_pair_of<R>(hi, 0);
+        sc_lo[0] = scale_multiplier_pair_of<R, 0>(lo);
+        sc_hi[0] = scale_multiplier_pair_of<R, 0>(hi);
       }
+      // Step s's multipliers: register and half.
+      auto scaled = [&](uint32_t bits, const uint32_t(&sc)[2], int s) {
+        const int reg = RT::kNvScale ? s >> 1 : 0, half = RT::kNvScale ? s & 1 : s >> 1;
+        return half ? mul_bf16x2_by_half<1>(bits, sc[reg]) : mul_bf16x2_by_half<0>(bits, sc[reg]);
+      };
 
       const uint64_t desc = sw128_desc_at(desc0_lo, stage);
 #pragma unroll
@@ -469,10 +474,10 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
         if constexpr (RT::kFourBit) {
           uint32_t bits[4];
           decode_e2m1x8(words[s], bits);
-          f[0] = scaled_step<R>(bits[0], sc_lo, s);
-          f[1] = scaled_step<R>(bits[1], sc_hi, s);
-          f[2] = scaled_step<R>(bits[2], sc_lo, s);
-          f[3] = scaled_step<R>(bits[3], sc_hi, s);
+          f[0] = scaled(bits[0], sc_lo, s);
+          f[1] = scaled(bits[1], sc_hi, s);
+          f[2] = scaled(bits[2], sc_lo, s);
+          f[3] = scaled(bits[3], sc_hi, s);
         } else {  // the step's 16 bytes of this lane, where the weight copy put them
           const uint4 v = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 64 +
                                                           ((s ^ ((lane >> 1) & 3)) << 4));
