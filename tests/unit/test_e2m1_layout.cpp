@@ -66,7 +66,7 @@ TEST(E2m1Layout, DecodeGivesEveryCodesValue) {
               EXPECT_EQ(double(v) * two126, double(want))
                   << "register " << jj << " element " << ee << " code " << int(codes[jj][ee]);
               EXPECT_EQ(std::signbit(v), std::signbit(want));
-              EXPECT_EQ(bf & ~0x81C0u, 0u) << "bits outside the code's fields";
+              EXPECT_EQ(bf & ~(kBf16E2m1Mask & 0xFFFFu), 0u) << "bits outside the code's fields";
             }
         }
 }

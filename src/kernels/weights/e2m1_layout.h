@@ -16,8 +16,8 @@
 //   - register 3 takes the 8 bits left: masked out of the word, moved by one integer multiply
 //     (three shifted copies, 3, 8 and 14 bits left, which land on distinct bits, so no carries)
 //     and masked again.
-// Eight instructions per word, one of them on the FMA pipe. Bit positions of the low element as
-// {m, e0, e1, s}; the high element's are 16 further on (mod 32).
+// Eight instructions per word, one of them on the FMA pipe. e2m1_bit_pos holds each code bit's
+// place in the word (tests/unit/test_e2m1_layout.cpp checks it against the decode).
 #pragma once
 
 #include <cstdint>
@@ -28,15 +28,21 @@ namespace moe_ep::kern {
 
 constexpr uint32_t kBf16E2m1Mask = 0x81C081C0u;
 constexpr int kE2m1Rot1 = 10, kE2m1Rot2 = 13;
-constexpr uint32_t kE2m1RestMask = 0x001B001Bu;  // register 3's bits: 0, 1, 3, 4 of each half
-constexpr uint32_t kE2m1RestMul = (1u << 3) | (1u << 8) | (1u << 14);
 
 // Bit of the word that holds bit `bit` (0 m, 1 e0, 2 e1, 3 sign) of register `reg`'s element
 // `elem` (0 low, 1 high).
-MOE_EP_HD int e2m1_bit_pos(int reg, int elem, int bit) {
+MOE_EP_HD constexpr int e2m1_bit_pos(int reg, int elem, int bit) {
   constexpr int kLow[4][4] = {{6, 7, 8, 15}, {28, 29, 30, 5}, {25, 26, 27, 2}, {3, 4, 0, 1}};
   return (kLow[reg][bit] + 16 * elem) & 31;
 }
+
+// Register 3: its bits in the word, and the multiplier whose shifted copies move them to the
+// bf16 fields ({m, e0, e1, s} left by {3, 3, 8, 14}).
+constexpr uint32_t kE2m1RestMul = (1u << 3) | (1u << 8) | (1u << 14);
+constexpr uint32_t kE2m1RestMask = (1u << e2m1_bit_pos(3, 0, 0)) | (1u << e2m1_bit_pos(3, 0, 1)) |
+                                   (1u << e2m1_bit_pos(3, 0, 2)) | (1u << e2m1_bit_pos(3, 0, 3)) |
+                                   (1u << e2m1_bit_pos(3, 1, 0)) | (1u << e2m1_bit_pos(3, 1, 1)) |
+                                   (1u << e2m1_bit_pos(3, 1, 2)) | (1u << e2m1_bit_pos(3, 1, 3));
 
 MOE_EP_HD uint32_t rotate_left(uint32_t w, int n) {
 #ifdef __CUDA_ARCH__
