@@ -20,7 +20,6 @@ std::vector<std::string> plan_options_reasons(const PlanOptions& o, Recipe recip
 enum class GemmKernel : uint8_t {
   kNone,      // no launch (no tokens)
   kDecode,    // sm90 decode kernel: weight stream through a bulk-copy ring, tiles of 8-32 rows
-  kMma16,     // sm90 mma.sync kernel, tiles of 16 rows (bf16 weights)
   kWgmmaM64,  // sm90 wgmma m64 kernel, tiles of up to 160 rows
   kWgmmaM64Narrow,  // the same kernel on tiles of up to 64 rows, three CTAs per SM (4-bit)
   kFp8,             // sm90 fp8 wgmma kernel, persistent (mxfp4_mxfp8 with fp8_mma)

@@ -26,8 +26,6 @@ const char* gemm_kernel_name(GemmKernel k) {
       return "none";
     case GemmKernel::kDecode:
       return "decode";
-    case GemmKernel::kMma16:
-      return "mma16";
     case GemmKernel::kWgmmaM64:
       return "wgmma_m64";
     case GemmKernel::kWgmmaM64Narrow:
@@ -66,6 +64,9 @@ std::vector<std::string> plan_options_reasons(const PlanOptions& o, Recipe recip
     bad("tile32_chunks_per_slot", o.tile32_chunks_per_slot, "0 (policy), 2, 4");
   if (o.tile8_frags_per_warp < 0 || o.tile8_frags_per_warp > 2)
     bad("tile8_frags_per_warp", o.tile8_frags_per_warp, "0 (policy), 1, 2");
+  else if (recipe == Recipe::kBf16 && o.tile8_frags_per_warp == 2)
+    bad("tile8_frags_per_warp", o.tile8_frags_per_warp,
+        "0 (policy), 1 for bf16 weights (one fragment per consumer warp)");
   if (o.m64_split < -1 || o.m64_split > 1) bad("m64_split", o.m64_split, "-1 (policy), 0, 1");
   if (o.route_spread < -1 || o.route_spread > 1)
     bad("route_spread", o.route_spread, "-1 (policy), 0, 1");
@@ -144,11 +145,11 @@ int tile_for_mean(double mean, double tile16_max) {
                                       : kM64TileN;
 }
 
-// The bf16 recipe has no decode kernel and no narrow m64 kernel: tile 8 runs as 16 on mma.sync,
-// tiles 32 and 64 as the m64 kernel's 160.
+// The bf16 recipe has no tile-32 decode kernel and no narrow m64 kernel: tiles 32 and 64 run
+// as the m64 kernel's 160.
 int recipe_tile(Recipe r, int n) {
   if (r != Recipe::kBf16) return n;
-  return n == 8 ? 16 : n == 32 || n == kM64NarrowTileN ? kM64TileN : n;
+  return n == 32 || n == kM64NarrowTileN ? kM64TileN : n;
 }
 
 // Ring depth and shared memory of one decode launch sized for per_sm CTAs per SM: as deep as the
@@ -192,13 +193,18 @@ int decode_ctas_per_sm(const PlanInputs& in, const ForwardPlan& p, const GemmSha
   return int(std::min<int64_t>(4, std::max<int64_t>(1, (ctas + in.num_sms - 1) / in.num_sms)));
 }
 
+// K-chunks per ring slot of tiles 8 and 16: 4 (16 KB of 4-bit weights), or 2 for bf16 weights
+// (32 KB), so that two CTAs of two-slot rings fit an SM.
+int decode_chunks_per_slot(Recipe r) { return r == Recipe::kBf16 ? 2 : 4; }
+
 DecodeLaunchPlan decode_launch(const PlanInputs& in, const PlanOptions& o, const GemmShape& g,
                                int n, int cps, int grid_tiles, int per_sm) {
   DecodeLaunchPlan d;
   d.tile_n = n;
   d.grid_tiles = grid_tiles;
   d.chunks_per_slot = cps;
-  d.frags_per_warp = 2;
+  // bf16 fragments are four times the registers of 4-bit words: one per consumer warp.
+  d.frags_per_warp = in.recipe == Recipe::kBf16 ? 1 : 2;
   d.ctas_per_sm = per_sm;
   d.first_wave = o.decode_first_wave > 0 ? o.decode_first_wave : in.num_sms * per_sm;
   size_ring(d, in.recipe, g.fc1, owner_pairs(in) > 0);
@@ -236,13 +242,18 @@ GemmPlan decode_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPl
         decode_launch(in, o, g, 16, 4, std::min<int64_t>(gp.grid_tiles, pairs / 9), per_sm);
     gp.decode[1].tile_part = 2;
   } else {
-    gp.decode[0] = decode_launch(in, o, g, n, 4, gp.grid_tiles, per_sm);
+    const int cps = decode_chunks_per_slot(in.recipe);
+    // bf16: two-slot rings of 35 KB slots fit three CTAs an SM, not four.
+    const int fit = in.recipe == Recipe::kBf16
+                        ? std::min(per_sm, kern::decode_max_per_sm(in.recipe, n, cps))
+                        : per_sm;
+    gp.decode[0] = decode_launch(in, o, g, n, cps, gp.grid_tiles, fit);
     // Tile 8: one fragment per consumer warp (8 consumer warps, the same sums in the same order)
     // for NVFP4 weights (nvfp4, nvfp4_bf16: the same weight stream and decode) where the grid
     // holds at most one CTA per SM (nvfp4 Qwen3 1 token 25.6 -> 23.1 us, gpt-oss 39.9-40.2 ->
     // 37.7-38.1); at more CTAs per SM, and for mxfp4 (half the lanes would convert scale bytes),
     // two were level or faster.
-    if (n == 8)
+    if (n == 8 && in.recipe != Recipe::kBf16)
       gp.decode[0].frags_per_warp =
           o.tile8_frags_per_warp ? o.tile8_frags_per_warp
                                  : (recipe_traits(in.recipe).e4m3_scales && per_sm == 1 ? 1 : 2);
@@ -268,16 +279,11 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
     if (gp.grid_tiles == 0) gp.kernel = GemmKernel::kNone;
     return gp;
   }
-  const bool four_bit = in.recipe != Recipe::kBf16;
-  if (four_bit && (p.tile_n == 8 || p.tile_n == 16 || p.tile_n == 32))
-    return decode_plan(in, o, p, g);
+  if (p.tile_n == 8 || p.tile_n == 16 || p.tile_n == 32) return decode_plan(in, o, p, g);
   GemmPlan gp;
   gp.mtiles = g.mtiles;
   gp.grid_tiles = kern::max_tiles(int(pairs), in.local_experts, p.tile_n);
-  if (p.tile_n == 16) {
-    gp.kernel = GemmKernel::kMma16;
-    gp.grid_ctas = gp.grid_tiles * g.mtiles;
-  } else {
+  {
     gp.kernel = p.tile_n == kM64NarrowTileN ? GemmKernel::kWgmmaM64Narrow : GemmKernel::kWgmmaM64;
     const int groups = kern::m64_groups(in.recipe, g.mtiles);
     gp.grid_ctas = gp.grid_tiles * groups;
@@ -294,24 +300,25 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
   return gp;
 }
 
+// bf16 weights: tile 8 up to kTile8MaxMeanRows, 16 up to kBf16Tile16MaxMeanRows, else 160.
+int bf16_tile_for_mean(double mean) {
+  return mean <= kTile8MaxMeanRows ? 8 : mean <= kBf16Tile16MaxMeanRows ? 16 : kM64TileN;
+}
+
 }  // namespace
 
-bool bf16_takes_m64(const PlanInputs& in, int64_t pairs, int fc1_mtiles) {
-  const int64_t tiles = kern::expected_tiles(int(pairs), in.local_experts, kM64TileN);
-  return double(tiles * kern::m64_groups(Recipe::kBf16, fc1_mtiles)) >=
-         kBf16M64MinGridPerSm * in.num_sms;
-}
-
 int choose_tile_n(int tokens, int top_k, int local_experts, Recipe recipe, int intermediate) {
-  const double tile16_max = recipe != Recipe::kBf16 && tile32_chunks_per_slot(intermediate) == 2
-                                ? kTile16MaxMeanRowsLeanFc2
-                                : kTile16MaxMeanRows;
-  return tile_for_mean(mean_rows(int64_t(tokens) * top_k, local_experts), tile16_max);
+  const double mean = mean_rows(int64_t(tokens) * top_k, local_experts);
+  if (recipe == Recipe::kBf16) return bf16_tile_for_mean(mean);
+  const double tile16_max =
+      tile32_chunks_per_slot(intermediate) == 2 ? kTile16MaxMeanRowsLeanFc2 : kTile16MaxMeanRows;
+  return tile_for_mean(mean, tile16_max);
 }
 
-int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts) {
-  return tile_for_mean(mean_rows(int64_t(tokens) * std::min(world, 2) * top_k, local_experts),
-                       world > 1 ? kTile32MaxMeanRows : kTile16MaxMeanRows);
+int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts, Recipe recipe) {
+  const double mean = mean_rows(int64_t(tokens) * std::min(world, 2) * top_k, local_experts);
+  if (recipe == Recipe::kBf16) return bf16_tile_for_mean(mean);
+  return tile_for_mean(mean, world > 1 ? kTile32MaxMeanRows : kTile16MaxMeanRows);
 }
 
 ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
@@ -329,10 +336,9 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
   p.mean_rows_per_expert = mean_rows(p.expected_pairs, in.local_experts);
   if (in.tokens == 0 && !owner) return p;
   const kern::ResidentShape rs = kern::resident_shape(in.recipe, in.H, in.I);
-  int chosen = owner ? choose_owner_tile_n(in.tokens, in.world, in.K, in.local_experts)
-                     : choose_tile_n(in.tokens, in.K, in.local_experts, in.recipe, in.I);
-  if (in.recipe == Recipe::kBf16)
-    chosen = bf16_takes_m64(in, p.expected_pairs, rs.fc1_mtiles) ? kM64TileN : 16;
+  const int chosen =
+      owner ? choose_owner_tile_n(in.tokens, in.world, in.K, in.local_experts, in.recipe)
+            : choose_tile_n(in.tokens, in.K, in.local_experts, in.recipe, in.I);
   p.tile_n = in.fp8 ? kFp8TileN : recipe_tile(in.recipe, o.tile_n ? o.tile_n : chosen);
   p.quant_per_thread = p.rows >= kPrepWideTokens ? 8 : 4;
   {

@@ -57,12 +57,14 @@ constexpr int tile32_chunks_per_slot(int k_total) { return k_total <= kLeanMaxK 
 // many expected rows per expert: 3-11 % faster at 8 rows, 3 % slower at 16.
 constexpr double kTile16SplitMaxMeanRows = 10.0;
 
-// The bf16 recipe runs the m64 kernel at every token count where fc1's expected grid holds at
-// least this fraction of the SMs' count in CTAs, else the mma.sync kernel (tiles of 16). m64
-// measured faster from 4 rows per expert on every shape, and at 1 token on DSV3 (128 CTAs:
-// 176 against 182 us) and gpt-oss (92: 72 against 75), slower on Qwen3 (48: 42 against 38).
-constexpr double kBf16M64MinGridPerSm = 0.5;
-bool bf16_takes_m64(const PlanInputs& in, int64_t pairs, int fc1_mtiles);
+// The bf16 recipe: tile 8 up to kTile8MaxMeanRows, tile 16 (both the decode kernel, one weight
+// fragment per consumer warp) up to this many mean rows per expert, the m64 kernel above (no
+// tile 32, no narrow m64 kernel). Measured on one H200 against the m64 kernel (uniform, µs):
+// Qwen3 1 / 8 / 64 / 128 / 192 / 256 tokens (0.06 / 0.5 / 4 / 8 / 12 / 16 rows) 41.3 / 148.6 /
+// 296.4 / 309.0 / 316.0 / 319.8 against 28.0 / 128.4 / 267.5 / 285.2 / 294.9 / 323.3 on the
+// decode kernel; gpt-oss 1 / 4 / 32 / 256 (8 rows) 70.2 / 204.2 / 923.8 / 1448.5 against 57.0 /
+// 189.4 / 907.5 / 1453.1; DSV3 1 / 128 tokens 176.8 / 4915 against 169.9 / 4897.
+constexpr double kBf16Tile16MaxMeanRows = 12.0;
 
 // Prepare's quantizing blocks (kPrepThreads threads, four fit an SM) in all, at most: one wave.
 constexpr int kPrepBlocksPerSm = 4;
@@ -78,12 +80,13 @@ constexpr int kSpreadMinTokensOneGpu = 1024;
 // Route spread over blocks needs K at most one block's pairs.
 constexpr int kSpreadMaxTopK = kern::kPrepThreads;
 
-// The tile of a single-GPU forward of `tokens` tokens (before the bf16 mapping).
+// The tile of a single-GPU forward of `tokens` tokens (before the bf16 mapping of tile 32).
 int choose_tile_n(int tokens, int top_k, int local_experts, Recipe recipe, int intermediate);
 // An EP owner's tile: from twice its mean rows per expert (every rank's T about ours; measured
 // faster at W = 2 for 32 to 4096 tokens per rank), never tile 32 (slower at 128 / 160 tokens per
-// rank on DSV3 at W = 2).
-int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts);
+// rank on DSV3 at W = 2); bf16 weights take the single-GPU bounds of kBf16Tile16MaxMeanRows on
+// that mean (not measured at W = 2).
+int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts, Recipe recipe);
 
 ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& options);
 

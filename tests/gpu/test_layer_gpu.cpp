@@ -357,7 +357,7 @@ class PlanScope {
 // gpt-oss's expert semantics on the CUDA backend (contract §3.1): expert biases, the activation's
 // slope 1.702 and offset 1 after the clamp at 7, against the CPU oracle, with the top-k weight in
 // fc1 and in the final sum, at token counts that run every kernel the plan picks for the recipe
-// (decode tiles 8 / 16 / 32 and the m64 kernel for the 4-bit ones; mma.sync and wgmma for bf16).
+// (decode tiles 8 / 16 / 32 and the m64 kernel for the 4-bit ones; decode and m64 for bf16).
 // The biases are large enough that a kernel ignoring either of them fails the tolerance.
 TEST(GpuLayer, GptOssExpertSemantics) {
   SKIP_WITHOUT_GPU();
@@ -1060,6 +1060,71 @@ TEST(GpuLayer, Decode16NarrowTilesSameBitsAsTile8) {
                                    });
         EXPECT_TRUE(any_nonzero(t8)) << "every output is zero";
       });
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// bf16 weights on the decode kernel (tiles 8 and 16, one fragment per consumer warp, 2-chunk
+// slots, the resident steps in their rotated order): within contract §7 of the CPU, and tile 16
+// gives tile 8's bits (each column gets the same MMAs in the same k order). Qwen3 (E 16, K 8):
+// T = 1, 3 (1.5 rows per expert), 12 (6) and 40 (20: experts with more than 16 rows take
+// several tiles); then T = 40 captured in a CUDA graph with tile 16, replayed with device counts
+// against eager tile-8 forwards, and the gpt-oss expert epilogue (biases, slope, offset) on both
+// tiles.
+TEST(GpuLayer, Bf16DecodeTilesAgainstCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  const Master m(s, 47);
+  const std::vector<float> b13 = random_vec(size_t(s.E) * 2 * s.I, 48, 0.5f);
+  const std::vector<float> b2 = random_vec(size_t(s.E) * s.H, 49, 0.5f);
+  for (const bool extended : {false, true}) {
+    SCOPED_TRACE(extended ? "gpt-oss expert epilogue" : "plain SwiGLU");
+    Options o;
+    if (extended) o.limit = 7.0f;
+    const PackedExperts p = pack(s, Recipe::kBf16, m, o);
+    LayerConfig cfg = make_config(s, Recipe::kBf16, 64, true, o);
+    EpilogueVectors ev = p.epilogue_view();
+    if (extended) {
+      cfg.recipe.swiglu_alpha = 1.702f;
+      cfg.recipe.swiglu_beta = 1.0f;
+      cfg.recipe.has_expert_bias = true;
+      ev.fc1_bias =
+          TensorView::contiguous(const_cast<float*>(b13.data()), DType::kF32, {s.E, 2 * s.I});
+      ev.fc2_bias = TensorView::contiguous(const_cast<float*>(b2.data()), DType::kF32, {s.E, s.H});
+    }
+    Bootstrap cpu_boot, gpu_boot;
+    cpu_boot.backend = Backend::kCPU;
+    gpu_boot.backend = Backend::kCUDA;
+    MegaLayer cpu(cpu_boot, cfg, p.view(), ev);
+    MegaLayer gpu(gpu_boot, cfg, p.view(), ev);
+    gpu.warmup();
+    for (const int T : {1, 3, 12, 40}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 300 + T);
+      DeviceInputs d(h);
+      const std::vector<uint16_t> ref = cpu_bits(cpu, h);
+      ASSERT_TRUE(any_nonzero(ref));
+      auto run = [&](int tile) {
+        PlanScope scope(gpu, [&](PlanOptions& q) { q.tile_n = tile; });
+        std::vector<uint16_t> got = forward_bits(gpu, d, h);
+        const ForwardPlan& plan = gpu.last_plan();
+        EXPECT_EQ(plan.fc1.kernel, GemmKernel::kDecode) << plan.to_string();
+        EXPECT_EQ(plan.fc1.decode[0].tile_n, tile) << plan.to_string();
+        EXPECT_EQ(plan.fc1.decode[0].frags_per_warp, 1) << plan.to_string();
+        EXPECT_EQ(plan.extended_epilogue, extended) << plan.to_string();
+        std::string why;
+        EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << "tile " << tile << ": " << why;
+        return got;
+      };
+      const std::vector<uint16_t> t8 = run(8);
+      EXPECT_TRUE(run(16) == t8) << "tile 16 differs from tile 8";
+      if (T == 40 && !extended)
+        expect_replays_equal_eager(gpu, s, d, h, T, {40, 12, 1},
+                                   [&](const ForwardInputs& f, const TensorView& out) {
+                                     PlanScope scope(gpu, [](PlanOptions& q) { q.tile_n = 16; });
+                                     gpu.forward(f, out);
+                                   });
+    }
+  }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 

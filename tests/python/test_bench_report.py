@@ -18,7 +18,7 @@ def record(recipe, tokens, median, wbytes, plan, routing="uniform", tflops=1.0):
 
 RECORDS = [
     record("nvfp4", 1, 10.0, 4.22e6, "cuda T=1 tile=8 prepare=q4x1/one_block fc1=decode[x]"),
-    record("bf16", 1, 20.0, 16.88e6, "cuda T=1 tile=16 prepare=q4x1/one_block fc1=mma16[x]"),
+    record("bf16", 1, 20.0, 16.88e6, "cuda T=1 tile=16 prepare=q4x1/one_block fc1=decode[x]"),
     record("nvfp4", 8, 30.0, 8.44e6, "cuda T=8 tile=160 fc1=wgmma_m64[x]", tflops=755.0),
     record("nvfp4", 8, 99.0, 8.44e6, "cuda T=8 tile=160 fc1=wgmma_m64[x]", routing="zipf"),
 ]
@@ -28,9 +28,9 @@ def test_table_rows_kernels_and_floors():
     lines = report.table(RECORDS)
     assert lines[0].startswith("tiny (H 64, I 32, E 4, K 2), uniform routing")
     assert lines[2] == "| tokens | rows/expert | bf16 | nvfp4 | HBM floor | bf16 MMA floor |"
-    # 1 token: bf16 on mma16, nvfp4 on decode; the HBM floor from nvfp4's bytes (4.22 MB at
-    # 4.22 TB/s = 1 us), not bf16's.
-    assert lines[4] == "| 1 | 0.50 | 20.0 (mma16/16) | 10.0 (decode/8) | 1.0 | 0.0 |"
+    # 1 token: bf16 on decode tile 16, nvfp4 on decode tile 8; the HBM floor from nvfp4's bytes
+    # (4.22 MB at 4.22 TB/s = 1 us), not bf16's.
+    assert lines[4] == "| 1 | 0.50 | 20.0 (decode/16) | 10.0 (decode/8) | 1.0 | 0.0 |"
     # 8 tokens: no bf16 record; 755 TFLOP/s for 30 us is 30 us at the bf16 peak.
     assert lines[5] == "| 8 | 4.00 | — | 30.0 (wgmma_m64/160) | 2.0 | 30.0 |"
     assert len(lines) == 6

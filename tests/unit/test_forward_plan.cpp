@@ -77,16 +77,23 @@ TEST(ForwardPlan, TileWidthFollowsMeanRowsPerExpert) {
   EXPECT_EQ(choose_tile_n(544, 4, 128, Recipe::kNvfp4, 2880), 16);      // 17 rows
   EXPECT_EQ(choose_tile_n(545, 4, 128, Recipe::kNvfp4, 2880), 32);      // just above 17
   // EP owners: W * T virtual tokens; never tile 32 (at most 10.5 real rows per expert there).
-  EXPECT_EQ(choose_owner_tile_n(128, 2, 8, 128), 16);   // W * 16 rows
-  EXPECT_EQ(choose_owner_tile_n(160, 2, 8, 128), 16);   // W * 20 rows: 32 on one GPU
-  EXPECT_EQ(choose_owner_tile_n(176, 2, 8, 128), 160);  // W * 22 rows
-  EXPECT_EQ(choose_owner_tile_n(16, 2, 8, 128), 8);     // W * 2 rows
-  EXPECT_EQ(choose_owner_tile_n(640, 1, 8, 256), 32);   // one rank: the single-GPU bound
+  auto own = [](int T, int W, int K, int E, Recipe r = Recipe::kNvfp4) {
+    return choose_owner_tile_n(T, W, K, E, r);
+  };
+  EXPECT_EQ(own(128, 2, 8, 128), 16);   // W * 16 rows
+  EXPECT_EQ(own(160, 2, 8, 128), 16);   // W * 20 rows: 32 on one GPU
+  EXPECT_EQ(own(176, 2, 8, 128), 160);  // W * 22 rows
+  EXPECT_EQ(own(16, 2, 8, 128), 8);     // W * 2 rows
+  EXPECT_EQ(own(640, 1, 8, 256), 32);   // one rank: the single-GPU bound
   // W = 8 (32 local experts): twice the owner's mean, not 8 times.
-  EXPECT_EQ(choose_owner_tile_n(8, 8, 8, 32), 8);      // 2 rows -> 4
-  EXPECT_EQ(choose_owner_tile_n(32, 8, 8, 32), 16);    // 8 rows -> 16
-  EXPECT_EQ(choose_owner_tile_n(40, 8, 8, 32), 16);    // 10 rows -> 20
-  EXPECT_EQ(choose_owner_tile_n(128, 8, 8, 32), 160);  // 32 rows
+  EXPECT_EQ(own(8, 8, 8, 32), 8);      // 2 rows -> 4
+  EXPECT_EQ(own(32, 8, 8, 32), 16);    // 8 rows -> 16
+  EXPECT_EQ(own(40, 8, 8, 32), 16);    // 10 rows -> 20
+  EXPECT_EQ(own(128, 8, 8, 32), 160);  // 32 rows
+  // bf16 owners: the single-GPU bf16 bounds on the doubled mean.
+  EXPECT_EQ(own(32, 2, 8, 128, Recipe::kBf16), 8);     // W * 2 rows
+  EXPECT_EQ(own(96, 2, 8, 128, Recipe::kBf16), 16);    // W * 12 rows
+  EXPECT_EQ(own(104, 2, 8, 128, Recipe::kBf16), 160);  // W * 13 rows
   // No local experts (a degenerate split) does not divide by zero.
   EXPECT_EQ(choose_tile_n(0, 8, 0, Recipe::kNvfp4, 2048), 8);
 }
@@ -183,32 +190,59 @@ TEST(ForwardPlan, Tile16RowSplitUpToTenRows) {
   off.tile16_row_split = 0;
   EXPECT_TRUE(make_forward_plan(dsv3(Recipe::kNvfp4, 352), on).tile16_row_split);
   EXPECT_FALSE(make_forward_plan(dsv3(Recipe::kNvfp4, 256), off).tile16_row_split);
-  // bf16 weights never split (their tile 16 runs the mma.sync kernel).
+  // bf16 weights never split: tile 16 is one decode launch of one-fragment warps on 2-chunk
+  // slots.
   PlanOptions on16 = on;
   on16.tile_n = 16;
   const ForwardPlan b = make_forward_plan(dsv3(Recipe::kBf16, 256), on16);
   EXPECT_FALSE(b.tile16_row_split);
-  EXPECT_EQ(b.fc1.kernel, GemmKernel::kMma16);
+  ASSERT_EQ(b.fc1.kernel, GemmKernel::kDecode);
+  EXPECT_EQ(b.fc1.num_decode_launches, 1);
+  EXPECT_EQ(b.fc1.decode[0].tile_n, 16);
+  EXPECT_EQ(b.fc1.decode[0].frags_per_warp, 1);
+  EXPECT_EQ(b.fc1.decode[0].chunks_per_slot, 2);
 }
 
-// The bf16 recipe: the m64 kernel wherever fc1's expected grid holds half the SMs' count in
-// CTAs (4 half M-tiles per CTA), else the mma.sync kernel's tiles of 16.
-TEST(ForwardPlan, Bf16KernelByGrid) {
-  // Qwen3 at 1 token: 8 tiles x 6 CTAs = 48 < 66.
-  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 1), {}).fc1.kernel, GemmKernel::kMma16);
-  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 1), {}).tile_n, 16);
-  // Qwen3 at 2 tokens: 16 x 6 = 96; DSV3 at 1 token: 8 x 16 = 128; gpt-oss: 4 x 23 = 92.
-  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 2), {}).fc1.kernel, GemmKernel::kWgmmaM64);
-  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), {}).fc1.kernel, GemmKernel::kWgmmaM64);
-  EXPECT_EQ(make_forward_plan(gpt_oss(Recipe::kBf16, 1), {}).fc1.kernel, GemmKernel::kWgmmaM64);
-  for (const int T : {8, 128, 480, 1024, 4096}) {
-    const ForwardPlan p = make_forward_plan(qwen3(Recipe::kBf16, T), {});
+// The bf16 recipe: the decode kernel (one fragment per consumer warp, 2-chunk slots) with tile 8
+// up to 4 mean rows per expert and tile 16 up to 12, the m64 kernel above (no tile 32).
+TEST(ForwardPlan, Bf16TileByMeanRows) {
+  EXPECT_EQ(plan::kBf16Tile16MaxMeanRows, 12.0);
+  // Qwen3: K 8, 128 experts -> mean rows = T / 16.
+  auto q = [](int T) { return make_forward_plan(qwen3(Recipe::kBf16, T), {}); };
+  for (const int T : {1, 8, 64}) {
+    const ForwardPlan p = q(T);
+    EXPECT_EQ(p.tile_n, 8) << T;
+    ASSERT_EQ(p.fc1.kernel, GemmKernel::kDecode) << T;
+    EXPECT_EQ(p.fc2.kernel, GemmKernel::kDecode) << T;
+    EXPECT_EQ(p.fc1.decode[0].frags_per_warp, 1) << T;
+    EXPECT_EQ(p.fc1.decode[0].chunks_per_slot, 2) << T;
+  }
+  for (const int T : {65, 192}) {
+    const ForwardPlan p = q(T);
+    EXPECT_EQ(p.tile_n, 16) << T;
+    ASSERT_EQ(p.fc1.kernel, GemmKernel::kDecode) << T;
+    EXPECT_EQ(p.fc1.num_decode_launches, 1) << T;  // no row split
+    EXPECT_FALSE(p.tile16_row_split) << T;
+    // Two-slot rings of 37 KB slots: at most three CTAs an SM (each with its runtime-reserved
+    // 1 KB and at most 1 KB of static shared memory; ptxas: 256 bytes).
+    EXPECT_LE(p.fc1.decode[0].ctas_per_sm, 3) << T;
+    EXPECT_EQ(p.fc1.decode[0].stages, 2) << T;
+    EXPECT_LE(3 * (p.fc1.decode[0].smem_bytes + 2 * kern::kSmemReservedPerCta), kern::kSmemPerSm);
+  }
+  for (const int T : {193, 512, 4096}) {
+    const ForwardPlan p = q(T);
     EXPECT_EQ(p.tile_n, 160) << T;
+    EXPECT_EQ(p.fc1.kernel, GemmKernel::kWgmmaM64) << T;
     EXPECT_EQ(p.fc2.kernel, GemmKernel::kWgmmaM64) << T;
   }
-  PlanInputs few_sms = qwen3(Recipe::kBf16, 2);
-  few_sms.num_sms = 200;  // 96 CTAs < 100
-  EXPECT_EQ(make_forward_plan(few_sms, {}).tile_n, 16);
+  // DSV3 and gpt-oss at 1 token: the decode kernel too.
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), {}).fc1.kernel, GemmKernel::kDecode);
+  EXPECT_EQ(make_forward_plan(gpt_oss(Recipe::kBf16, 1), {}).fc2.kernel, GemmKernel::kDecode);
+  // One fragment per warp is all the bf16 kernel has.
+  PlanOptions two;
+  two.tile8_frags_per_warp = 2;
+  EXPECT_EQ(plan_options_reasons(two, Recipe::kBf16).size(), 1u);
+  EXPECT_TRUE(plan_options_reasons(two, Recipe::kNvfp4).empty());
 }
 
 // Prefill: the m64 wgmma kernel, tiles of 160 (4-bit weights: one CTA per tile and M-tile;
@@ -238,7 +272,7 @@ TEST(ForwardPlan, PrefillKernels) {
   EXPECT_EQ(b.fc2.grid_ctas, b.fc2.grid_tiles * 28);
   PlanOptions t8;
   t8.tile_n = 8;
-  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), t8).tile_n, 16);  // no tile 8 for bf16
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), t8).tile_n, 8);
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kNvfp4, 255), {}).quant_per_thread, 4);
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kNvfp4, 256), {}).quant_per_thread, 8);
 }
@@ -312,7 +346,7 @@ TEST(ForwardPlan, OptionsForceTheTile) {
   EXPECT_NE(narrow.to_string().find("fc1=wgmma_m64_narrow["), std::string::npos);
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 160);
   o.tile_n = 8;
-  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 16);
+  EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 8);
   o.tile_n = 32;
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 64), o).tile_n, 160);
   o.tile_n = 160;

@@ -22,11 +22,9 @@ namespace moe_ep::kern {
 
 constexpr int kKChunk = 64;     // K per pipeline stage
 constexpr int kFragRows = 16;   // rows of one mma.sync A fragment
-constexpr int kTileFrags = 8;   // fragments per M-tile (2 per warp)
+constexpr int kTileFrags = 8;   // fragments per M-tile
 constexpr int kTileRows = 128;  // weight rows per CTA
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kFc1TileH = 64;  // h columns produced by one fc1 CTA (64 gate + 64 up rows)
+constexpr int kFc1TileH = 64;   // h columns produced by one fc1 CTA (64 gate + 64 up rows)
 
 // One routing tile: `rows` consecutive entries of the expert-sorted pair list.
 struct TileInfo {
@@ -37,6 +35,10 @@ struct TileInfo {
 
 // Bytes of one 16x64 fragment block and of its scales.
 constexpr int frag_bytes(Recipe r) { return r == Recipe::kBf16 ? 16 * 64 * 2 : 16 * 64 / 2; }
+// bf16 weights: a fragment holds lane l's four k16 steps (16 bytes each) at bytes 64 l .. 64 l +
+// 63, step s in slot s ^ ((l / 2) % 4) (and so slot q holds step q ^ ((l / 2) % 4)): the 16-byte
+// reads of one step by eight consecutive lanes then hit eight distinct 16-byte bank groups.
+constexpr int bf16_resident_step(int lane, int slot) { return slot ^ ((lane >> 1) & 3); }
 constexpr int frag_scale_bytes(Recipe r) {
   switch (r) {
     case Recipe::kNvfp4:
@@ -73,8 +75,8 @@ inline ResidentShape resident_shape(Recipe r, int H, int I) {
 }
 
 // Routing tiles of the prefill GEMM kernels, in rows: the m64 wgmma kernel's and the fp8
-// kernel's; the launch plan (src/plan) picks among these, the decode kernel's 8, 16 and 32
-// (4-bit weights) and the mma.sync kernel's 16 (bf16 weights).
+// kernel's; the launch plan (src/plan) picks among these and the decode kernel's 8, 16 and 32
+// (bf16 weights: 8 and 16).
 constexpr int kM64TileN = 160, kFp8TileN = 160;
 // The narrow m64 kernel (4-bit weights): tiles of up to 64 rows at three CTAs per SM.
 constexpr int kM64NarrowTileN = 64, kM64NarrowCtasPerSm = 3;

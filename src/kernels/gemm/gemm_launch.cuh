@@ -5,20 +5,11 @@
 
 #include "kernels/common/launch.h"
 #include "kernels/gemm/decode/decode_launch.cuh"
-#include "kernels/gemm/mma/sm90_mma16.cuh"
 #include "kernels/gemm/sm90_gemm_device.cuh"
 #include "kernels/gemm/wgmma/sm90_wgmma.cuh"
 #include "moe_ep/plan.h"
 
 namespace moe_ep::kern {
-
-// bf16 weights, tiles of 16 rows: one CTA per (tile, M-tile) of the mma.sync kernel.
-template <Recipe R, bool kFc1, ExpertEpilogue kEpi>
-cudaError_t launch_mma16(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
-  sm90_moe_gemm_kernel<R, 16, kFc1, kEpi>
-      <<<dim3(g.grid_tiles, g.mtiles), kThreads, GemmConfig<R, 16>::kSmemBytes, s>>>(a);
-  return cudaGetLastError();
-}
 
 // Tiles of up to 160 rows: one CTA per (tile, group of half M-tiles), its warpgroups on the
 // halves sharing each B stage (forward_args.h: 2 warpgroups at 2 CTAs per SM for 4-bit weights,
@@ -76,15 +67,11 @@ cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s)
     case GemmKernel::kNone:
       return cudaSuccess;
     case GemmKernel::kDecode:
-      if constexpr (kFourBit) return launch_decode_gemm<R, kFc1, kEpi>(a, g, s);
-      break;
+      return launch_decode_gemm<R, kFc1, kEpi>(a, g, s);
     case GemmKernel::kWgmmaM64:
       return launch_wgmma_m64<R, kFc1, kEpi>(a, g, s);
     case GemmKernel::kWgmmaM64Narrow:
       if constexpr (kFourBit) return launch_wgmma_m64_narrow<R, kFc1, kEpi>(a, g.grid_ctas, s);
-      break;
-    case GemmKernel::kMma16:
-      if constexpr (!kFourBit) return launch_mma16<R, kFc1, kEpi>(a, g, s);
       break;
     case GemmKernel::kFp8:
       break;
@@ -119,11 +106,9 @@ cudaError_t set_gemm_attributes_for() {
                         set_max_smem(m64_narrow_kernel<R, true, kEpi>, kNarrowBytes),
                         set_max_smem(m64_narrow_kernel<R, false, kEpi>, kNarrowBytes)});
   } else {
-    return first_error(
-        {set_max_smem(m64_kernel<R, true, kEpi>, kM64Bytes),
-         set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes),
-         set_max_smem(sm90_moe_gemm_kernel<R, 16, true, kEpi>, GemmConfig<R, 16>::kSmemBytes),
-         set_max_smem(sm90_moe_gemm_kernel<R, 16, false, kEpi>, GemmConfig<R, 16>::kSmemBytes)});
+    return first_error({set_decode_attributes<R, kEpi>(),
+                        set_max_smem(m64_kernel<R, true, kEpi>, kM64Bytes),
+                        set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes)});
   }
 }
 

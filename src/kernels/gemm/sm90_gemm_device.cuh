@@ -89,7 +89,7 @@ __device__ __forceinline__ float fc2_value(const ForwardArgs& a, int e, int hrow
 }
 
 // bf16x2 {s, s} with s = scale * 2^63 for every resident scale byte b (resident_scales.h): the
-// table of the decode and mma.sync kernels.
+// table of the decode kernels.
 template <Recipe R>
 __device__ __forceinline__ uint32_t scale_multiplier(int b) {
   return resident_scale_bf16x2<RecipeKernelTraits<R>::kNvScale>(uint32_t(b) * 0x10001u);
@@ -292,64 +292,6 @@ __device__ __forceinline__ void store_y_tile(const ForwardArgs& a, const uint16_
         *reinterpret_cast<const uint4*>(ys + col * kYS + p * 8);
   }
   if (a.y_dst_fence) __threadfence_system();
-}
-
-// The epilogue of both grouped GEMMs (mma.sync below, wgmma in sm90_wgmma.cuh): acc[f][nf][i]
-// is fragment 2*warp+f's mma.sync m16n8 accumulator for n-fragment nf, i.e. weight row
-// (2*warp+f)*16 + g + (i>>1)*8 of the M-tile and token column nf*8 + 2*t4 + (i&1). Scales it,
-// stages the tile in the (free) pipeline smem and stores it with store_h_tile / store_y_tile.
-template <Recipe R, int kN, bool kFc1, ExpertEpilogue kEpi>
-__device__ __forceinline__ void gemm_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
-                                              const float (&acc)[2][kN / 8][4], unsigned char* smem,
-                                              const int* pair_of, const float* tw_of) {
-  using RT = RecipeKernelTraits<R>;
-  constexpr int kNF = kN / 8;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t4 = lane & 3;
-  const int e = tile.expert;
-  if constexpr (kFc1) {
-    // h tile [kN][64 (+4)] fp32: column n = token slot, row = h index within this M-tile.
-    float* hs = reinterpret_cast<float*>(smem);
-    constexpr int kHS = kFc1TileH + 4;
-    const float alpha = gemm_alpha<R, true>(a, e);
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        const int row = warp * 16 + g + (i >> 1) * 8;
-        const float gv = epilogue_value<R, true>(acc[0][nf][i], alpha);
-        const float uv = epilogue_value<R, true>(acc[1][nf][i], alpha);
-        float hv = fc1_activation<kEpi>(a, e, mtile * kFc1TileH + row, gv, uv);
-        if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
-        hs[col * kHS + row] = hv;
-      }
-    __syncthreads();
-    store_h_tile<R>(a, hs, tile, mtile, tid, kThreads);
-  } else {
-    // y tile [kN][128 (+8)] bf16, then 16-byte row stores to y_rows[t*K+k].
-    uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
-    constexpr int kYS = kTileRows + 8;
-    const float alpha = gemm_alpha<R, false>(a, e);
-#pragma unroll
-    for (int f = 0; f < 2; ++f)
-#pragma unroll
-      for (int nf = 0; nf < kNF; ++nf)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = nf * 8 + 2 * t4 + (i & 1);
-          const int row = (2 * warp + f) * 16 + g + (i >> 1) * 8;
-          // The CPU's rounding, not the conversion instruction: for bf16 weights the value is
-          // the accumulator itself, and ptxas (nvcc 13.0) scheduled the F2FP reading it above the
-          // wgmma kernel's final WARPGROUP.DEPBAR (wrong, changing outputs).
-          float v = epilogue_value<R, false>(acc[f][nf][i], alpha);
-          if constexpr (kEpi == ExpertEpilogue::kExtended)
-            v = fc2_value<kEpi>(a, e, mtile * kTileRows + row, pair_of[col], v);
-          ys[col * kYS + row] = fmt::float_to_bf16_rne(v);
-        }
-    __syncthreads();
-    store_y_tile<kN>(a, ys, tile, pair_of, mtile, tid, kThreads);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -79,7 +79,10 @@ __global__ void preprocess_weights_kernel(PrepShape p, bool four_bit, const uint
         words[s] = w;
       }
     } else {
-      const int s = within & 3;
+      // bf16: piece q of lane l holds k16 step q ^ ((l / 2) % 4) (bf16_resident_step), so that
+      // the 16-byte reads of one step by eight consecutive lanes hit eight distinct 16-byte bank
+      // groups (4-way conflicts in the plain order) whether the fragment is copied as it is.
+      const int s = bf16_resident_step(lane, within & 3);
       for (int j = 0; j < 4; ++j) {
         const int row = p.row_of(mtile, frag, g + (j & 1) * 8);
         const int kc = chunk * kKChunk + s * 16 + 2 * t4 + (j >> 1) * 8;

@@ -1,6 +1,7 @@
-// The decode GEMM (routing tiles of 8, 16 or 32 tokens): the same swap-AB mma.sync math as
-// sm90_moe_gemm_kernel (same fragments, same decode, same k order per column, so the same bits),
-// with a cheaper weight stream and consumer loop for the few-token case:
+// The decode GEMM (routing tiles of 8, 16 or 32 tokens): swap-AB mma.sync m16n8k16 (the weights
+// are the M side, a tile's tokens the N side), each column's k order that of every tile width,
+// so tiles 8, 16 and 32 give the same bits; 4-bit weights decoded in registers (e2m1_layout.h),
+// bf16 weights (tiles 8 and 16, one fragment per consumer warp) read as they are:
 //  - one producer warp feeds a ring of stages with 1-D bulk copies (cp.async.bulk, TMA): per
 //    stage one copy of the M-tile's contiguous weights of 4 K-chunks (16 KB), one of their scales
 //    and one per live token row, all completing on the stage's "full" mbarrier; consumers
@@ -93,9 +94,13 @@ template <Recipe R, int kN, int kFW, bool kLean = false>
 struct PipeOps {
   using RT = RecipeKernelTraits<R>;
   static constexpr int kSW = RT::kNvScale ? 4 : 2;  // multipliers per row: per k16 step or per 32
+  // A fragment's 16 bytes per lane and k16 step: one word per step (4-bit), or the step itself
+  // (bf16, no scales).
+  static constexpr int kWQ = RT::kFourBit ? 1 : 4;
+  static constexpr int kSF = RT::kFourBit && !kLean ? kFW : 1;
   uint32_t b[kLean ? 1 : 4][kLean ? 1 : kN / 8][2];
-  uint4 w[kFW];
-  uint32_t lo[kLean ? 1 : kFW][kSW], hi[kLean ? 1 : kFW][kSW];  // rows g and g + 8 of each frag
+  uint4 w[kFW][kWQ];
+  uint32_t lo[kSF][kSW], hi[kSF][kSW];  // rows g and g + 8 of each frag (4-bit)
   uint32_t sb, tbl;  // kLean: this lane's B address in the chunk's slot, the chunk's table
 };
 
@@ -115,7 +120,8 @@ struct PipeConsumer {
   // wait at a __syncwarp for every lane's reads of the previous one.
   static constexpr bool kOneTable = decode_scale_tables(C::kStageBytes) == 1;
   static_assert(kN % 8 == 0 && kN <= kRingN, "MMA columns within the ring's");
-  static_assert(RT::kFourBit, "the pipelined consumer decodes 4-bit weights");
+  // bf16 fragments are four times the registers of 4-bit words: one fragment per warp.
+  static_assert(RT::kFourBit || (kFW == 1 && !kLean), "bf16 weights: one fragment per warp");
   // kLean reads a chunk's table during the next chunk's loads (two tables), and its release
   // relies on a slot's closing chunk never being followed by another closing one.
   static_assert(!kLean || (!kOneTable && kCps >= 2 && kN >= 16), "lean consumer");
@@ -173,8 +179,34 @@ struct PipeConsumer {
   __device__ __forceinline__ void load(Ops& o, int chunk) {
     if constexpr (kOpens<kJ>) mbar_wait(full0 + bar, phase);
     const uint32_t sw = st + kSub<kJ> * C::kWBytes;     // the chunk's weights
-    const uint32_t ss = st + kSub<kJ> * C::kSBytes;     // + s_off: its scales
     const uint32_t sb = st + kSub<kJ> * (kKChunk * 2);  // + b_off: its B columns
+    if constexpr (!RT::kFourBit) {
+      // bf16: this lane's 64 bytes of the fragment at sw + w_off, bits 4..5 of which are
+      // (lane / 2) % 4 (w_off holds them; every other term is a multiple of 64), so XOR with the
+      // step gives its slot (bf16_resident_step).
+#pragma unroll
+      for (int s = 0; s < 4; ++s) load_b(o.b[s], sb + b_off, s);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) o.w[0][s] = lds128((sw + w_off) ^ uint32_t(s << 4));
+    } else {
+      load_four_bit<kJ>(o, chunk, sw, sb);
+    }
+    if constexpr (kCloses<kJ>) {
+      pending = empty0 + bar;
+      bar += 8;
+      st += C::kStageBytes;
+      if (st == ring_end) {
+        st = ring;
+        bar = 0;
+        phase ^= 1;
+      }
+    }
+  }
+
+  // load()'s part for 4-bit weights: the words, the scale multipliers through the table.
+  template <int kJ>
+  __device__ __forceinline__ void load_four_bit(Ops& o, int chunk, uint32_t sw, uint32_t sb) {
+    const uint32_t ss = st + kSub<kJ> * C::kSBytes;  // + s_off: the chunk's scales
     // Scale bytes first: their table round trip is the longest chain of the chunk.
     const uint32_t tbl = kOneTable ? tbl0 : tbl0 + (chunk & 1) * tbl_step;
     // One table: the previous chunk's was read. kLean: this table was last read by the MMAs of
@@ -200,7 +232,7 @@ struct PipeConsumer {
       for (int s = 0; s < 4; ++s) load_b(o.b[s], sb + b_off, s);
     }
 #pragma unroll
-    for (int f = 0; f < kFW; ++f) o.w[f] = lds128(sw + w_off + f * RT::kFragBytes);
+    for (int f = 0; f < kFW; ++f) o.w[f][0] = lds128(sw + w_off + f * RT::kFragBytes);
     __syncwarp();
 #pragma unroll
     for (int f = 0; f < (kLean ? 0 : kFW); ++f) {
@@ -214,20 +246,10 @@ struct PipeConsumer {
         o.hi[f][0] = h.x, o.hi[f][1] = h.y;
       }
     }
-    if constexpr (kCloses<kJ>) {
-      pending = empty0 + bar;
-      bar += 8;
-      st += C::kStageBytes;
-      if (st == ring_end) {
-        st = ring;
-        bar = 0;
-        phase ^= 1;
-      }
-    }
   }
 
   static __device__ __forceinline__ uint32_t loaded(const Ops& o) {
-    uint32_t dep = o.w[0].x ^ o.w[kFW - 1].x;
+    uint32_t dep = o.w[0][0].x ^ o.w[kFW - 1][Ops::kWQ - 1].x;
     if constexpr (!kLean) {
 #pragma unroll
       for (int s = 0; s < 4; ++s)
@@ -248,7 +270,7 @@ struct PipeConsumer {
       // took its B fragments as operands, have been issued; `o` opened the next slot (kCps >= 2),
       // so `pending` is still prev's.
       constexpr int kJp = (kJ + kU - 1) % kU;
-      if constexpr (kCloses<kJp>) mbar_arrive_after(pending, prev.w[0].x & zero);
+      if constexpr (kCloses<kJp>) mbar_arrive_after(pending, prev.w[0][0].x & zero);
     } else if constexpr (kCloses<kJ>) {
       uint32_t dep = loaded(o);
       if constexpr (kCps > 1) dep ^= loaded(prev);
@@ -266,24 +288,30 @@ struct PipeConsumer {
       const uint32_t(&bf)[kNF][2] = step_b(o, bs, s);
 #pragma unroll
       for (int f = 0; f < kFW; ++f) {
-        const uint4& w = o.w[f];
-        const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
-        uint32_t lo, hi;
-        if constexpr (kLean) {  // the table's rows g and g + 8 of fragment f (load's layout)
-          constexpr int kRow = RT::kNvScale ? 16 : 8;
-          const uint32_t t = o.tbl + f * 16 * kRow + g_off + (RT::kNvScale ? s : s >> 1) * 4;
-          lo = lds32(t);
-          hi = lds32(t + 8 * kRow);
+        uint32_t af[4];
+        if constexpr (!RT::kFourBit) {
+          const uint4& v = o.w[f][s];
+          af[0] = v.x, af[1] = v.y, af[2] = v.z, af[3] = v.w;
         } else {
-          lo = o.lo[f][RT::kNvScale ? s : s >> 1];
-          hi = o.hi[f][RT::kNvScale ? s : s >> 1];
+          const uint4& w = o.w[f][0];
+          const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
+          uint32_t lo, hi;
+          if constexpr (kLean) {  // the table's rows g and g + 8 of fragment f (load's layout)
+            constexpr int kRow = RT::kNvScale ? 16 : 8;
+            const uint32_t t = o.tbl + f * 16 * kRow + g_off + (RT::kNvScale ? s : s >> 1) * 4;
+            lo = lds32(t);
+            hi = lds32(t + 8 * kRow);
+          } else {
+            lo = o.lo[f][RT::kNvScale ? s : s >> 1];
+            hi = o.hi[f][RT::kNvScale ? s : s >> 1];
+          }
+          uint32_t bits[4];
+          decode_e2m1x8(word, bits);
+          af[0] = mul_bf16x2(bits[0], lo);
+          af[1] = mul_bf16x2(bits[1], hi);
+          af[2] = mul_bf16x2(bits[2], lo);
+          af[3] = mul_bf16x2(bits[3], hi);
         }
-        uint32_t bits[4], af[4];
-        decode_e2m1x8(word, bits);
-        af[0] = mul_bf16x2(bits[0], lo);
-        af[1] = mul_bf16x2(bits[1], hi);
-        af[2] = mul_bf16x2(bits[2], lo);
-        af[3] = mul_bf16x2(bits[3], hi);
 #pragma unroll
         for (int nf = 0; nf < kNF; ++nf) mma_bf16(acc[f][nf], af, bf[nf][0], bf[nf][1]);
       }
@@ -513,7 +541,8 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       pc.full0 = smem_addr(&full_bar[0]);
       pc.empty0 = smem_addr(&empty_bar[0]);
       pc.b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
-      pc.w_off = (warp * kFW) * RT::kFragBytes + lane * 16;
+      pc.w_off = RT::kFourBit ? (warp * kFW) * RT::kFragBytes + lane * 16
+                              : warp * RT::kFragBytes + lane * 64 + (((lane >> 1) & 3) << 4);
       // This lane's share of the warp's scale bytes and where its multipliers go in the table
       // ([frag * 16 + row], 4 (nv) or 2 (mx) multipliers per row): nvfp4 with two fragments 4
       // bytes = one row (frag lane / 16); nvfp4 with one, 2 bytes = half a row; mxfp4 2 bytes =
@@ -635,10 +664,16 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
 // of spill remain in its 32-column loop).
 constexpr int kDecode32Regs = 136;
 // (Tile 32 on 2-chunk slots runs the lean consumer at 96 registers and 4 CTAs per SM, for GEMMs
-// with a short K: the plan's tile32_chunks_per_slot.)
+// with a short K: the plan's tile32_chunks_per_slot.) bf16 weights: 72, so that three CTAs of
+// 288 threads fit the register file as their two-slot rings fit the shared memory.
+constexpr int kDecodeBf16Regs = 72;
+template <Recipe R, int kN, int kCps>
+constexpr int decode_max_registers() {
+  return R == Recipe::kBf16 ? kDecodeBf16Regs : kN > 16 && kCps == 4 ? kDecode32Regs : 96;
+}
 template <Recipe R, int kN, int kFW, bool kFc1, int kCps,
           ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu>
-__global__ void __maxnreg__(kN > 16 && kCps == 4 ? kDecode32Regs : 96)
+__global__ void __maxnreg__((decode_max_registers<R, kN, kCps>()))
     sm90_moe_decode_kernel(const ForwardArgs a, const int stages, const int wave) {
   decode_gemm<R, kN, kFW, kFc1, kCps, kEpi>(a, stages, wave);
 }

@@ -349,13 +349,9 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
     // half's 4 weight fragments and their scales. Branch-free: a chunk past the end (`live`
     // false) or a warpgroup without rows copies nothing (src-size 0, its addresses clamped to
     // real ones), and the scale copy of threads past the scales is predicated off in the PTX.
-    // bf16 weights: piece q = wtid of each 2 KB fragment (lane q / 4's k16 step q % 4) lands at
-    // step (q % 4) ^ ((q / 8) % 4) of that lane's 64 bytes, so that the 16-byte reads of one k16
-    // step by eight consecutive lanes hit eight distinct 16-byte bank groups (4-way conflicts
-    // in the plain order).
-    const uint32_t wpiece =
-        RT::kFourBit ? uint32_t(wtid * 16)
-                     : uint32_t((wtid & ~3) * 16 + (((wtid & 3) ^ ((wtid >> 3) & 3)) << 4));
+    // Weight pieces land where they are in the resident layout (bf16: each lane's k16 steps in
+    // the rotated order of bf16_resident_step, conflict-free reads below).
+    const uint32_t wpiece = uint32_t(wtid * 16);
     const uint32_t wdst = uint32_t(kNW * 128 + wg * C::kWBytes) + wpiece;
     [[maybe_unused]] const uint32_t sdst =
         uint32_t(kNW * 128 + kG * C::kWBytes + wg * C::kSBytes + wtid * 16);
@@ -478,9 +474,9 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
           f[1] = scaled(bits[1], sc_hi, s);
           f[2] = scaled(bits[2], sc_lo, s);
           f[3] = scaled(bits[3], sc_hi, s);
-        } else {  // the step's 16 bytes of this lane, where the weight copy put them
+        } else {  // the step's 16 bytes of this lane (bf16_resident_step: slot s ^ (l/2 % 4))
           const uint4 v = *reinterpret_cast<const uint4*>(ws + warp * RT::kFragBytes + lane * 64 +
-                                                          ((s ^ ((lane >> 1) & 3)) << 4));
+                                                          (bf16_resident_step(lane, s) << 4));
           f[0] = v.x;
           f[1] = v.y;
           f[2] = v.z;
