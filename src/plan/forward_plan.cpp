@@ -300,24 +300,27 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
   return gp;
 }
 
-// bf16 weights: tile 8 up to kTile8MaxMeanRows, 16 up to kBf16Tile16MaxMeanRows, else 160.
-int bf16_tile_for_mean(double mean) {
-  return mean <= kTile8MaxMeanRows ? 8 : mean <= kBf16Tile16MaxMeanRows ? 16 : kM64TileN;
+// bf16 weights (forward_plan.h): tile 8, tile 16 (further where fc2's K is short), else 160.
+int bf16_tile_for_mean(double mean, int intermediate) {
+  const double tile16_max =
+      intermediate <= kBf16ShortKMaxI ? kBf16Tile16MaxMeanRowsShortK : kBf16Tile16MaxMeanRows;
+  return mean <= kBf16Tile8MaxMeanRows ? 8 : mean <= tile16_max ? 16 : kM64TileN;
 }
 
 }  // namespace
 
 int choose_tile_n(int tokens, int top_k, int local_experts, Recipe recipe, int intermediate) {
   const double mean = mean_rows(int64_t(tokens) * top_k, local_experts);
-  if (recipe == Recipe::kBf16) return bf16_tile_for_mean(mean);
+  if (recipe == Recipe::kBf16) return bf16_tile_for_mean(mean, intermediate);
   const double tile16_max =
       tile32_chunks_per_slot(intermediate) == 2 ? kTile16MaxMeanRowsLeanFc2 : kTile16MaxMeanRows;
   return tile_for_mean(mean, tile16_max);
 }
 
-int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts, Recipe recipe) {
+int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts, Recipe recipe,
+                        int intermediate) {
   const double mean = mean_rows(int64_t(tokens) * std::min(world, 2) * top_k, local_experts);
-  if (recipe == Recipe::kBf16) return bf16_tile_for_mean(mean);
+  if (recipe == Recipe::kBf16) return bf16_tile_for_mean(mean, intermediate);
   return tile_for_mean(mean, world > 1 ? kTile32MaxMeanRows : kTile16MaxMeanRows);
 }
 
@@ -337,7 +340,7 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
   if (in.tokens == 0 && !owner) return p;
   const kern::ResidentShape rs = kern::resident_shape(in.recipe, in.H, in.I);
   const int chosen =
-      owner ? choose_owner_tile_n(in.tokens, in.world, in.K, in.local_experts, in.recipe)
+      owner ? choose_owner_tile_n(in.tokens, in.world, in.K, in.local_experts, in.recipe, in.I)
             : choose_tile_n(in.tokens, in.K, in.local_experts, in.recipe, in.I);
   p.tile_n = in.fp8 ? kFp8TileN : recipe_tile(in.recipe, o.tile_n ? o.tile_n : chosen);
   p.quant_per_thread = p.rows >= kPrepWideTokens ? 8 : 4;

@@ -57,14 +57,26 @@ constexpr int tile32_chunks_per_slot(int k_total) { return k_total <= kLeanMaxK 
 // many expected rows per expert: 3-11 % faster at 8 rows, 3 % slower at 16.
 constexpr double kTile16SplitMaxMeanRows = 10.0;
 
-// The bf16 recipe: tile 8 up to kTile8MaxMeanRows, tile 16 (both the decode kernel, one weight
-// fragment per consumer warp) up to this many mean rows per expert, the m64 kernel above (no
-// tile 32, no narrow m64 kernel). Measured on one H200 against the m64 kernel (uniform, µs):
-// Qwen3 1 / 8 / 64 / 128 / 192 / 256 tokens (0.06 / 0.5 / 4 / 8 / 12 / 16 rows) 41.3 / 148.6 /
-// 296.4 / 309.0 / 316.0 / 319.8 against 28.0 / 128.4 / 267.5 / 285.2 / 294.9 / 323.3 on the
-// decode kernel; gpt-oss 1 / 4 / 32 / 256 (8 rows) 70.2 / 204.2 / 923.8 / 1448.5 against 57.0 /
-// 189.4 / 907.5 / 1453.1; DSV3 1 / 128 tokens 176.8 / 4915 against 169.9 / 4897.
-constexpr double kBf16Tile16MaxMeanRows = 12.0;
+// The bf16 recipe runs the decode kernel (one weight fragment per consumer warp) with tile 8 up
+// to kBf16Tile8MaxMeanRows mean rows per expert and tile 16 up to kBf16Tile16MaxMeanRows (or
+// kBf16Tile16MaxMeanRowsShortK where I <= kBf16ShortKMaxI), the m64 kernel above (no tile 32, no
+// narrow m64 kernel). Measured on one H200 (medians of two runs, µs; docs/kernels.md §4.3):
+//  - against the m64 kernel, uniform routing: faster at 1 token on every shape (Qwen3 41.3 ->
+//    28.0, gpt-oss 70.2 -> 57.0, DSV3 176.8 -> 169.9) and up to 4 rows (DSV3 128 tokens 4915 ->
+//    4897, gpt-oss 128 1401.5 -> 1388.4); above that level or slower on DSV3 and gpt-oss
+//    (gpt-oss 256 tokens, 8 rows: 1448.5 -> 1453.1) and 7-10 % faster on Qwen3 up to 12 rows
+//    (128 / 192 tokens 309.0 / 316.0 -> 285.2 / 294.9), slower from 16 (256: 319.8 -> 323.3);
+//  - with Zipf routing (an expert with many rows streams its weights once per tile of 16, once
+//    per 160 on the m64 kernel): DSV3 2 / 4 / 6 rows 2892 / 3930 / 4382 -> 2916 / 4014 / 4563,
+//    gpt-oss 846 / 1186 / 1322 against 854 / 1184 / 1301, Qwen3 2 / 4 / 6 rows 208.5 / 253.9 /
+//    287.0 -> 187.0 / 232.9 / 259.0. Qwen3's fc2 has 12 K-chunks (I = 768), where the m64
+//    kernel's ring fill and epilogue weigh most;
+//  - tile 8 against tile 16: faster at a quarter of a row and below (Qwen3 2 tokens 44.3 against
+//    48.8, gpt-oss 105.7 against 115.2), level at 1 row, slower from 2 under Zipf (DSV3 2 / 4
+//    rows 2939 / 4115 against 2916 / 4014).
+constexpr double kBf16Tile8MaxMeanRows = 1.0;
+constexpr double kBf16Tile16MaxMeanRows = 4.0, kBf16Tile16MaxMeanRowsShortK = 12.0;
+constexpr int kBf16ShortKMaxI = 1024;
 
 // Prepare's quantizing blocks (kPrepThreads threads, four fit an SM) in all, at most: one wave.
 constexpr int kPrepBlocksPerSm = 4;
@@ -84,9 +96,10 @@ constexpr int kSpreadMaxTopK = kern::kPrepThreads;
 int choose_tile_n(int tokens, int top_k, int local_experts, Recipe recipe, int intermediate);
 // An EP owner's tile: from twice its mean rows per expert (every rank's T about ours; measured
 // faster at W = 2 for 32 to 4096 tokens per rank), never tile 32 (slower at 128 / 160 tokens per
-// rank on DSV3 at W = 2); bf16 weights take the single-GPU bounds of kBf16Tile16MaxMeanRows on
+// rank on DSV3 at W = 2); bf16 weights take their single-GPU bounds (bf16_tile_for_mean) on
 // that mean (not measured at W = 2).
-int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts, Recipe recipe);
+int choose_owner_tile_n(int tokens, int world, int top_k, int local_experts, Recipe recipe,
+                        int intermediate);
 
 ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& options);
 

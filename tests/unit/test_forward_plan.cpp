@@ -77,8 +77,8 @@ TEST(ForwardPlan, TileWidthFollowsMeanRowsPerExpert) {
   EXPECT_EQ(choose_tile_n(544, 4, 128, Recipe::kNvfp4, 2880), 16);      // 17 rows
   EXPECT_EQ(choose_tile_n(545, 4, 128, Recipe::kNvfp4, 2880), 32);      // just above 17
   // EP owners: W * T virtual tokens; never tile 32 (at most 10.5 real rows per expert there).
-  auto own = [](int T, int W, int K, int E, Recipe r = Recipe::kNvfp4) {
-    return choose_owner_tile_n(T, W, K, E, r);
+  auto own = [](int T, int W, int K, int E, Recipe r = Recipe::kNvfp4, int I = 2048) {
+    return choose_owner_tile_n(T, W, K, E, r, I);
   };
   EXPECT_EQ(own(128, 2, 8, 128), 16);   // W * 16 rows
   EXPECT_EQ(own(160, 2, 8, 128), 16);   // W * 20 rows: 32 on one GPU
@@ -91,9 +91,11 @@ TEST(ForwardPlan, TileWidthFollowsMeanRowsPerExpert) {
   EXPECT_EQ(own(40, 8, 8, 32), 16);    // 10 rows -> 20
   EXPECT_EQ(own(128, 8, 8, 32), 160);  // 32 rows
   // bf16 owners: the single-GPU bf16 bounds on the doubled mean.
-  EXPECT_EQ(own(32, 2, 8, 128, Recipe::kBf16), 8);     // W * 2 rows
-  EXPECT_EQ(own(96, 2, 8, 128, Recipe::kBf16), 16);    // W * 12 rows
-  EXPECT_EQ(own(104, 2, 8, 128, Recipe::kBf16), 160);  // W * 13 rows
+  EXPECT_EQ(own(8, 2, 8, 128, Recipe::kBf16), 8);           // W * 0.5 rows
+  EXPECT_EQ(own(32, 2, 8, 128, Recipe::kBf16), 16);         // W * 2 rows
+  EXPECT_EQ(own(40, 2, 8, 128, Recipe::kBf16), 160);        // W * 2.5 rows
+  EXPECT_EQ(own(40, 2, 8, 128, Recipe::kBf16, 768), 16);    // short K: up to 12
+  EXPECT_EQ(own(104, 2, 8, 128, Recipe::kBf16, 768), 160);  // W * 6.5 rows
   // No local experts (a degenerate split) does not divide by zero.
   EXPECT_EQ(choose_tile_n(0, 8, 0, Recipe::kNvfp4, 2048), 8);
 }
@@ -204,12 +206,16 @@ TEST(ForwardPlan, Tile16RowSplitUpToTenRows) {
 }
 
 // The bf16 recipe: the decode kernel (one fragment per consumer warp, 2-chunk slots) with tile 8
-// up to 4 mean rows per expert and tile 16 up to 12, the m64 kernel above (no tile 32).
+// up to 1 mean row per expert and tile 16 up to 4 (up to 12 where I <= 1024: Qwen3), the m64
+// kernel above (no tile 32).
 TEST(ForwardPlan, Bf16TileByMeanRows) {
-  EXPECT_EQ(plan::kBf16Tile16MaxMeanRows, 12.0);
-  // Qwen3: K 8, 128 experts -> mean rows = T / 16.
+  EXPECT_EQ(plan::kBf16Tile8MaxMeanRows, 1.0);
+  EXPECT_EQ(plan::kBf16Tile16MaxMeanRows, 4.0);
+  EXPECT_EQ(plan::kBf16Tile16MaxMeanRowsShortK, 12.0);
+  EXPECT_EQ(plan::kBf16ShortKMaxI, 1024);
+  // Qwen3 (I 768): K 8, 128 experts -> mean rows = T / 16.
   auto q = [](int T) { return make_forward_plan(qwen3(Recipe::kBf16, T), {}); };
-  for (const int T : {1, 8, 64}) {
+  for (const int T : {1, 8, 16}) {
     const ForwardPlan p = q(T);
     EXPECT_EQ(p.tile_n, 8) << T;
     ASSERT_EQ(p.fc1.kernel, GemmKernel::kDecode) << T;
@@ -217,7 +223,7 @@ TEST(ForwardPlan, Bf16TileByMeanRows) {
     EXPECT_EQ(p.fc1.decode[0].frags_per_warp, 1) << T;
     EXPECT_EQ(p.fc1.decode[0].chunks_per_slot, 2) << T;
   }
-  for (const int T : {65, 192}) {
+  for (const int T : {17, 64, 192}) {
     const ForwardPlan p = q(T);
     EXPECT_EQ(p.tile_n, 16) << T;
     ASSERT_EQ(p.fc1.kernel, GemmKernel::kDecode) << T;
@@ -235,7 +241,13 @@ TEST(ForwardPlan, Bf16TileByMeanRows) {
     EXPECT_EQ(p.fc1.kernel, GemmKernel::kWgmmaM64) << T;
     EXPECT_EQ(p.fc2.kernel, GemmKernel::kWgmmaM64) << T;
   }
-  // DSV3 and gpt-oss at 1 token: the decode kernel too.
+  // DSV3 (I 2048; mean rows = T / 32): tile 8 up to 1 row, 16 up to 4, then 160.
+  auto d = [](int T) { return make_forward_plan(dsv3(Recipe::kBf16, T), {}).tile_n; };
+  EXPECT_EQ(d(1), 8);
+  EXPECT_EQ(d(32), 8);
+  EXPECT_EQ(d(33), 16);
+  EXPECT_EQ(d(128), 16);
+  EXPECT_EQ(d(129), 160);
   EXPECT_EQ(make_forward_plan(dsv3(Recipe::kBf16, 1), {}).fc1.kernel, GemmKernel::kDecode);
   EXPECT_EQ(make_forward_plan(gpt_oss(Recipe::kBf16, 1), {}).fc2.kernel, GemmKernel::kDecode);
   // One fragment per warp is all the bf16 kernel has.
