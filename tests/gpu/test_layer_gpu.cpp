@@ -354,6 +354,17 @@ class PlanScope {
   PlanOptions saved_;
 };
 
+// gpt-oss's expert semantics in `cfg` and `ev`: slope 1.702, offset 1, fc1 biases b13 [E, 2I] and
+// fc2 biases b2 [E, H] (the vectors stay the caller's).
+void set_gpt_oss_experts(const Shape& s, LayerConfig& cfg, EpilogueVectors& ev,
+                         const std::vector<float>& b13, const std::vector<float>& b2) {
+  cfg.recipe.swiglu_alpha = 1.702f;
+  cfg.recipe.swiglu_beta = 1.0f;
+  cfg.recipe.has_expert_bias = true;
+  ev.fc1_bias = TensorView::contiguous(const_cast<float*>(b13.data()), DType::kF32, {s.E, 2 * s.I});
+  ev.fc2_bias = TensorView::contiguous(const_cast<float*>(b2.data()), DType::kF32, {s.E, s.H});
+}
+
 // gpt-oss's expert semantics on the CUDA backend (contract §3.1): expert biases, the activation's
 // slope 1.702 and offset 1 after the clamp at 7, against the CPU oracle, with the top-k weight in
 // fc1 and in the final sum, at token counts that run every kernel the plan picks for the recipe
@@ -374,14 +385,9 @@ TEST(GpuLayer, GptOssExpertSemantics) {
       o.apply_topk_in_fc1 = in_fc1;
       const PackedExperts p = pack(s, r, m, o);
       LayerConfig cfg = make_config(s, r, tokens.back(), true, o);
-      cfg.recipe.swiglu_alpha = 1.702f;
-      cfg.recipe.swiglu_beta = 1.0f;
-      cfg.recipe.has_expert_bias = true;
-      EXPECT_TRUE(unsupported_reasons(cfg, 1, Backend::kCUDA).empty());
       EpilogueVectors ev = p.epilogue_view();
-      ev.fc1_bias =
-          TensorView::contiguous(const_cast<float*>(b13.data()), DType::kF32, {s.E, 2 * s.I});
-      ev.fc2_bias = TensorView::contiguous(const_cast<float*>(b2.data()), DType::kF32, {s.E, s.H});
+      set_gpt_oss_experts(s, cfg, ev, b13, b2);
+      EXPECT_TRUE(unsupported_reasons(cfg, 1, Backend::kCUDA).empty());
       Bootstrap cpu_boot, gpu_boot;
       cpu_boot.backend = Backend::kCPU;
       gpu_boot.backend = Backend::kCUDA;
@@ -1083,14 +1089,7 @@ TEST(GpuLayer, Bf16DecodeTilesAgainstCpu) {
     const PackedExperts p = pack(s, Recipe::kBf16, m, o);
     LayerConfig cfg = make_config(s, Recipe::kBf16, 64, true, o);
     EpilogueVectors ev = p.epilogue_view();
-    if (extended) {
-      cfg.recipe.swiglu_alpha = 1.702f;
-      cfg.recipe.swiglu_beta = 1.0f;
-      cfg.recipe.has_expert_bias = true;
-      ev.fc1_bias =
-          TensorView::contiguous(const_cast<float*>(b13.data()), DType::kF32, {s.E, 2 * s.I});
-      ev.fc2_bias = TensorView::contiguous(const_cast<float*>(b2.data()), DType::kF32, {s.E, s.H});
-    }
+    if (extended) set_gpt_oss_experts(s, cfg, ev, b13, b2);
     Bootstrap cpu_boot, gpu_boot;
     cpu_boot.backend = Backend::kCPU;
     gpu_boot.backend = Backend::kCUDA;
