@@ -18,16 +18,16 @@ const char* combine_mode_name(CombineMode m);
 // field's default leaves the choice to the plan's policy, which is what an engine gets.
 struct PlanOptions {
   // Tokens per routing tile. 0: the policy. 4-bit recipes: 8, 16, 32 (the decode kernel), 64
-  // (the narrow m64 wgmma kernel) or 160 (the m64 wgmma kernel); the bf16 recipe runs 16
-  // (mma.sync) or 160 (the m64 kernel), and maps 8 to 16 and 32 and 64 to 160. Ignored by the
-  // fp8 path (RecipeConfig::fp8_mma).
+  // (the narrow m64 wgmma kernel) or 160 (the m64 wgmma kernel); the bf16 recipe runs 8 and 16
+  // (the decode kernel) or 160 (the m64 kernel), and maps 32 and 64 to 160. Ignored by the fp8
+  // path (RecipeConfig::fp8_mma).
   int tile_n = 0;
   // Tile 16 of a 4-bit recipe: run an expert's last tile of at most 8 rows on the tile-8
   // kernel. -1: the policy (at most 10 expected rows per expert), 0: never, 1: always.
   int tile16_row_split = -1;
   // Tile 32: K-chunks per ring slot, 2 (the lean consumer) or 4. 0: the policy.
   int tile32_chunks_per_slot = 0;
-  // Tile 8: weight fragments per consumer warp, 1 or 2. 0: the policy.
+  // Tile 8: weight fragments per consumer warp, 1 or 2 (bf16 weights: 1 only). 0: the policy.
   int tile8_frags_per_warp = 0;
   // Tiles of 160 of a 4-bit recipe: run each expert's last tile of at most 64 rows on the
   // narrow m64 kernel. -1: the policy, 0: never, 1: always.
