@@ -3,12 +3,13 @@
 // so tiles 8, 16 and 32 give the same bits; 4-bit weights decoded in registers (e2m1_layout.h),
 // bf16 weights (tiles 8 and 16, one fragment per consumer warp) read as they are:
 //  - one producer warp feeds a ring of stages with 1-D bulk copies (cp.async.bulk, TMA): per
-//    stage one copy of the M-tile's contiguous weights of 4 K-chunks (16 KB), one of their scales
-//    and one per live token row, all completing on the stage's "full" mbarrier; consumers
-//    release a stage on its "empty" mbarrier. No per-thread address math, no CTA barrier per
-//    chunk. Four chunks per stage instead of one: DSV3 nvfp4 1 / 128 tokens 90.6 -> 76 /
-//    2204 -> 1805 us (fewer, larger copies, a quarter of the barrier round trips).
-//  - the scale bytes of a stage are converted once per warp into a small table of bf16x2
+//    stage one copy of the M-tile's contiguous weights of 4 K-chunks (16 KB; bf16: 2 chunks,
+//    32 KB), one of their scales (4-bit) and one per live token row, all completing on the stage's
+//    "full" mbarrier; consumers release a stage on its "empty" mbarrier. No per-thread address
+//    math, no CTA barrier per chunk. Four chunks per stage instead of one: DSV3 nvfp4 1 / 128
+//    tokens 90.6 -> 76 / 2204 -> 1805 us (fewer, larger copies, a quarter of the barrier round
+//    trips).
+//  - 4-bit weights: the scale bytes of a stage are converted once per warp into a table of bf16x2
 //    multipliers (one lookup per byte instead of four lanes repeating it), read back with two
 //    16-byte loads per fragment.
 //  - kFW fragments (16 weight rows each) per consumer warp: 8 / kFW consumer warps per CTA.
