@@ -74,10 +74,12 @@ PackedExperts pack(const Shape& s, Recipe r, const Master& m, const Options& o) 
                              o.random_fc1_norm && r == Recipe::kNvfp4 ? m.fc1_nc.data() : nullptr);
 }
 
-std::unique_ptr<MegaLayer> make_layer(Backend b, const LayerConfig& c, const PackedExperts& p) {
+// A layer of backend b from p's weights and `ev`'s epilogue vectors (p's own by default).
+std::unique_ptr<MegaLayer> make_layer(Backend b, const LayerConfig& c, const PackedExperts& p,
+                                      const EpilogueVectors* ev = nullptr) {
   Bootstrap boot;
   boot.backend = b;
-  return std::make_unique<MegaLayer>(boot, c, p.view(), p.epilogue_view());
+  return std::make_unique<MegaLayer>(boot, c, p.view(), ev ? *ev : p.epilogue_view());
 }
 
 struct HostInputs {
@@ -388,11 +390,9 @@ TEST(GpuLayer, GptOssExpertSemantics) {
       EpilogueVectors ev = p.epilogue_view();
       set_gpt_oss_experts(s, cfg, ev, b13, b2);
       EXPECT_TRUE(unsupported_reasons(cfg, 1, Backend::kCUDA).empty());
-      Bootstrap cpu_boot, gpu_boot;
-      cpu_boot.backend = Backend::kCPU;
-      gpu_boot.backend = Backend::kCUDA;
-      MegaLayer cpu(cpu_boot, cfg, p.view(), ev);
-      MegaLayer gpu(gpu_boot, cfg, p.view(), ev);
+      const auto cpu_layer = make_layer(Backend::kCPU, cfg, p, &ev);
+      const auto gpu_layer = make_layer(Backend::kCUDA, cfg, p, &ev);
+      MegaLayer &cpu = *cpu_layer, &gpu = *gpu_layer;
       gpu.warmup();
       // The biases come back as the layer's own, on the device.
       const ExpertWeightViews views = gpu.expert_weight_views();
@@ -1090,11 +1090,9 @@ TEST(GpuLayer, Bf16DecodeTilesAgainstCpu) {
     LayerConfig cfg = make_config(s, Recipe::kBf16, 64, true, o);
     EpilogueVectors ev = p.epilogue_view();
     if (extended) set_gpt_oss_experts(s, cfg, ev, b13, b2);
-    Bootstrap cpu_boot, gpu_boot;
-    cpu_boot.backend = Backend::kCPU;
-    gpu_boot.backend = Backend::kCUDA;
-    MegaLayer cpu(cpu_boot, cfg, p.view(), ev);
-    MegaLayer gpu(gpu_boot, cfg, p.view(), ev);
+    const auto cpu_layer = make_layer(Backend::kCPU, cfg, p, &ev);
+    const auto gpu_layer = make_layer(Backend::kCUDA, cfg, p, &ev);
+    MegaLayer &cpu = *cpu_layer, &gpu = *gpu_layer;
     gpu.warmup();
     for (const int T : {1, 3, 12, 40}) {
       SCOPED_TRACE("T = " + std::to_string(T));
