@@ -243,11 +243,8 @@ GemmPlan decode_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPl
     gp.decode[1].tile_part = 2;
   } else {
     const int cps = decode_chunks_per_slot(in.recipe);
-    // bf16: two-slot rings of 35 KB slots fit three CTAs an SM, not four.
-    const int fit = in.recipe == Recipe::kBf16
-                        ? std::min(per_sm, kern::decode_max_per_sm(in.recipe, n, cps))
-                        : per_sm;
-    gp.decode[0] = decode_launch(in, o, g, n, cps, gp.grid_tiles, fit);
+    gp.decode[0] = decode_launch(in, o, g, n, cps, gp.grid_tiles,
+                                 std::min(per_sm, kern::decode_max_per_sm(in.recipe, n, cps)));
     // Tile 8: one fragment per consumer warp (8 consumer warps, the same sums in the same order)
     // for NVFP4 weights (nvfp4, nvfp4_bf16: the same weight stream and decode) where the grid
     // holds at most one CTA per SM (nvfp4 Qwen3 1 token 25.6 -> 23.1 us, gpt-oss 39.9-40.2 ->
@@ -283,18 +280,16 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
   GemmPlan gp;
   gp.mtiles = g.mtiles;
   gp.grid_tiles = kern::max_tiles(int(pairs), in.local_experts, p.tile_n);
-  {
-    gp.kernel = p.tile_n == kM64NarrowTileN ? GemmKernel::kWgmmaM64Narrow : GemmKernel::kWgmmaM64;
-    const int groups = kern::m64_groups(in.recipe, g.mtiles);
-    gp.grid_ctas = gp.grid_tiles * groups;
-    if (p.m64_split && gp.grid_tiles > 0) {
-      // At most one narrow tile per touched expert; every wide tile holds more than 64 rows.
-      const int64_t narrow =
-          std::min<int64_t>(std::min<int64_t>(pairs, in.local_experts), gp.grid_tiles);
-      const int64_t wide = std::min<int64_t>(pairs / (kM64NarrowTileN + 1), gp.grid_tiles);
-      gp.m64_narrow_ctas = int(narrow * groups);
-      gp.grid_ctas = int(wide * groups);
-    }
+  gp.kernel = p.tile_n == kM64NarrowTileN ? GemmKernel::kWgmmaM64Narrow : GemmKernel::kWgmmaM64;
+  const int groups = kern::m64_groups(in.recipe, g.mtiles);
+  gp.grid_ctas = gp.grid_tiles * groups;
+  if (p.m64_split && gp.grid_tiles > 0) {
+    // At most one narrow tile per touched expert; every wide tile holds more than 64 rows.
+    const int64_t narrow =
+        std::min<int64_t>(std::min<int64_t>(pairs, in.local_experts), gp.grid_tiles);
+    const int64_t wide = std::min<int64_t>(pairs / (kM64NarrowTileN + 1), gp.grid_tiles);
+    gp.m64_narrow_ctas = int(narrow * groups);
+    gp.grid_ctas = int(wide * groups);
   }
   if (gp.grid_tiles == 0) gp.kernel = GemmKernel::kNone;
   return gp;

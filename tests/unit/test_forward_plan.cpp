@@ -232,6 +232,8 @@ TEST(ForwardPlan, Bf16TileByMeanRows) {
     // Two-slot rings of 37 KB slots: at most three CTAs an SM (each with its runtime-reserved
     // 1 KB and at most 1 KB of static shared memory; ptxas: 256 bytes).
     EXPECT_LE(p.fc1.decode[0].ctas_per_sm, 3) << T;
+    EXPECT_EQ(p.fc1.decode[0].ctas_per_sm, kern::decode_max_per_sm(Recipe::kBf16, 16, 2)) << T;
+    EXPECT_EQ(kern::decode_max_per_sm(Recipe::kBf16, 16, 2), 3);
     EXPECT_EQ(p.fc1.decode[0].stages, 2) << T;
     EXPECT_LE(3 * (p.fc1.decode[0].smem_bytes + 2 * kern::kSmemReservedPerCta), kern::kSmemPerSm);
   }

@@ -36,9 +36,10 @@ struct TileInfo {
 // Bytes of one 16x64 fragment block and of its scales.
 constexpr int frag_bytes(Recipe r) { return r == Recipe::kBf16 ? 16 * 64 * 2 : 16 * 64 / 2; }
 // bf16 weights: a fragment holds lane l's four k16 steps (16 bytes each) at bytes 64 l .. 64 l +
-// 63, step s in slot s ^ ((l / 2) % 4) (and so slot q holds step q ^ ((l / 2) % 4)): the 16-byte
-// reads of one step by eight consecutive lanes then hit eight distinct 16-byte bank groups.
-constexpr int bf16_resident_step(int lane, int slot) { return slot ^ ((lane >> 1) & 3); }
+// 63, step s in slot s ^ ((l / 2) % 4): the 16-byte reads of one step by eight consecutive lanes
+// then hit eight distinct 16-byte bank groups. The map is its own inverse: the slot of step i and
+// the step in slot i.
+constexpr int bf16_resident_step(int lane, int i) { return i ^ ((lane >> 1) & 3); }
 constexpr int frag_scale_bytes(Recipe r) {
   switch (r) {
     case Recipe::kNvfp4:

@@ -14,9 +14,11 @@ constexpr int kSmemPerCtaMax = 227 * 1024;
 constexpr int kSmemReservedPerCta = 1024;
 
 // The decode kernel's static shared memory (scale tables, barriers, column tables), as ptxas
-// reports it for the 4-bit kernels (4-chunk slots): with two scale tables per warp, and the
-// bound the ring sizing reserves for it (with the runtime's 1 KB).
-constexpr int kDecodeStaticTwoTables = 5376;
+// reports it for the 4-bit kernels (4-chunk slots) with two scale tables per warp and with one,
+// a bound for the bf16 kernels (no tables; ptxas: 128-256 bytes), and the bound the ring sizing
+// reserves for it (with the runtime's 1 KB).
+constexpr int kDecodeStaticTwoTables = 5376, kDecodeStaticOneTable = 3328;
+constexpr int kDecodeStaticBf16 = 1024;
 constexpr int kDecodeStaticBound = 8 * 1024;
 constexpr int kDecodeMaxStages = 24;
 
@@ -33,11 +35,29 @@ constexpr int decode_max_stages(Recipe r, int n, int cps) {
   const int s = (kSmemPerCtaMax - kDecodeStaticBound) / decode_stage_bytes(r, n, cps);
   return s < kDecodeMaxStages ? s : kDecodeMaxStages;
 }
-// The most CTAs an SM holds at the ring's smallest depth (each with its static shared memory,
-// two scale tables' worth, and the runtime's reserved 1 KB; at most 4).
+// Scale tables per consumer warp: two (by chunk parity, so a chunk's table is written while the
+// previous one may still be read), or one where the second would keep a fourth CTA of two ring
+// slots off the SM: 4 x (2 x stage + static + 1 KB reserved) must fit 228 KB, and the static
+// shared memory is kDecodeStaticTwoTables with two tables, kDecodeStaticOneTable with one. That is
+// nvfp4 at tile 16 (26880-byte slots; 3 CTAs fit with two tables, 4 with one): measured 1.5-3 %
+// faster there (docs/kernels.md), while mxfp4 at tile 16 (25856-byte slots) fits 4 CTAs either way
+// and was 1-2 % slower with one.
+constexpr int decode_scale_tables(int stage_bytes) {
+  return 4 * (2 * stage_bytes + kDecodeStaticTwoTables + kSmemReservedPerCta) > kSmemPerSm ? 1 : 2;
+}
+
+// The kernel's static shared memory: its scale tables (4-bit weights) or the bf16 bound.
+constexpr int decode_static_bytes(Recipe r, int stage_bytes) {
+  return r == Recipe::kBf16                      ? kDecodeStaticBf16
+         : decode_scale_tables(stage_bytes) == 2 ? kDecodeStaticTwoTables
+                                                 : kDecodeStaticOneTable;
+}
+// The most CTAs an SM holds at the ring's smallest depth (each with its static shared memory and
+// the runtime's reserved 1 KB; at most 4).
 constexpr int decode_max_per_sm(Recipe r, int n, int cps) {
-  const int per = decode_min_stages(r, cps) * decode_stage_bytes(r, n, cps) +
-                  kDecodeStaticTwoTables + kSmemReservedPerCta;
+  const int stage = decode_stage_bytes(r, n, cps);
+  const int per =
+      decode_min_stages(r, cps) * stage + decode_static_bytes(r, stage) + kSmemReservedPerCta;
   return kSmemPerSm / per < 4 ? kSmemPerSm / per : 4;
 }
 

@@ -78,17 +78,6 @@ struct DecodeConfig {
 // dependence ahead of the arrive), not after its MMAs. Same decode, same MMAs in the same order
 // on every accumulator, so the same bits as the plain loop.
 
-// Scale tables per consumer warp: two (by chunk parity, so a chunk's table is written while the
-// previous one may still be read), or one where the second would keep a fourth CTA of two ring
-// slots off the SM: 4 x (2 x stage + static + 1 KB reserved) must fit 228 KB, and the static
-// shared memory is 5376 bytes with two tables, 3328 with one (ptxas). That is nvfp4 at tile 16
-// (26880-byte slots; 3 CTAs fit with two tables, 4 with one): measured 1.5-3 % faster there
-// (docs/kernels.md), while mxfp4 at tile 16 (25856-byte slots) fits 4 CTAs
-// either way and was 1-2 % slower with one.
-constexpr int decode_scale_tables(int stage_bytes) {
-  return 4 * (2 * stage_bytes + kDecodeStaticTwoTables + kSmemReservedPerCta) > kSmemPerSm ? 1 : 2;
-}
-
 // One chunk's operands of one consumer lane (kFW fragments). kLean: only the weight words and
 // where the chunk's B columns and scale multipliers are (read per k16 step by compute).
 template <Recipe R, int kN, int kFW, bool kLean = false>
@@ -542,8 +531,9 @@ __device__ __forceinline__ void decode_gemm(const ForwardArgs& a, const int stag
       pc.full0 = smem_addr(&full_bar[0]);
       pc.empty0 = smem_addr(&empty_bar[0]);
       pc.b_off = kBOff + (lm_row * C::kBRow + lm_col) * 2;
-      pc.w_off = RT::kFourBit ? (warp * kFW) * RT::kFragBytes + lane * 16
-                              : warp * RT::kFragBytes + lane * 64 + (((lane >> 1) & 3) << 4);
+      pc.w_off = RT::kFourBit
+                     ? (warp * kFW) * RT::kFragBytes + lane * 16
+                     : warp * RT::kFragBytes + lane * 64 + (bf16_resident_step(lane, 0) << 4);
       // This lane's share of the warp's scale bytes and where its multipliers go in the table
       // ([frag * 16 + row], 4 (nv) or 2 (mx) multipliers per row): nvfp4 with two fragments 4
       // bytes = one row (frag lane / 16); nvfp4 with one, 2 bytes = half a row; mxfp4 2 bytes =
