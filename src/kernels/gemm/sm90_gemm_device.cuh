@@ -179,34 +179,54 @@ struct TileColumn {
   float tw;
 };
 
+// Column n's pair (live: n < tile.rows) and the element offset of its B row from its pair.
+__device__ __forceinline__ int column_pair(const ForwardArgs& a, const TileInfo& tile, int n) {
+  return a.sorted_pairs[tile.start + n];
+}
+template <bool kFc1>
+__device__ __forceinline__ int64_t column_brow(const ForwardArgs& a, const TileInfo& tile, int n,
+                                               int pair) {
+  return kFc1 ? int64_t(pair / a.K) * a.H : int64_t(tile.start + n) * a.I;
+}
+
 template <bool kFc1>
 __device__ __forceinline__ TileColumn tile_column(const ForwardArgs& a, const TileInfo& tile,
                                                   int n) {
   TileColumn c{-1, 0, 0.0f};
   if (n < tile.rows) {
-    c.pair = a.sorted_pairs[tile.start + n];
-    if constexpr (kFc1) {
-      c.brow = int64_t(c.pair / a.K) * a.H;
-      c.tw = a.topk_weights[c.pair];
-    } else {
-      c.brow = int64_t(tile.start + n) * a.I;
-    }
+    c.pair = column_pair(a, tile, n);
+    c.brow = column_brow<kFc1>(a, tile, n, c.pair);
+    if constexpr (kFc1) c.tw = a.topk_weights[c.pair];
   }
   return c;
 }
 
-// Columns 0 .. n - 1 of a routing tile into a CTA's tables (the wgmma kernels'), threads tid of
-// nthreads sharing them: the first element of each column's B row in bsrc (xq or h), its pair
-// and its top-k weight (tile_column). (The fp8 kernel's loop fills a fold-factor table too.)
+// Columns 0 .. n - 1 of a routing tile into the m64 kernel's tables, threads tid of nthreads
+// sharing them, in two passes (tile_column's values). First what the B copies need: each
+// column's first B element (fc1: its token's xq row, through its pair, also kept; fc2: its h
+// row, at tile.start + column with no load). Then, after the ring's first copies are issued (the
+// same thread per column), what only the epilogue reads: fc1's top-k weights where fc1 applies
+// them, fc2's pairs. A column past the tile's rows: B row 0, pair -1, weight 0.
 template <bool kFc1>
-__device__ __forceinline__ void tile_columns(const ForwardArgs& a, const TileInfo& tile, int n,
-                                             const uint16_t* bsrc, const uint16_t** brow_ptr,
-                                             int* pair_of, float* tw_of, int tid, int nthreads) {
+__device__ __forceinline__ void tile_b_rows(const ForwardArgs& a, const TileInfo& tile, int n,
+                                            const uint16_t** brow_ptr, int* pair_of, int tid,
+                                            int nthreads) {
   for (int c = tid; c < n; c += nthreads) {
-    const TileColumn col = tile_column<kFc1>(a, tile, c);
-    brow_ptr[c] = bsrc + col.brow;
-    pair_of[c] = col.pair;
-    tw_of[c] = col.tw;
+    const bool live = c < tile.rows;
+    const int pair = kFc1 && live ? column_pair(a, tile, c) : -1;  // fc2: none needed here
+    if constexpr (kFc1) pair_of[c] = pair;
+    brow_ptr[c] = (kFc1 ? a.xq : a.h) + (live ? column_brow<kFc1>(a, tile, c, pair) : 0);
+  }
+}
+template <bool kFc1>
+__device__ __forceinline__ void tile_epilogue_columns(const ForwardArgs& a, const TileInfo& tile,
+                                                      int n, int* pair_of, float* tw_of, int tid,
+                                                      int nthreads) {
+  for (int c = tid; c < n; c += nthreads) {
+    if constexpr (kFc1)
+      tw_of[c] = a.weight_in_fc1 && pair_of[c] >= 0 ? a.topk_weights[pair_of[c]] : 0.0f;
+    else
+      pair_of[c] = c < tile.rows ? column_pair(a, tile, c) : -1;
   }
 }
 

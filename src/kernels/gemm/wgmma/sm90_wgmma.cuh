@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
   [[maybe_unused]] const uint8_t* ssrc_t =
       RT::kFourBit ? ms.s + (m64_src & 1) * C::kSBytes + wtid * 16 : nullptr;
 
-  tile_columns<kFc1>(a, tile, kMaxN, kFc1 ? a.xq : a.h, brow_ptr, pair_of, tw_of, tid, kNT);
+  tile_b_rows<kFc1>(a, tile, kMaxN, brow_ptr, pair_of, tid, kNT);
   __syncthreads();
 
   // This thread's B pieces: 16-byte column bc of rows br0 + kBStep i; the swizzle XORs the
@@ -386,6 +386,9 @@ __global__ void __launch_bounds__(128 * kG, kMinB) sm90_moe_wgmma3_kernel(const 
       load_stage(uint32_t(s * kStageBytes), s, s < chunks);
       cp_async_commit();
     }
+    // The epilogue's tables load while the first stages arrive (the barriers of the K loop
+    // publish them).
+    tile_epilogue_columns<kFc1>(a, tile, kMaxN, pair_of, tw_of, tid, kNT);
     uint32_t af[kIF][4];  // A fragments of the k16 steps in flight
 #pragma unroll
     for (int s = 0; s < kIF; ++s)
