@@ -3,7 +3,8 @@
 // one B stage of N token rows (128-byte swizzle), a four-stage ring of 64-wide K-chunks (N x 128
 // bytes of B, 32 KB of weights), loaded two chunks ahead. Each mode adds one piece of the
 // kernel's loop, or fills the stages another way, so that the loop's ceiling and the cost of
-// each piece read off as MMA rates (the data are zeros: the rates are above what random data
+// each piece read off as MMA rates (the data: zeros, or with --random bf16 values in [-1, 1),
+// which draw more power; zero-filled copies write zeros either way; the rates are above what
 // reach under the power cap; compare modes, not against the layer):
 //   mma      wgmmas only (A in registers, up to 2 in flight per warpgroup, as the kernel)
 //   mma_ss   the same with A from shared memory (wgmma's SS form)
@@ -16,7 +17,7 @@
 //   bulk_b   B as one bulk copy per chunk (rows contiguous), the weights by cp.async
 //   bulk     both as bulk copies (the stage's full mbarrier instead of cp.async groups)
 //   rows     the weights as one bulk copy, B as one bulk copy per 128-byte row
-//   wgmma_fill_probe [--chunks N]
+//   wgmma_fill_probe [--chunks N] [--random]
 // Build as tools/README.md says for the probes.
 #include <cuda_runtime.h>
 
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(512, 1)
   const uint32_t base = smem_addr(smem);
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   for (int i = tid * 16; i < kStages * kSB; i += 512 * 16)
-    *reinterpret_cast<uint4*>(smem + i) = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(smem + i) = *reinterpret_cast<const uint4*>(src + i % kSrcBytes);
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&full[i], 1);
     mbar_init_fence();
@@ -118,7 +119,8 @@ __global__ void __launch_bounds__(512, 1)
 #pragma unroll
   for (int s = 0; s < 2; ++s)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) af[s][i] = 0u;
+    for (int i = 0; i < 4; ++i)
+      af[s][i] = reinterpret_cast<const uint32_t*>(src)[tid * 8 + s * 4 + i];
   const uint32_t desc0_lo = uint32_t(sw128_desc(base));
   for (int c = 0; c < chunks; ++c) {
     const int slot = c % kStages;
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(512, 1)
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) sum += acc[i];
-  if (sum != 0.0f) sink[tid] = sum;  // zeros in, zeros out: never taken, keeps the MMAs
+  sink[tid] = sum;  // keeps the MMAs
 }
 
 template <int kN, Mode kMode>
@@ -209,11 +211,14 @@ void run_all(int sms, int chunks, const uint8_t* src, float* sink) {
 
 int main(int argc, char** argv) {
   int chunks = 3000;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--chunks") == 0) {
-      chunks = std::atoi(argv[i + 1]);
+  bool random = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--chunks") == 0 && i + 1 < argc) {
+      chunks = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--random") == 0) {
+      random = true;
     } else {
-      std::fprintf(stderr, "usage: wgmma_fill_probe [--chunks N]\n");
+      std::fprintf(stderr, "usage: wgmma_fill_probe [--chunks N] [--random]\n");
       return 2;
     }
   }
@@ -226,7 +231,16 @@ int main(int argc, char** argv) {
   uint8_t* src = nullptr;
   float* sink = nullptr;
   CK(cudaMalloc(&src, kSrcBytes));
-  CK(cudaMemset(src, 0, kSrcBytes));
+  std::vector<uint16_t> host(kSrcBytes / 2, 0);
+  if (random) {
+    uint32_t x = 12345;
+    for (uint16_t& v : host) {  // bf16 in [-1, 1): sign, exponent 119..126, random mantissa
+      x = x * 1664525u + 1013904223u;
+      v = uint16_t(((x >> 31) << 15) | ((119 + ((x >> 24) & 7)) << 7) | ((x >> 8) & 0x7f));
+    }
+  }
+  CK(cudaMemcpy(src, host.data(), kSrcBytes, cudaMemcpyHostToDevice));
+  std::printf("data: %s\n", random ? "random bf16" : "zeros");
   CK(cudaMalloc(&sink, 512 * sizeof(float)));
   run_all<160>(sms, chunks, src, sink);
   run_all<96>(sms, chunks, src, sink);
