@@ -205,8 +205,9 @@ DecodeLaunchPlan decode_launch(const PlanInputs& in, const PlanOptions& o, const
   d.chunks_per_slot = cps;
   // bf16 fragments are four times the registers of 4-bit words: one per consumer warp.
   d.frags_per_warp = in.recipe == Recipe::kBf16 ? 1 : 2;
-  d.ctas_per_sm = per_sm;
-  d.first_wave = o.decode_first_wave > 0 ? o.decode_first_wave : in.num_sms * per_sm;
+  // At most what fits an SM at the ring's smallest depth.
+  d.ctas_per_sm = std::min(per_sm, kern::decode_max_per_sm(in.recipe, n, cps));
+  d.first_wave = o.decode_first_wave > 0 ? o.decode_first_wave : in.num_sms * d.ctas_per_sm;
   size_ring(d, in.recipe, g.fc1, owner_pairs(in) > 0);
   return d;
 }
@@ -228,8 +229,7 @@ GemmPlan decode_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPl
   if (n == 32) {
     const int cps =
         o.tile32_chunks_per_slot ? o.tile32_chunks_per_slot : tile32_chunks_per_slot(g.k_total);
-    gp.decode[0] = decode_launch(in, o, g, n, cps, gp.grid_tiles,
-                                 std::min(per_sm, kern::decode_max_per_sm(in.recipe, n, cps)));
+    gp.decode[0] = decode_launch(in, o, g, n, cps, gp.grid_tiles, per_sm);
   } else if (n == 16 && p.tile16_row_split) {
     // The narrow tiles (an expert's last, at most 8 rows; at most one per touched expert) on the
     // tile-8 kernel first, then the wide ones (at least 9 rows each) on this kernel, which waits
@@ -243,8 +243,7 @@ GemmPlan decode_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPl
     gp.decode[1].tile_part = 2;
   } else {
     const int cps = decode_chunks_per_slot(in.recipe);
-    gp.decode[0] = decode_launch(in, o, g, n, cps, gp.grid_tiles,
-                                 std::min(per_sm, kern::decode_max_per_sm(in.recipe, n, cps)));
+    gp.decode[0] = decode_launch(in, o, g, n, cps, gp.grid_tiles, per_sm);
     // Tile 8: one fragment per consumer warp (8 consumer warps, the same sums in the same order)
     // for NVFP4 weights (nvfp4, nvfp4_bf16: the same weight stream and decode) where the grid
     // holds at most one CTA per SM (nvfp4 Qwen3 1 token 25.6 -> 23.1 us, gpt-oss 39.9-40.2 ->

@@ -21,7 +21,6 @@
 namespace moe_ep::kern {
 
 constexpr int kKChunk = 64;     // K per pipeline stage
-constexpr int kFragRows = 16;   // rows of one mma.sync A fragment
 constexpr int kTileFrags = 8;   // fragments per M-tile
 constexpr int kTileRows = 128;  // weight rows per CTA
 constexpr int kFc1TileH = 64;   // h columns produced by one fc1 CTA (64 gate + 64 up rows)

@@ -88,21 +88,21 @@ __device__ __forceinline__ void wgmma_fp8(float* d, const uint32_t (&a)[4], uint
 
 // ---------------------------------------------------------------------------------------------
 // The m64 kernel (tile_n kM64TileN = 160; 4-bit weights above 21 rows per expert on average,
-// bf16 weights above 17; docs/kernels.md §4.2), and the narrow m64 kernel (kMaxN =
-// kM64NarrowTileN = 64, three CTAs per SM, 4-bit weights: the narrow tiles of the m64 split, or
-// tile_n 64): one m64nNk16 wgmma per k16 step. A warpgroup =
-// 64 weight rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's
-// rows rounded up to a class (M64NClasses, <= 160; acc N/2 fp32 registers per thread). A CTA
-// holds G warpgroups on consecutive halves of one routing tile, which share each B stage, at B
-// CTAs per SM (Wgmma3Config; forward_args.h: 2 x 2 for 4-bit weights, 4 x 1 for bf16). B
-// crosses L2 once per G halves (one warpgroup at three CTAs per SM read 35 GB from L2 for fc1 at
-// 4096 tokens, 62 % of its throughput) and 16 warps per SM hide each warp's decode -> wgmma
-// chain; 2 wgmma steps in flight fit the 128 registers. 4-bit: 15 % faster than 1x3 at 4096
-// tokens, 7 % at 1024. bf16 weights (four times the bytes per row) take the 4 x 1 CTA, whose B
-// stage serves 256 weight rows: 1.3-1.7x faster than one warpgroup of 128 rows at two CTAs per
-// SM from 512 tokens on. Same fragments, same per-column k order (one wgmma per k16 step, K
-// ascending), so the same bits for any G. fc1: warps 0/2 hold gate rows, 1/3 the matching up
-// rows (fragment order of forward_args.h), so the epilogue pairs them through shared memory.
+// bf16 weights above 4, or 12 where I <= 1024 (forward_plan.h); docs/kernels.md §4.2), and the
+// narrow m64 kernel (kMaxN = kM64NarrowTileN = 64, three CTAs per SM, 4-bit weights: the narrow
+// tiles of the m64 split, or tile_n 64): one m64nNk16 wgmma per k16 step. A warpgroup = 64 weight
+// rows (half an M-tile: fragments 4*half + w, one per warp) x N tokens, N = the tile's rows rounded
+// up to a class (M64NClasses, <= 160; acc N/2 fp32 registers per thread). A CTA holds G warpgroups
+// on consecutive halves of one routing tile, which share each B stage, at B CTAs per SM
+// (Wgmma3Config; forward_args.h: 2 x 2 for 4-bit weights, 4 x 1 for bf16). B crosses L2 once per G
+// halves (one warpgroup at three CTAs per SM read 35 GB from L2 for fc1 at 4096 tokens, 62 % of its
+// throughput) and 16 warps per SM hide each warp's decode -> wgmma chain; 2 wgmma steps in flight
+// fit the 128 registers. 4-bit: 15 % faster than 1x3 at 4096 tokens, 7 % at 1024. bf16 weights
+// (four times the bytes per row) take the 4 x 1 CTA, whose B stage serves 256 weight rows: 1.3-1.7x
+// faster than one warpgroup of 128 rows at two CTAs per SM from 512 tokens on. Same fragments, same
+// per-column k order (one wgmma per k16 step, K ascending), so the same bits for any G. fc1: warps
+// 0/2 hold gate rows, 1/3 the matching up rows (fragment order of forward_args.h), so the epilogue
+// pairs them through shared memory.
 
 constexpr int kWg3Rows = 64;   // weight rows per CTA
 constexpr int kWg3Frags = 4;   // fragments per CTA, one per warp
