@@ -1125,6 +1125,75 @@ TEST(GpuLayer, Bf16DecodeTilesAgainstCpu) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// The bf16 recipe's persistent m64 kernel (PlanOptions::m64_persistent): one CTA per SM running
+// (tile, M-tile) items, weights by bulk copy, B by a producer warpgroup, the m64 kernel's wgmmas in
+// its k order: the m64 kernel's bits, with the plain SwiGLU and with the gpt-oss expert epilogue
+// (biases, slope, offset), and within contract §7 of the CPU. Qwen3 (E 16, K 8): T = 5 (40 pairs:
+// the narrowest N class), 100 (50 rows per expert: one tile each), 500 (250: a tile of 160 and
+// one of 90 per expert), and a grid of 7 CTAs at T = 500 (each CTA runs many items, both item
+// parities, every slot's barrier phases across widths); then T = 500 captured in a CUDA graph,
+// replayed with device counts against eager forwards of the first n tokens.
+TEST(GpuLayer, Bf16PersistentM64SameBitsAsM64) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = kQwen3;
+  const Master m(s, 53);
+  const std::vector<float> b13 = random_vec(size_t(s.E) * 2 * s.I, 54, 0.5f);
+  const std::vector<float> b2 = random_vec(size_t(s.E) * s.H, 55, 0.5f);
+  for (const bool extended : {false, true}) {
+    SCOPED_TRACE(extended ? "gpt-oss expert epilogue" : "plain SwiGLU");
+    Options o;
+    if (extended) o.limit = 7.0f;
+    const PackedExperts p = pack(s, Recipe::kBf16, m, o);
+    LayerConfig cfg = make_config(s, Recipe::kBf16, 512, true, o);
+    EpilogueVectors ev = p.epilogue_view();
+    if (extended) set_gpt_oss_experts(s, cfg, ev, b13, b2);
+    const auto cpu_layer = make_layer(Backend::kCPU, cfg, p, &ev);
+    const auto gpu_layer = make_layer(Backend::kCUDA, cfg, p, &ev);
+    MegaLayer &cpu = *cpu_layer, &gpu = *gpu_layer;
+    gpu.warmup();
+    for (const int T : {5, 100, 500}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      HostInputs h = make_inputs(T, s.H, s.K, s.E, 700 + T);
+      DeviceInputs d(h);
+      auto run = [&](int persistent, int grid) {
+        PlanScope scope(gpu, [&](PlanOptions& q) {
+          q.tile_n = 160;
+          q.m64_persistent = persistent;
+          q.persistent_ctas = grid;
+        });
+        std::vector<uint16_t> got = forward_bits(gpu, d, h);
+        const ForwardPlan& plan = gpu.last_plan();
+        if (grid > 0) EXPECT_EQ(plan.fc1.grid_ctas, grid) << plan.to_string();
+        EXPECT_EQ(plan.fc1.kernel, persistent ? GemmKernel::kWgmmaM64Ws : GemmKernel::kWgmmaM64)
+            << plan.to_string();
+        EXPECT_EQ(plan.fc2.kernel, plan.fc1.kernel) << plan.to_string();
+        EXPECT_EQ(plan.extended_epilogue, extended) << plan.to_string();
+        return got;
+      };
+      const std::vector<uint16_t> m64 = run(0, 0);
+      ASSERT_TRUE(any_nonzero(m64)) << "every output is zero";
+      const std::vector<uint16_t> ws = run(1, 0);
+      EXPECT_TRUE(ws == m64) << "the persistent m64 kernel differs from the m64 kernel";
+      std::string why;
+      EXPECT_LE(rel_l2(ws, cpu_bits(cpu, h), &why), 5e-3) << why;
+      if (T != 500) continue;
+      EXPECT_TRUE(run(1, 7) == m64) << "a grid of 7 persistent CTAs differs";
+      if (extended) continue;
+      expect_replays_equal_eager(
+          gpu, s, d, h, T, {500, 100, 5, 1},
+          [&](const ForwardInputs& f, const TensorView& out) {
+            PlanScope scope(gpu, [](PlanOptions& q) {
+              q.tile_n = 160;
+              q.m64_persistent = 1;
+            });
+            gpu.forward(f, out);
+          },
+          160);
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The decode kernel's tile of 32 (PlanOptions::tile_n = 32): each tile on the narrowest of its 8-,
 // 16- and 32-column consumers that holds its live rows. Every column gets the same MMAs in the same
 // k order as in a tile of 8, so forcing tile 32 gives tile 8's bits, on either 32-column
@@ -1424,7 +1493,7 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
     }
     EXPECT_TRUE(def == first) << "the width lists differ";
     for (int ctas : {1, 2, 7, 61, 1 << 30}) {
-      PlanScope g(gpu, [&](PlanOptions& p) { p.fp8_grid_ctas = ctas; });
+      PlanScope g(gpu, [&](PlanOptions& p) { p.persistent_ctas = ctas; });
       EXPECT_TRUE(forward_bits(gpu, d, h) == def) << ctas << " CTAs differ from the default grid";
     }
   }
@@ -1716,7 +1785,7 @@ TEST(GpuLayer, SmallForSanitizer) {
     HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
     DeviceInputs d(h);
     const std::vector<uint16_t> ref = cpu_bits(*fp8.cpu, h);
-    PlanScope grid(*fp8.gpu, [](PlanOptions& o) { o.fp8_grid_ctas = 2; });
+    PlanScope grid(*fp8.gpu, [](PlanOptions& o) { o.persistent_ctas = 2; });
     const std::vector<uint16_t> got = forward_bits(*fp8.gpu, d, h);
     std::string why;
     const double err = rel_l2(got, ref, &why);
