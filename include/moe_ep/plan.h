@@ -58,6 +58,7 @@ struct GemmPlan {
   // kWgmmaM64 split by rows (ForwardPlan::m64_split): the narrow kernel's CTAs for the narrow
   // tiles, launched after grid_ctas CTAs of the m64 kernel for the wide ones; 0 without a split.
   int m64_narrow_ctas = 0;
+  int mtiles_per_item = 0;       // kWgmmaM64Ws: M-tiles per work item (1 or 2)
   bool fp8_fine_widths = false;  // kFp8: the fine list of MMA widths (many M-tiles)
 };
 

@@ -33,8 +33,9 @@ struct PlanOptions {
   // narrow m64 kernel. -1: the policy, 0: never, 1: always.
   int m64_split = -1;
   // Tiles of 160 of the bf16 recipe: the persistent warp-specialized m64 kernel (one CTA per SM
-  // running (tile, M-tile) items) instead of a CTA per (tile, 256 weight rows). -1: the policy,
-  // 0: never, 1: always. The 4-bit recipes have no such kernel (1 is refused for them).
+  // running (tile, M-tiles) items) instead of a CTA per (tile, 256 weight rows). -1: the policy,
+  // 0: never, 1 / 2: always, with items of that many M-tiles. The 4-bit recipes have no such
+  // kernel (1 and 2 are refused for them).
   int m64_persistent = -1;
   // Route over many blocks (EP owners): -1 the policy, 0 never, 1 always.
   int route_spread = -1;

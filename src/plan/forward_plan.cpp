@@ -70,9 +70,9 @@ std::vector<std::string> plan_options_reasons(const PlanOptions& o, Recipe recip
     bad("tile8_frags_per_warp", o.tile8_frags_per_warp,
         "0 (policy), 1 for bf16 weights (one fragment per consumer warp)");
   if (o.m64_split < -1 || o.m64_split > 1) bad("m64_split", o.m64_split, "-1 (policy), 0, 1");
-  if (o.m64_persistent < -1 || o.m64_persistent > 1)
-    bad("m64_persistent", o.m64_persistent, "-1 (policy), 0, 1");
-  else if (recipe != Recipe::kBf16 && o.m64_persistent == 1)
+  if (o.m64_persistent < -1 || o.m64_persistent > 2)
+    bad("m64_persistent", o.m64_persistent, "-1 (policy), 0, 1, 2");
+  else if (recipe != Recipe::kBf16 && o.m64_persistent > 0)
     bad("m64_persistent", o.m64_persistent,
         "-1 (policy), 0 for 4-bit weights (the persistent m64 kernel is the bf16 recipe's)");
   if (o.route_spread < -1 || o.route_spread > 1)
@@ -109,6 +109,7 @@ std::string gemm_string(const GemmPlan& g) {
   } else {
     append(s, " ctas=%d", g.grid_ctas);
     if (g.m64_narrow_ctas > 0) append(s, " narrow_ctas=%d", g.m64_narrow_ctas);
+    if (g.kernel == GemmKernel::kWgmmaM64Ws) append(s, " mt=%d", g.mtiles_per_item);
     if (g.kernel == GemmKernel::kFp8) s += g.fp8_fine_widths ? " widths=fine" : " widths=coarse";
   }
   return s + "]";
@@ -289,8 +290,10 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
   gp.grid_tiles = kern::max_tiles(int(pairs), in.local_experts, p.tile_n);
   if (p.m64_persistent) {
     gp.kernel = GemmKernel::kWgmmaM64Ws;
+    gp.mtiles_per_item = o.m64_persistent > 0 ? o.m64_persistent : kBf16M64PersistentMTiles;
+    const int groups = (g.mtiles + gp.mtiles_per_item - 1) / gp.mtiles_per_item;
     gp.grid_ctas =
-        int(std::min<int64_t>(int64_t(gp.grid_tiles) * g.mtiles,
+        int(std::min<int64_t>(int64_t(gp.grid_tiles) * groups,
                               o.persistent_ctas > 0 ? o.persistent_ctas : std::max(1, in.num_sms)));
     if (gp.grid_tiles == 0) gp.kernel = GemmKernel::kNone;
     return gp;
@@ -377,7 +380,7 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
                 (o.m64_split >= 0 ? o.m64_split == 1
                                   : !owner && p.mean_rows_per_expert <= kM64SplitMaxMeanRows);
   p.m64_persistent = p.tile_n == kM64TileN && in.recipe == Recipe::kBf16 && !in.fp8 &&
-                     (o.m64_persistent >= 0 ? o.m64_persistent == 1 : kBf16M64Persistent);
+                     (o.m64_persistent >= 0 ? o.m64_persistent > 0 : kBf16M64Persistent);
   p.fc1 = gemm_plan(in, o, p, GemmShape{true, rs.fc1_mtiles, in.H});
   p.fc2 = gemm_plan(in, o, p, GemmShape{false, rs.fc2_mtiles, in.I});
   return p;

@@ -428,15 +428,27 @@ TEST(ForwardPlan, M64PersistentGrids) {
   EXPECT_EQ(p.fc2.grid_ctas, 132);
   EXPECT_NE(p.to_string().find(" m64_persistent "), std::string::npos) << p.to_string();
   EXPECT_NE(p.to_string().find("fc1=wgmma_m64_ws[tiles="), std::string::npos) << p.to_string();
-  // Fewer items than SMs: one CTA per item (1 token: 8 tiles of one row x 12 M-tiles of fc1).
-  const ForwardPlan small = make_forward_plan(qwen3(Recipe::kBf16, 1), [] {
-    PlanOptions q;
-    q.tile_n = 160;
-    q.m64_persistent = 1;
-    return q;
-  }());
-  EXPECT_EQ(small.fc1.grid_ctas, small.fc1.grid_tiles * small.fc1.mtiles);
-  EXPECT_LT(small.fc1.grid_ctas, 132);
+  EXPECT_EQ(p.fc1.mtiles_per_item, 1);
+  EXPECT_NE(p.to_string().find(" mt=1]"), std::string::npos) << p.to_string();
+  // Fewer items than SMs: one CTA per item (1 token: 8 tiles of one row x 12 M-tiles of fc1, in
+  // items of one or two M-tiles).
+  for (const int mt : {1, 2}) {
+    const ForwardPlan small = make_forward_plan(qwen3(Recipe::kBf16, 1), [mt] {
+      PlanOptions q;
+      q.tile_n = 160;
+      q.m64_persistent = mt;
+      return q;
+    }());
+    EXPECT_EQ(small.fc1.mtiles_per_item, mt);
+    EXPECT_EQ(small.fc1.grid_ctas, 8 * 12 / mt);
+    EXPECT_EQ(small.fc2.grid_ctas, 8 * 16 / mt);
+  }
+  PlanOptions odd;  // gpt-oss: fc1 45 M-tiles, in 23 items of two
+  odd.tile_n = 160;
+  odd.m64_persistent = 2;
+  const ForwardPlan g1 = make_forward_plan(gpt_oss(Recipe::kBf16, 1), odd);
+  EXPECT_EQ(g1.fc1.mtiles, 45);
+  EXPECT_EQ(g1.fc1.grid_ctas, g1.fc1.grid_tiles * 23);
   o.persistent_ctas = 7;
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 4096), o).fc1.grid_ctas, 7);
   o.persistent_ctas = 0;

@@ -75,7 +75,7 @@ cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s)
       if constexpr (kFourBit) return launch_wgmma_m64_narrow<R, kFc1, kEpi>(a, g.grid_ctas, s);
       break;
     case GemmKernel::kWgmmaM64Ws:
-      if constexpr (!kFourBit) return launch_wgmma_m64_ws<kFc1, kEpi>(a, g.grid_ctas, s);
+      if constexpr (!kFourBit) return launch_wgmma_m64_ws<kFc1, kEpi>(a, g, s);
       break;
     case GemmKernel::kFp8:
       break;

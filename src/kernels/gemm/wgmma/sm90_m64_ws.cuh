@@ -38,46 +38,58 @@ static_assert(kM64WsProducerRegs + 2 * kM64WsConsumerRegs <= 3 * kM64WsLaunchReg
               "setmaxnreg exceeds the CTA's register pool");
 constexpr int kM64WsWBytes = kTileFrags * 2048;  // an M-tile's bf16 fragments of one K-chunk
 constexpr int kM64WsLag = 2;                     // stages in flight per producer thread
-// A stage for N columns: B (N swizzled rows of 128 bytes, 1024-aligned), then the weights.
-constexpr int m64_ws_bbytes(int n) { return (n * 128 + 1023) / 1024 * 1024; }
-constexpr int m64_ws_stage_bytes(int n) { return m64_ws_bbytes(n) + kM64WsWBytes; }
-constexpr int kM64WsRing = 200 * 1024;
-constexpr int m64_ws_stages(int n) {
-  return kM64WsRing / m64_ws_stage_bytes(n) < 8 ? kM64WsRing / m64_ws_stage_bytes(n) : 8;
-}
-constexpr int kM64WsSmemBytes = kM64WsRing + 1024;  // + the 1024-byte alignment
 // One half's epilogue staging for tiles of up to n rows (m64_epilogue: fc1 kWg3XS fp32, fc2
-// kWg3YS bf16 per column); both halves' sit at the top of the ring.
+// kWg3YS bf16 per column); each consumer warpgroup's sits at the top of the ring.
 constexpr int m64_ws_epi_bytes(bool fc1, int n) { return fc1 ? n * kWg3XS * 4 : n * kWg3YS * 2; }
-static_assert(2 * m64_ws_epi_bytes(true, kM64TileN) <= kM64WsRing &&
-                  m64_ws_stages(kM64TileN) >= kM64WsLag + 2,
-              "ring");
 
-// What a CTA's warpgroups share: the barriers and, per item parity, the item's tile and M-tile
-// and its column tables (written by the producer before its first arrival on the item's full
-// barriers, read by the consumers after their waits there).
+// kMt M-tiles per work item (1: each consumer warpgroup one 64-row half; 2: each one M-tile of
+// 128 rows, two accumulator sets, so a B stage serves 256 weight rows). Every item's stages have
+// one geometry, the widest tile's (B: kM64TileN swizzled rows of 128 bytes, 1024-aligned, then
+// the kMt M-tiles' weights), so the ring runs on across items of any width with no drain between
+// them (items of a CTA alternate widths: an expert's tiles of 160 and its remainder).
+template <int kMt>
+struct M64WsConfig {
+  static_assert(kMt == 1 || kMt == 2, "one or two M-tiles per item");
+  static constexpr int kBBytes = kM64TileN * 128;
+  static constexpr int kStageBytes = kBBytes + kMt * kM64WsWBytes;
+  static constexpr int kStages = kMt == 1 ? 6 : 4;
+  static constexpr int kRing = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kRing + 1024;  // + the 1024-byte alignment
+  static_assert(kBBytes % 1024 == 0 && kStages >= kM64WsLag + 2 && kStages <= 8 &&
+                    2 * m64_ws_epi_bytes(true, kM64TileN) <= kRing,
+                "ring");
+  static constexpr int next(int k) { return k + 1 == kStages ? 0 : k + 1; }
+};
+
+// What a CTA's warpgroups share: the barriers and, per item parity, the item's tile and first
+// M-tile and its column tables (written by the producer threads before their arrival on the
+// parity's "item" barrier, read by the consumers after their wait there).
 struct M64WsShared {
   uint32_t brow[2][kM64TileN];  // each column's B row: its element offset in xq (fc1) or h (fc2)
   int pair_of[2][kM64TileN];
   float tw_of[2][kM64TileN];
   TileInfo tile[2];  // rows 0: no more items
   int mtile[2];
-  uint64_t full[8], empty[8], epi[2];
+  uint64_t full[8], empty[8], epi[2], item[2];
 };
 
-// The producer's share of item j (tile, M-tile) at width kN. `free_bytes`: the ring's bytes below
-// the previous item's epilogue staging (the whole ring for a CTA's first item).
-template <bool kFc1, int kN>
+// The producer's share of item j (tile, M-tiles mtile0 ...) at width kN from slot `slot` on (left
+// at the slot after its last chunk's). `free_bytes`: the ring's bytes below the previous item's
+// epilogue staging (the whole ring for a CTA's first item).
+template <bool kFc1, int kN, int kMt>
 __device__ __forceinline__ void m64_ws_produce(const ForwardArgs& a, M64WsShared& sh,
                                                unsigned char* smem, uint32_t smem_base,
-                                               const TileInfo& tile, int mtile, int j,
+                                               const TileInfo& tile, int mtile0, int j,
                                                int free_bytes, ProducerRing& ring) {
+  using C = M64WsConfig<kMt>;
   constexpr int kBPasses = (kN + 15) / 16;
-  constexpr int kStages = m64_ws_stages(kN), kStageBytes = m64_ws_stage_bytes(kN);
-  constexpr int kBBytes = m64_ws_bbytes(kN);
+  constexpr int kStageBytes = C::kStageBytes, kBBytes = C::kBBytes;
   const int tid = producer_tid();
-  const MTileStream ms = mtile_stream<Recipe::kBf16, kFc1>(a, tile.expert, mtile);
+  const MTileStream ms = mtile_stream<Recipe::kBf16, kFc1>(a, tile.expert, mtile0);
   const int chunks = ms.chunks;
+  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
+  const int live_mt = mtiles - mtile0 < kMt ? mtiles - mtile0 : kMt;
+  const size_t mt_stride = size_t(chunks) * kM64WsWBytes;  // the next M-tile's stream
   const int b = j & 1;
   const int bc = tid & 7, br0 = tid >> 3;
   const uint32_t bdst = uint32_t(br0 * 128 + ((bc ^ (br0 & 7)) << 4));
@@ -89,11 +101,10 @@ __device__ __forceinline__ void m64_ws_produce(const ForwardArgs& a, M64WsShared
     const int row = br0 + 16 * i;
     boff[i] = row < kN ? sh.brow[b][row] + uint32_t(bc * 8) : 0u;
   }
-  ring.drain(sh.empty);          // the previous item's slots (this width's cover other bytes)
   bool staged = j == 0;          // the previous item's epilogue staging is free
   const bool issues = tid < 32;  // warp 0 issues the weights' bulk copies (warp-uniform)
+  int slot = 0, pub = 0;         // the next chunk's slot, the next to publish (kM64WsLag behind)
   for (int c = 0; c < chunks; ++c) {
-    const int slot = c % kStages;
     ring.reclaim(sh.empty, slot);
     if (!staged && (slot + 1) * kStageBytes > free_bytes) {
       mbar_wait(&sh.epi[b ^ 1], uint32_t((j - 1) >> 1) & 1u);
@@ -102,9 +113,10 @@ __device__ __forceinline__ void m64_ws_produce(const ForwardArgs& a, M64WsShared
     const uint32_t sp = smem_base + uint32_t(slot * kStageBytes);
     if (issues && elect_one()) {
       uint64_t* bar = &sh.full[slot];
-      mbar_expect_tx(bar, uint32_t(kM64WsWBytes));
-      bulk_load(smem + slot * kStageBytes + kBBytes, ms.w + size_t(c) * kM64WsWBytes, kM64WsWBytes,
-                bar);
+      mbar_expect_tx(bar, uint32_t(live_mt * kM64WsWBytes));
+      for (int m = 0; m < live_mt; ++m)
+        bulk_load(smem + slot * kStageBytes + kBBytes + m * kM64WsWBytes,
+                  ms.w + m * mt_stride + size_t(c) * kM64WsWBytes, kM64WsWBytes, bar);
     }
     // Rows past the tile's (tile_column: brow 0) copy row 0 of xq or h in full: their columns
     // are computed and dropped, and the copies need no per-row size select.
@@ -121,102 +133,137 @@ __device__ __forceinline__ void m64_ws_produce(const ForwardArgs& a, M64WsShared
     if (c >= kM64WsLag) {
       cp_async_wait<kM64WsLag>();
       fence_proxy_async_smem();
-      mbar_arrive(&sh.full[(c - kM64WsLag) % kStages]);
+      mbar_arrive(&sh.full[pub]);
+      pub = C::next(pub);
     }
+    slot = C::next(slot);
   }
   cp_async_wait<0>();
   fence_proxy_async_smem();
-  for (int c = chunks - kM64WsLag; c < chunks; ++c)
-    if (c >= 0) mbar_arrive(&sh.full[c % kStages]);
+  for (int r = chunks < kM64WsLag ? chunks : kM64WsLag; r > 0; --r) {  // the last chunks
+    mbar_arrive(&sh.full[pub]);
+    pub = C::next(pub);
+  }
 }
 
-// The consumers' share of item j at width kN: the K loop of this warpgroup's 64-row half, then
-// its epilogue. `fpar`: per slot the parity of the full phase to wait for next (updated at the
-// item's end).
-template <bool kFc1, int kN, ExpertEpilogue kEpi>
+// The consumers' share of item j at width kN from slot `slot` on (left at the slot after its last
+// chunk's): the K loop of this warpgroup's kMt halves (kMt 1: half `wg - 1` of the item's
+// M-tile; 2: both halves of M-tile mtile0 + wg - 1), then their epilogues. `fpar`: per slot the
+// parity of its next full phase.
+template <bool kFc1, int kN, int kMt, ExpertEpilogue kEpi>
 __device__ __forceinline__ void m64_ws_consume(const ForwardArgs& a, M64WsShared& sh,
                                                unsigned char* smem, uint32_t smem_base, int j,
                                                uint32_t& fpar) {
+  using C = M64WsConfig<kMt>;
   constexpr Recipe R = Recipe::kBf16;
   constexpr int kNF = kN / 8;
-  constexpr int kStages = m64_ws_stages(kN), kStageBytes = m64_ws_stage_bytes(kN);
-  constexpr int kBBytes = m64_ws_bbytes(kN);
+  constexpr int kStageBytes = C::kStageBytes, kBBytes = C::kBBytes;
   const int b = j & 1;
   const TileInfo tile = sh.tile[b];
-  const int mtile = sh.mtile[b];
-  const int chunks = (kFc1 ? a.H : a.I) / kKChunk;
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int ctid = tid & 127, half = wg - 1;  // the thread in its warpgroup
+  const int ctid = tid & 127, h = wg - 1;  // the thread in its warpgroup, the warpgroup
   const int warp = ctid >> 5, lane = ctid & 31;
-  // fc2's rows are padded to a multiple of 128: a half made only of padding multiplies nothing
-  // and stores nothing (warpgroup-uniform).
-  const bool live = kFc1 || (2 * mtile + half) * kWg3Rows < a.H;
-  // This lane's 16 bytes of step s of its warp's fragment (4 * half + warp) within a stage.
-  const uint32_t a_off = uint32_t(kBBytes + (4 * half + warp) * 2048 + lane * 64);
-  float acc[kNF * 4];
+  const int mtile = sh.mtile[b] + (kMt == 1 ? 0 : h);
+  const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
+  const bool live = mtile < mtiles;  // warpgroup-uniform
+  const int chunks = (kFc1 ? a.H : a.I) / kKChunk;
+  // Half i of this warpgroup: half_of(i) of M-tile `mtile`, this lane's 16 bytes of step s of its
+  // warp's fragment 4 * half + warp at a_off[i] + the step's slot within a stage.
+  auto half_of = [&](int i) { return kMt == 1 ? h : i; };
+  uint32_t a_off[kMt];
 #pragma unroll
-  for (int i = 0; i < kNF * 4; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kMt; ++i)
+    a_off[i] = uint32_t(kBBytes + (kMt == 1 ? 0 : h) * kM64WsWBytes +
+                        (4 * half_of(i) + warp) * 2048 + lane * 64);
+  float acc[kMt][kNF * 4];
+#pragma unroll
+  for (int m = 0; m < kMt; ++m)
+#pragma unroll
+    for (int i = 0; i < kNF * 4; ++i) acc[m][i] = 0.0f;
 
-  const uint32_t fpar0 = fpar;  // the slots' parities at the item's start
-  auto wait_full = [&](int c) {
-    const int slot = c % kStages;
-    mbar_wait(&sh.full[slot], ((fpar0 >> slot) ^ uint32_t(c / kStages)) & 1u);
+  auto wait_full = [&](int k) {
+    mbar_wait(&sh.full[k], (fpar >> k) & 1u);
+    fpar ^= 1u << k;
   };
-  // Step s of chunk c: this lane's 16 bytes of its warp's fragment (after the chunk's full
-  // barrier).
-  auto load_a = [&](int c, int s, uint32_t(&f)[4]) {
-    const uint4 v = lds128(smem_base + uint32_t((c % kStages) * kStageBytes) + a_off +
-                           uint32_t(bf16_resident_step(lane, s) << 4));
-    f[0] = v.x;
-    f[1] = v.y;
-    f[2] = v.z;
-    f[3] = v.w;
+  // Step s of the chunk in slot k, every half.
+  auto load_a = [&](int k, int s, uint32_t(&f)[kMt][4]) {
+#pragma unroll
+    for (int m = 0; m < kMt; ++m) {
+      const uint4 v = lds128(smem_base + uint32_t(k * kStageBytes) + a_off[m] +
+                             uint32_t(bf16_resident_step(lane, s) << 4));
+      f[m][0] = v.x;
+      f[m][1] = v.y;
+      f[m][2] = v.z;
+      f[m][3] = v.w;
+    }
   };
   const uint32_t desc0_lo = uint32_t(sw128_desc(smem_base));
+  int slot = 0;
   if (live) {
-    // One wgmma per k16 step, two in flight (as the m64 kernel): step k's wgmma is issued, step
-    // k - 1's retired, and step k + 1's fragment read into the registers step k - 1 used. At a
-    // chunk's first step that retires the previous chunk's last, so its slot is released.
-    uint32_t af[2][4];
-    wait_full(0);
-    load_a(0, 0, af[0]);
+    // Per k16 step one wgmma per half (one commit group), two steps in flight (as the m64
+    // kernel): step k's group is issued, step k - 1's retired, and step k + 1's fragments read
+    // into the registers step k - 1 used. At a chunk's first step that retires the previous
+    // chunk's last, so its slot is released.
+    uint32_t af[2][kMt][4];
+    wait_full(slot);
+    load_a(slot, 0, af[0]);
+    int prev = slot;
     for (int c = 0; c < chunks; ++c) {
-      const uint64_t desc = sw128_desc_at(desc0_lo, uint32_t((c % kStages) * kStageBytes));
+      const uint64_t desc = sw128_desc_at(desc0_lo, uint32_t(slot * kStageBytes));
+      const int nxt = C::next(slot);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         wgmma_fence();
-        wgmma_m64<kN>(acc, af[s & 1], desc + uint64_t(2 * s));  // +32 bytes per k16 step
+#pragma unroll
+        for (int m = 0; m < kMt; ++m)
+          wgmma_m64<kN>(acc[m], af[s & 1][m], desc + uint64_t(2 * s));  // +32 bytes per step
         wgmma_commit();
-        wgmma_wait<1>();
-        keep_alive4(af[(s + 1) & 1]);
-        if (s == 0 && c > 0) mbar_arrive(&sh.empty[(c - 1) % kStages]);
+        if constexpr (kMt == 1) {
+          wgmma_wait<1>();
+          keep_alive4(af[(s + 1) & 1][0]);
+          if (s == 0 && c > 0) mbar_arrive(&sh.empty[prev]);
+        }
         if (s < 3) {
-          load_a(c, s + 1, af[(s + 1) & 1]);
+          load_a(slot, s + 1, af[(s + 1) & 1]);
         } else if (c + 1 < chunks) {
-          wait_full(c + 1);
-          load_a(c + 1, 0, af[0]);
+          wait_full(nxt);
+          load_a(nxt, 0, af[0]);
+        }
+        if constexpr (kMt == 2) {
+          wgmma_wait<0>();
+          if (s == 3) mbar_arrive(&sh.empty[slot]);
         }
       }
+      prev = slot;
+      slot = nxt;
     }
     wgmma_wait<0>();
-    mbar_arrive(&sh.empty[(chunks - 1) % kStages]);
+    if constexpr (kMt == 1) mbar_arrive(&sh.empty[prev]);
   } else {
     for (int c = 0; c < chunks; ++c) {
-      wait_full(c);
-      mbar_arrive(&sh.empty[c % kStages]);
+      wait_full(slot);
+      mbar_arrive(&sh.empty[slot]);
+      slot = C::next(slot);
     }
   }
 #pragma unroll
-  for (int i = 0; i < kNF * 4; ++i) asm volatile("" : "+f"(acc[i])::"memory");
-  fpar = flip_used_slots<kStages>(fpar, chunks);
-  named_barrier(1, 256);  // both halves are done with the ring: its top becomes their staging
+  for (int m = 0; m < kMt; ++m)
+#pragma unroll
+    for (int i = 0; i < kNF * 4; ++i) asm volatile("" : "+f"(acc[m][i])::"memory");
+  named_barrier(1, 256);  // both warpgroups are done with the ring: its top becomes their staging
   if (live) {
     constexpr int kEpiBytes = m64_ws_epi_bytes(kFc1, kN);
-    m64_epilogue<R, kFc1, kNF, kEpi>(
-        a, tile, mtile, half, acc, smem + (kM64WsRing - 2 * kEpiBytes) + half * kEpiBytes,
-        sh.tw_of[b], sh.pair_of[b], ctid,
-        [](float v, int) { return epilogue_value<R, kFc1>(v, 1.0f); },
-        [half] { named_barrier(2 + half, 128); });
+    unsigned char* staging = smem + (C::kRing - 2 * kEpiBytes) + h * kEpiBytes;
+    auto sync = [h] { named_barrier(2 + h, 128); };
+#pragma unroll
+    for (int i = 0; i < kMt; ++i) {
+      // fc2's rows are padded to a multiple of 128: a half made only of padding stores nothing.
+      if (!kFc1 && (2 * mtile + half_of(i)) * kWg3Rows >= a.H) continue;
+      if (i > 0) sync();  // the staging's last reads are done
+      m64_epilogue<R, kFc1, kNF, kEpi>(
+          a, tile, mtile, half_of(i), acc[i], staging, sh.tw_of[b], sh.pair_of[b], ctid,
+          [](float v, int) { return epilogue_value<R, kFc1>(v, 1.0f); }, sync);
+    }
   }
   // The staging and this parity's tables are free (the producer's next copies there go through
   // the async proxy).
@@ -224,15 +271,17 @@ __device__ __forceinline__ void m64_ws_consume(const ForwardArgs& a, M64WsShared
   mbar_arrive(&sh.epi[b]);
 }
 
-// Grid: at most one CTA per SM (GemmPlan::grid_ctas); items are (routing tile, M-tile), M-tile
-// fastest, CTA i taking items i, i + gridDim.x, ...
-template <bool kFc1, ExpertEpilogue kEpi>
+// Grid: at most one CTA per SM (GemmPlan::grid_ctas); items are (routing tile, group of kMt
+// M-tiles), the group fastest, CTA i taking items i, i + gridDim.x, ...
+template <bool kFc1, int kMt, ExpertEpilogue kEpi>
 __global__ void __launch_bounds__(kM64WsThreads, 1) sm90_moe_m64_ws_kernel(const ForwardArgs a) {
+  using C = M64WsConfig<kMt>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ M64WsShared sh;
 
   const int mtiles = kFc1 ? a.rs.fc1_mtiles : a.rs.fc2_mtiles;
-  const int items = a.num_tiles[0] * mtiles;
+  const int groups = (mtiles + kMt - 1) / kMt;
+  const int items = a.num_tiles[0] * groups;
   const int tid = threadIdx.x;
   if (int(blockIdx.x) >= items) return;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -242,8 +291,10 @@ __global__ void __launch_bounds__(kM64WsThreads, 1) sm90_moe_m64_ws_kernel(const
       mbar_init(&sh.full[s], 128);   // the producer's threads
       mbar_init(&sh.empty[s], 256);  // the consumers' threads
     }
-    mbar_init(&sh.epi[0], 256);
-    mbar_init(&sh.epi[1], 256);
+    for (int p = 0; p < 2; ++p) {
+      mbar_init(&sh.epi[p], 256);
+      mbar_init(&sh.item[p], 128);
+    }
     mbar_init_fence();
   }
   __syncthreads();
@@ -251,25 +302,22 @@ __global__ void __launch_bounds__(kM64WsThreads, 1) sm90_moe_m64_ws_kernel(const
   if (tid < 128) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kM64WsProducerRegs));
     ProducerRing ring;
-    int free_bytes = kM64WsRing;
+    int free_bytes = C::kRing;
     for (int j = 0;; ++j) {
       const int b = j & 1;
       const int it = int(blockIdx.x) + j * int(gridDim.x);
       // This parity's tables were last read by item j - 2's epilogue.
       if (j >= 2) mbar_wait(&sh.epi[b], uint32_t((j - 2) >> 1) & 1u);
       if (it >= items) {
-        // The consumers' next wait, on slot 0's full barrier, finds rows 0. (Once they have
-        // released every slot: a phase of slot 0 must not complete twice ahead of them.)
-        ring.drain(sh.empty);
         if (tid == 0) sh.tile[b].rows = 0;
-        mbar_arrive(&sh.full[0]);
+        mbar_arrive(&sh.item[b]);
         return;
       }
-      const int tile_idx = it / mtiles, mtile = it % mtiles;
+      const int tile_idx = it / groups, mtile0 = it % groups * kMt;
       const TileInfo tile = a.tiles[tile_idx];
       if (tid == 0) {
         sh.tile[b] = tile;
-        sh.mtile[b] = mtile;
+        sh.mtile[b] = mtile0;
       }
       for (int n = tid; n < kM64TileN; n += 128) {
         const TileColumn col = tile_column<kFc1>(a, tile, n);
@@ -278,10 +326,11 @@ __global__ void __launch_bounds__(kM64WsThreads, 1) sm90_moe_m64_ws_kernel(const
         sh.tw_of[b][n] = col.tw;
       }
       named_barrier(4, 128);  // every producer thread reads other threads' B rows
+      mbar_arrive(&sh.item[b]);
       auto run = [&](auto n) {
         constexpr int kN = decltype(n)::value;
-        m64_ws_produce<kFc1, kN>(a, sh, smem, smem_base, tile, mtile, j, free_bytes, ring);
-        free_bytes = kM64WsRing - 2 * m64_ws_epi_bytes(kFc1, kN);
+        m64_ws_produce<kFc1, kN, kMt>(a, sh, smem, smem_base, tile, mtile0, j, free_bytes, ring);
+        free_bytes = C::kRing - 2 * m64_ws_epi_bytes(kFc1, kN);
       };
       with_n_class(tile.rows, run, M64NClasses{});
     }
@@ -290,28 +339,34 @@ __global__ void __launch_bounds__(kM64WsThreads, 1) sm90_moe_m64_ws_kernel(const
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kM64WsConsumerRegs));
   uint32_t fpar = 0;
   for (int j = 0;; ++j) {
-    // The item's tile from the producer's table (published with its first stage's arrivals: the
-    // wait below does not flip the slot's parity, the K loop's wait for chunk 0 does).
-    mbar_wait(&sh.full[0], fpar & 1u);
+    mbar_wait(&sh.item[j & 1], uint32_t(j >> 1) & 1u);
     const int rows = sh.tile[j & 1].rows;
     if (rows == 0) return;
     auto run = [&](auto n) {
-      m64_ws_consume<kFc1, decltype(n)::value, kEpi>(a, sh, smem, smem_base, j, fpar);
+      m64_ws_consume<kFc1, decltype(n)::value, kMt, kEpi>(a, sh, smem, smem_base, j, fpar);
     };
     with_n_class(rows, run, M64NClasses{});
   }
 }
 
 template <bool kFc1, ExpertEpilogue kEpi>
-cudaError_t launch_wgmma_m64_ws(const ForwardArgs& a, int ctas, cudaStream_t s) {
-  sm90_moe_m64_ws_kernel<kFc1, kEpi><<<unsigned(ctas), kM64WsThreads, kM64WsSmemBytes, s>>>(a);
+cudaError_t launch_wgmma_m64_ws(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s) {
+  if (g.mtiles_per_item == 2)
+    sm90_moe_m64_ws_kernel<kFc1, 2, kEpi>
+        <<<unsigned(g.grid_ctas), kM64WsThreads, M64WsConfig<2>::kSmemBytes, s>>>(a);
+  else
+    sm90_moe_m64_ws_kernel<kFc1, 1, kEpi>
+        <<<unsigned(g.grid_ctas), kM64WsThreads, M64WsConfig<1>::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
 template <ExpertEpilogue kEpi>
 cudaError_t set_m64_ws_attributes() {
-  return first_error({set_max_smem(sm90_moe_m64_ws_kernel<true, kEpi>, kM64WsSmemBytes),
-                      set_max_smem(sm90_moe_m64_ws_kernel<false, kEpi>, kM64WsSmemBytes)});
+  return first_error(
+      {set_max_smem(sm90_moe_m64_ws_kernel<true, 1, kEpi>, M64WsConfig<1>::kSmemBytes),
+       set_max_smem(sm90_moe_m64_ws_kernel<false, 1, kEpi>, M64WsConfig<1>::kSmemBytes),
+       set_max_smem(sm90_moe_m64_ws_kernel<true, 2, kEpi>, M64WsConfig<2>::kSmemBytes),
+       set_max_smem(sm90_moe_m64_ws_kernel<false, 2, kEpi>, M64WsConfig<2>::kSmemBytes)});
 }
 
 }  // namespace moe_ep::kern
