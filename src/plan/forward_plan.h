@@ -77,10 +77,6 @@ constexpr double kTile16SplitMaxMeanRows = 10.0;
 constexpr double kBf16Tile8MaxMeanRows = 1.0;
 constexpr double kBf16Tile16MaxMeanRows = 4.0, kBf16Tile16MaxMeanRowsShortK = 12.0;
 constexpr int kBf16ShortKMaxI = 1024;
-// The bf16 recipe's tiles of 160 run the persistent warp-specialized m64 kernel
-// (PlanOptions::m64_persistent's policy).
-constexpr bool kBf16M64Persistent = true;
-constexpr int kBf16M64PersistentMTiles = 2;
 
 // Prepare's quantizing blocks (kPrepThreads threads, four fit an SM) in all, at most: one wave.
 constexpr int kPrepBlocksPerSm = 4;

@@ -14,7 +14,6 @@
 #include "kernels/common/launch.h"
 #include "kernels/gemm/decode/sm90_decode.cuh"
 #include "kernels/gemm/fp8/fp8_fragments.h"
-#include "kernels/gemm/wgmma/producer_ring.cuh"
 #include "kernels/gemm/wgmma/sm90_wgmma.cuh"
 #include "moe_ep/plan.h"
 
@@ -117,18 +116,52 @@ __device__ __forceinline__ uint64_t lds_u64(uint32_t base, int i) {
   return v;
 }
 
+// threadIdx.x read where it is used: the persistent loops' per-width values that follow from it
+// (fc2's box counts per producer warp, ...) would otherwise be hoisted out of the item loop for
+// every width at once and spill the producer's 40 registers.
+__device__ __forceinline__ int fp8_tid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
+// The producer's barrier state across its items: slots filled and not yet waited empty
+// (`pend`), and per slot the parity of the empty phase to wait for next (`epar`).
+struct Fp8ProducerRing {
+  uint32_t pend = 0, epar = 0;
+  // Waits until the consumers have released slot k's last fill, if it is still pending.
+  __device__ __forceinline__ void release(uint64_t* empty, int k) {
+    const uint32_t bit = 1u << k;
+    if (pend & bit) {
+      mbar_wait(&empty[k], (epar >> k) & 1u);
+      epar ^= bit;
+      pend &= ~bit;
+    }
+  }
+  // Before a fill of `slot`: its previous fill released.
+  __device__ __forceinline__ void reclaim(uint64_t* empty, int slot) {
+    release(empty, slot);
+    pend |= 1u << slot;
+  }
+  // Waits until the consumers have released every slot filled so far.
+  __device__ __forceinline__ void drain(uint64_t* empty) {
+#pragma unroll 1
+    for (int k = 0; k < 8; ++k) release(empty, k);
+  }
+};
+
 // The producer's share of item j (tile, M-tile) at width kN. `free_bytes`: the ring's bytes
 // below the previous item's epilogue staging (the whole ring for a CTA's first item).
 template <bool kFc1, int kN>
 __device__ __forceinline__ void fp8_ws_produce(const ForwardArgs& a, Fp8Shared& sh,
                                                unsigned char* smem, uint32_t smem_base,
                                                const TileInfo& tile, int mtile, int j,
-                                               int free_bytes, ProducerRing& ring) {
+                                               int free_bytes, Fp8ProducerRing& ring) {
   constexpr Recipe R = Recipe::kMxfp4Mxfp8;
   constexpr int kBPasses = (kN + 15) / 16;
   constexpr int kStages = fp8_ws_stages(kN), kStageBytes = fp8_ws_stage_bytes(kN);
   constexpr int kBBytes = fp8_bbytes(kN);
-  const int tid = producer_tid();
+  const int tid = fp8_tid();
   const MTileStream ms = mtile_stream<R, kFc1>(a, tile.expert, mtile);
   const int stages_k = ms.chunks / 2;
   const int b = j & 1;
@@ -297,7 +330,10 @@ __device__ __forceinline__ void fp8_ws_consume(const ForwardArgs& a, Fp8Shared& 
     stage(st, af0, af1);
     if (st + 1 < stages_k) stage(st + 1, af1, af0);
   }
-  fpar = flip_used_slots<kStages>(fpar, stages_k);
+  // The slots this item used an odd number of times flip their parity.
+#pragma unroll
+  for (int s = 0; s < kStages; ++s)
+    if (s < stages_k && (stages_k - 1 - s) / kStages % 2 == 0) fpar ^= 1u << s;
   named_barrier(1, 256);  // both halves are done with the ring: its top becomes their staging
   // The m64 kernel's epilogue with the columns' fold factors (bf16 rounding of g and u in fc1,
   // as epilogue_value does for this recipe's default path).
@@ -359,7 +395,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
   const bool fine = a.fp8_widths == 1 || (a.fp8_widths == -1 && mtiles >= kFp8FineMinMTiles);
   if (tid < 128) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8ProducerRegs));
-    ProducerRing ring;
+    Fp8ProducerRing ring;
     int free_bytes = kFp8WsRing;
     int it = int(blockIdx.x), ticket = 0;
     for (int j = 0;; ++j) {
