@@ -4,8 +4,8 @@
 // bytes of B, 32 KB of weights), loaded two chunks ahead. Each mode adds one piece of the
 // kernel's loop, or fills the stages another way, so that the loop's ceiling and the cost of
 // each piece read off as MMA rates (the data: zeros, or with --random bf16 values in [-1, 1),
-// which draw more power; zero-filled copies write zeros either way; the rates are above what
-// reach under the power cap; compare modes, not against the layer):
+// which draw more power; zero-filled copies write zeros either way; the rates are above what the
+// layer reaches under the power cap: compare modes, not against the layer):
 //   mma      wgmmas only (A in registers, up to 2 in flight per warpgroup, as the kernel)
 //   mma_ss   the same with A from shared memory (wgmma's SS form)
 //   lds      + each k16 step's A fragment from the stage (ld.shared, the resident layout)

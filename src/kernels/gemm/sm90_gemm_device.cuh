@@ -222,9 +222,10 @@ template <bool kFc1>
 __device__ __forceinline__ void tile_epilogue_columns(const ForwardArgs& a, const TileInfo& tile,
                                                       int n, int* pair_of, float* tw_of, int tid,
                                                       int nthreads) {
+  if (kFc1 && !a.weight_in_fc1) return;  // the epilogue reads no top-k weight
   for (int c = tid; c < n; c += nthreads) {
     if constexpr (kFc1)
-      tw_of[c] = a.weight_in_fc1 && pair_of[c] >= 0 ? a.topk_weights[pair_of[c]] : 0.0f;
+      tw_of[c] = pair_of[c] >= 0 ? a.topk_weights[pair_of[c]] : 0.0f;
     else
       pair_of[c] = c < tile.rows ? column_pair(a, tile, c) : -1;
   }
