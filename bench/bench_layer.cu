@@ -13,12 +13,11 @@
 // single GPU; the records' plans then say epilogue=extended. --tile N forces the plan's tile
 // (PlanOptions::tile_n), --route-spread 0|1 the route over one block or many
 // (PlanOptions::route_spread), --m64-split 0|1 the narrow m64 kernel for the narrow tiles of 160
-// (PlanOptions::m64_split), --m64-persistent 0|1 the bf16 recipe's persistent m64 kernel for its
-// tiles of 160 (PlanOptions::m64_persistent; 4-bit recipes take -1 whatever is given).
+// (PlanOptions::m64_split).
 //   bench_layer [--json PATH] [--shape dsv3|qwen3|gpt-oss] [--recipes a,b] [--tokens 1,8,...]
 //               [--iters N] [--experts E] [--routing uniform|zipf|both] [--ep N] [--fp8-mma]
 //               [--explain] [--gpt-oss-experts] [--tile N] [--route-spread 0|1]
-//               [--m64-split 0|1] [--m64-persistent 0|1]
+//               [--m64-split 0|1]
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -491,7 +490,7 @@ int main(int argc, char** argv) {
                          recipes_arg = "nvfp4,mxfp4_mxfp8,mxfp4_bf16,bf16,nvfp4_bf16";
   std::vector<int> tokens = {1, 8, 32, 128, 512, 1024, 2048, 4096};
   int iters = 30, ep = 1, experts = 0, hidden = 0, inter = 0, tile = 0, route_spread = -1,
-      m64_split = -1, m64_persistent = -1;
+      m64_split = -1;
   std::string routing = "both";
   bool fp8_mma = false, explain = false, gpt_oss_experts = false;
   for (int i = 1; i < argc; ++i) {
@@ -529,13 +528,11 @@ int main(int argc, char** argv) {
       route_spread = std::stoi(next());
     else if (a == "--m64-split")
       m64_split = std::stoi(next());
-    else if (a == "--m64-persistent")
-      m64_persistent = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "bench_layer: unknown option '%s' (--json --shape --recipes --tokens --iters "
                    "--ep --experts --hidden --inter --routing --fp8-mma --explain "
-                   "--gpt-oss-experts --tile --route-spread --m64-split --m64-persistent)\n",
+                   "--gpt-oss-experts --tile --route-spread --m64-split)\n",
                    a.c_str());
       return 2;
     }
@@ -608,7 +605,6 @@ int main(int argc, char** argv) {
     cfg.plan_options.tile_n = tile;                // 0: the plan's policy
     cfg.plan_options.route_spread = route_spread;  // -1: the plan's policy
     cfg.plan_options.m64_split = m64_split;        // -1: the plan's policy
-    cfg.plan_options.m64_persistent = *recipe == Recipe::kBf16 ? m64_persistent : -1;
     // gpt-oss's expert semantics (the extended epilogue): clamp 7, slope 1.702, offset 1 and
     // random expert biases.
     std::vector<float> b13, b2;

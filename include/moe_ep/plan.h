@@ -21,9 +21,8 @@ enum class GemmKernel : uint8_t {
   kNone,      // no launch (no tokens)
   kDecode,    // sm90 decode kernel: weight stream through a bulk-copy ring, tiles of 8-32 rows
   kWgmmaM64,  // sm90 wgmma m64 kernel, tiles of up to 160 rows
-  kWgmmaM64Narrow,      // the same kernel on tiles of up to 64 rows, three CTAs per SM (4-bit)
-  kWgmmaM64Persistent,  // bf16 weights, tiles of up to 160 rows: the m64 kernel, persistent
-  kFp8,                 // sm90 fp8 wgmma kernel, persistent (mxfp4_mxfp8 with fp8_mma)
+  kWgmmaM64Narrow,  // the same kernel on tiles of up to 64 rows, three CTAs per SM (4-bit)
+  kFp8,             // sm90 fp8 wgmma kernel, persistent (mxfp4_mxfp8 with fp8_mma)
 };
 const char* gemm_kernel_name(GemmKernel k);
 
@@ -54,7 +53,7 @@ struct GemmPlan {
   int mtiles = 0;      // M-tiles of 128 weight rows (fc1: 64 gate + 64 up rows)
   int num_decode_launches = 0;  // kDecode: 1, or 2 where tile 16 splits its rows
   DecodeLaunchPlan decode[2];
-  int grid_ctas = 0;  // kWgmmaM64 / kWgmmaM64Narrow / kWgmmaM64Persistent / kFp8: CTAs launched
+  int grid_ctas = 0;  // kWgmmaM64 / kWgmmaM64Narrow / kFp8: CTAs launched
   // kWgmmaM64 split by rows (ForwardPlan::m64_split): the narrow kernel's CTAs for the narrow
   // tiles, launched after grid_ctas CTAs of the m64 kernel for the wide ones; 0 without a split.
   int m64_narrow_ctas = 0;
@@ -80,8 +79,6 @@ struct ForwardPlan {
   // Tiles of 160 (4-bit weights): every expert's last tile of at most 64 rows runs on the narrow
   // m64 kernel, the others on the m64 kernel.
   bool m64_split = false;
-  // Tiles of 160 of the bf16 recipe on the persistent m64 kernel (kWgmmaM64Persistent).
-  bool m64_persistent = false;
   int fp8_forced_widths = -1;  // PlanOptions::fp8_fine_widths as the fp8 kernel reads it
   GemmPlan fc1, fc2;
   int world = 1;

@@ -32,20 +32,13 @@ struct PlanOptions {
   // Tiles of 160 of a 4-bit recipe: run each expert's last tile of at most 64 rows on the
   // narrow m64 kernel. -1: the policy, 0: never, 1: always.
   int m64_split = -1;
-  // Tiles of 160 of the bf16 recipe: the persistent m64 kernel (one CTA per SM running the m64
-  // kernel's (tile, 256 weight rows) items by ticket, each item's first stages loaded during the
-  // previous item's last chunks) instead of a CTA per item. -1: the policy, 0: never, 1: where
-  // the GEMMs have at least 11 K-chunks (H and I >= 704). The 4-bit recipes have no such kernel
-  // (1 is refused for them).
-  int m64_persistent = -1;
   // Route over many blocks (EP owners): -1 the policy, 0 never, 1 always.
   int route_spread = -1;
   // > 0: the decode kernels' first wave holds this many CTAs (the rest set up late), so small
   // grids exercise the late path. 0: the SMs' worth.
   int decode_first_wave = 0;
-  // > 0: the persistent kernels (the fp8 kernel, the bf16 recipe's persistent m64 kernel) run
-  // this many CTAs. 0: one per SM.
-  int persistent_ctas = 0;
+  // > 0: the fp8 kernel runs this many persistent CTAs. 0: one per SM.
+  int fp8_grid_ctas = 0;
   // The fp8 kernel's MMA widths: -1 the policy (the fine list for GEMMs of many M-tiles, the
   // coarse one otherwise), 0 the coarse list, 1 the fine one.
   int fp8_fine_widths = -1;

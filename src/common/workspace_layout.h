@@ -116,9 +116,9 @@ struct ScratchLayout {
   // what a forward leaves for the next forward of the same layer (counters back at zero, the
   // tensor map of this layer's h8), so that layers sharing the scratch do not disturb each other.
   struct State {
-    size_t counts_off = 0;  // int32 [E_local + 1] the spread route's counts and ticket
-    size_t sched_off = 0;   // int32 [2]: the persistent GEMM kernels' item ticket and exit count
-    size_t h8map_off = 0;   // 128 bytes: h8's tensor map (fp8 path)
+    size_t counts_off = 0;     // int32 [E_local + 1] the spread route's counts and ticket
+    size_t fp8_sched_off = 0;  // int32 [2]: the fp8 kernel's item ticket and exit count
+    size_t h8map_off = 0;      // 128 bytes: h8's tensor map (fp8 path)
     size_t total_bytes = 0;
   } state;
 
@@ -155,8 +155,10 @@ struct ScratchLayout {
     l.total_bytes = off;
     off = 0;
     take(l.state.counts_off, size_t(p.local_experts + 1) * 4);
-    take(l.state.sched_off, 8);
-    if (p.fp8) take(l.state.h8map_off, 128);
+    if (p.fp8) {
+      take(l.state.h8map_off, 128);
+      take(l.state.fp8_sched_off, 8);
+    }
     l.state.total_bytes = off;
     return l;
   }

@@ -86,7 +86,6 @@ inline void attach_expert_scratch(kern::ForwardArgs& a, unsigned char* base, uns
   a.tiles = reinterpret_cast<kern::TileInfo*>(base + s.tiles_off);
   a.num_tiles = reinterpret_cast<int32_t*>(base + s.num_tiles_off);
   a.counts = reinterpret_cast<int32_t*>(state + s.state.counts_off);
-  a.sched = reinterpret_cast<int32_t*>(state + s.state.sched_off);
   a.pair_rank = reinterpret_cast<int32_t*>(base + s.ranks_off);
 }
 

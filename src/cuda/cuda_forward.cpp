@@ -41,6 +41,7 @@ void CudaBackend::forward(const ValidatedForward& in, const ForwardTargets& out)
     a.h8 = base + ws.scratch.h8_off;
     a.href = base + ws.scratch.href_off;
     a.h8_tmap = state + ws.scratch.state.h8map_off;
+    a.fp8_sched = reinterpret_cast<int32_t*>(state + ws.scratch.state.fp8_sched_off);
   }
   if (out.out.defined()) {
     a.y_rows = reinterpret_cast<uint16_t*>(base + ws.layout.combine_off);

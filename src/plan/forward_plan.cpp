@@ -30,8 +30,6 @@ const char* gemm_kernel_name(GemmKernel k) {
       return "wgmma_m64";
     case GemmKernel::kWgmmaM64Narrow:
       return "wgmma_m64_narrow";
-    case GemmKernel::kWgmmaM64Persistent:
-      return "wgmma_m64_persistent";
     case GemmKernel::kFp8:
       return "fp8";
   }
@@ -70,15 +68,10 @@ std::vector<std::string> plan_options_reasons(const PlanOptions& o, Recipe recip
     bad("tile8_frags_per_warp", o.tile8_frags_per_warp,
         "0 (policy), 1 for bf16 weights (one fragment per consumer warp)");
   if (o.m64_split < -1 || o.m64_split > 1) bad("m64_split", o.m64_split, "-1 (policy), 0, 1");
-  if (o.m64_persistent < -1 || o.m64_persistent > 1)
-    bad("m64_persistent", o.m64_persistent, "-1 (policy), 0, 1");
-  else if (recipe != Recipe::kBf16 && o.m64_persistent > 0)
-    bad("m64_persistent", o.m64_persistent,
-        "-1 (policy), 0 for 4-bit weights (the persistent m64 kernel is the bf16 recipe's)");
   if (o.route_spread < -1 || o.route_spread > 1)
     bad("route_spread", o.route_spread, "-1 (policy), 0, 1");
   if (o.decode_first_wave < 0) bad("decode_first_wave", o.decode_first_wave, "0 (policy) or > 0");
-  if (o.persistent_ctas < 0) bad("persistent_ctas", o.persistent_ctas, "0 (policy) or > 0");
+  if (o.fp8_grid_ctas < 0) bad("fp8_grid_ctas", o.fp8_grid_ctas, "0 (policy) or > 0");
   if (o.fp8_fine_widths < -1 || o.fp8_fine_widths > 1)
     bad("fp8_fine_widths", o.fp8_fine_widths, "-1 (policy), 0, 1");
   return r;
@@ -127,7 +120,6 @@ std::string ForwardPlan::to_string() const {
          rows, static_cast<long long>(expected_pairs), mean_rows_per_expert, tile_n,
          fp8 ? " fp8" : "", quant_per_thread, prepare_token_blocks, route_kind_name(route),
          tile16_row_split ? " row_split" : "", m64_split ? " m64_split" : "");
-  if (m64_persistent) s += " m64_persistent";
   s += " fc1=" + gemm_string(fc1) + " fc2=" + gemm_string(fc2);
   if (extended_epilogue) s += " epilogue=extended";
   if (world > 1) append(s, " W=%d combine=%s", world, combine_mode_name(combine));
@@ -274,8 +266,8 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
     gp.mtiles = g.mtiles;
     gp.grid_tiles = kern::max_tiles(int(pairs), in.local_experts, kFp8TileN);
     const int64_t items = int64_t(gp.grid_tiles) * g.mtiles;
-    gp.grid_ctas = int(std::min<int64_t>(
-        items, o.persistent_ctas > 0 ? o.persistent_ctas : std::max(1, in.num_sms)));
+    gp.grid_ctas = int(
+        std::min<int64_t>(items, o.fp8_grid_ctas > 0 ? o.fp8_grid_ctas : std::max(1, in.num_sms)));
     // The fine list of MMA widths where a GEMM has many M-tiles (DSV3 at 4096 tokens 4671-4702
     // -> 4543-4565 us); with few (Qwen3) the SMs then ran many width classes at once (slower).
     gp.fp8_fine_widths =
@@ -287,15 +279,6 @@ GemmPlan gemm_plan(const PlanInputs& in, const PlanOptions& o, const ForwardPlan
   GemmPlan gp;
   gp.mtiles = g.mtiles;
   gp.grid_tiles = kern::max_tiles(int(pairs), in.local_experts, p.tile_n);
-  if (p.m64_persistent) {
-    gp.kernel = GemmKernel::kWgmmaM64Persistent;
-    const int groups = kern::m64_groups(in.recipe, g.mtiles);
-    gp.grid_ctas =
-        int(std::min<int64_t>(int64_t(gp.grid_tiles) * groups,
-                              o.persistent_ctas > 0 ? o.persistent_ctas : std::max(1, in.num_sms)));
-    if (gp.grid_tiles == 0) gp.kernel = GemmKernel::kNone;
-    return gp;
-  }
   gp.kernel = p.tile_n == kM64NarrowTileN ? GemmKernel::kWgmmaM64Narrow : GemmKernel::kWgmmaM64;
   const int groups = kern::m64_groups(in.recipe, g.mtiles);
   gp.grid_ctas = gp.grid_tiles * groups;
@@ -377,12 +360,6 @@ ForwardPlan make_forward_plan(const PlanInputs& in, const PlanOptions& o) {
   p.m64_split = p.tile_n == kM64TileN && in.recipe != Recipe::kBf16 && !in.fp8 &&
                 (o.m64_split >= 0 ? o.m64_split == 1
                                   : !owner && p.mean_rows_per_expert <= kM64SplitMaxMeanRows);
-  p.m64_persistent =
-      p.tile_n == kM64TileN && in.recipe == Recipe::kBf16 && !in.fp8 &&
-      std::min(in.H, in.I) >= kern::kM64PersistentMinChunks * kern::kKChunk &&
-      (o.m64_persistent >= 0
-           ? o.m64_persistent > 0
-           : kBf16M64Persistent && p.mean_rows_per_expert >= kBf16M64PersistentMinMeanRows);
   p.fc1 = gemm_plan(in, o, p, GemmShape{true, rs.fc1_mtiles, in.H});
   p.fc2 = gemm_plan(in, o, p, GemmShape{false, rs.fc2_mtiles, in.I});
   return p;

@@ -77,11 +77,6 @@ constexpr double kTile16SplitMaxMeanRows = 10.0;
 constexpr double kBf16Tile8MaxMeanRows = 1.0;
 constexpr double kBf16Tile16MaxMeanRows = 4.0, kBf16Tile16MaxMeanRowsShortK = 12.0;
 constexpr int kBf16ShortKMaxI = 1024;
-// The bf16 recipe's tiles of 160 run the persistent m64 kernel (PlanOptions::m64_persistent's
-// policy) from this many mean rows per expert on (its narrowest N class is 96), where both GEMMs
-// have at least kern::kM64PersistentMinChunks K-chunks.
-constexpr bool kBf16M64Persistent = true;
-constexpr double kBf16M64PersistentMinMeanRows = 96.0;
 
 // Prepare's quantizing blocks (kPrepThreads threads, four fit an SM) in all, at most: one wave.
 constexpr int kPrepBlocksPerSm = 4;

@@ -825,10 +825,8 @@ TEST(GpuLayer, WorkspaceAtDsv3Capacity4096) {
 // rows): one expert with T rows, T at and one past each class bound, tile 160 forced, against
 // the CPU (nvfp4 bit for bit; mxfp4_mxfp8 and bf16 within contract §7). A class that covered too
 // few columns would leave rows of the expert's output wrong. bf16 runs its 4-warpgroup CTA (two
-// M-tiles, the weight copies' bank swizzle), then the persistent m64 kernel (its N classes 96,
-// 128, 160 over the same rows), which must give its bits. The 4-bit recipes then run tile 64 (the
-// narrow kernel: classes 32..64, an expert of more rows in several tiles) and must give tile 160's
-// bits.
+// M-tiles, the weight copies' bank swizzle). The 4-bit recipes then run tile 64 (the narrow
+// kernel: classes 32..64, an expert of more rows in several tiles) and must give tile 160's bits.
 TEST(GpuLayer, M64EveryNClassAgainstCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s = kQwen3;
@@ -838,7 +836,6 @@ TEST(GpuLayer, M64EveryNClassAgainstCpu) {
     const PackedExperts p = pack(s, r, m, Options{});
     LayerConfig cfg = make_config(s, r, 160, true, Options{});
     cfg.plan_options.tile_n = 160;
-    if (r == Recipe::kBf16) cfg.plan_options.m64_persistent = 0;
     auto cpu = make_layer(Backend::kCPU, cfg, p);
     auto gpu = make_layer(Backend::kCUDA, cfg, p);
     gpu->warmup();
@@ -856,15 +853,7 @@ TEST(GpuLayer, M64EveryNClassAgainstCpu) {
         EXPECT_LE(rel_l2(got, ref, &why), 5e-3) << why;
       }
       ASSERT_EQ(gpu->plan(T).fc1.kernel, GemmKernel::kWgmmaM64);
-      if (r == Recipe::kBf16) {
-        PlanScope persistent(*gpu, [](PlanOptions& o) {
-          o.tile_n = 160;
-          o.m64_persistent = 1;
-        });
-        EXPECT_TRUE(forward_bits(*gpu, d, h) == got) << "the persistent m64 kernel differs";
-        ASSERT_EQ(gpu->last_plan().fc1.kernel, GemmKernel::kWgmmaM64Persistent);
-        continue;
-      }
+      if (r == Recipe::kBf16) continue;
       PlanScope narrow(*gpu, [](PlanOptions& o) { o.tile_n = 64; });
       EXPECT_TRUE(forward_bits(*gpu, d, h) == got) << "tile 64 differs from tile 160";
       ASSERT_EQ(gpu->last_plan().fc1.kernel, GemmKernel::kWgmmaM64Narrow);
@@ -1131,83 +1120,6 @@ TEST(GpuLayer, Bf16DecodeTilesAgainstCpu) {
                                      PlanScope scope(gpu, [](PlanOptions& q) { q.tile_n = 16; });
                                      gpu.forward(f, out);
                                    });
-    }
-  }
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
-// The bf16 recipe's persistent m64 kernel (PlanOptions::m64_persistent): one CTA per SM running
-// the m64 kernel's (tile, four half M-tiles) items by ticket, each item's first stages loaded by
-// the previous item's last chunks and its tables built over them: the m64 kernel's bits, and
-// within contract §7 of the CPU. Qwen3 (E 16, K 8; fc2 12 K-chunks, a multiple of the ring's 4
-// stages), plain SwiGLU and the gpt-oss expert epilogue: T = 5 (40 pairs: tiles of a few rows on
-// N = 96), 100 (50 rows per expert: one tile each), 500 (250: a tile of 160 and one of 90 per
-// expert, so a CTA's items alternate widths), and a grid of 7 CTAs at T = 500 (each CTA runs many
-// items: both table parities, tickets); gpt-oss (E 8, K 4: 45 K-chunks, so items start at every
-// ring stage; 23 M-tiles in fc2, the last with a half of padding rows) at T = 300 and 500. Then
-// Qwen3 T = 500 captured in a CUDA graph, replayed with device counts against eager forwards of
-// the first n tokens (the ticket counters reset by each launch's last CTA).
-TEST(GpuLayer, Bf16PersistentM64SameBitsAsM64) {
-  SKIP_WITHOUT_GPU();
-  struct Case {
-    Shape s;
-    bool extended;
-    std::vector<int> tokens;
-  };
-  for (const Case& k : {Case{kQwen3, false, {5, 100, 500}}, Case{kQwen3, true, {100, 500}},
-                        Case{kGptOss, true, {300, 500}}}) {
-    const Shape& s = k.s;
-    SCOPED_TRACE(std::string(s.name) + (k.extended ? ", gpt-oss expert epilogue" : ""));
-    const Master m(s, 53);
-    const std::vector<float> b13 = random_vec(size_t(s.E) * 2 * s.I, 54, 0.5f);
-    const std::vector<float> b2 = random_vec(size_t(s.E) * s.H, 55, 0.5f);
-    Options o;
-    if (k.extended) o.limit = 7.0f;
-    const PackedExperts p = pack(s, Recipe::kBf16, m, o);
-    LayerConfig cfg = make_config(s, Recipe::kBf16, 512, true, o);
-    EpilogueVectors ev = p.epilogue_view();
-    if (k.extended) set_gpt_oss_experts(s, cfg, ev, b13, b2);
-    const auto cpu_layer = make_layer(Backend::kCPU, cfg, p, &ev);
-    const auto gpu_layer = make_layer(Backend::kCUDA, cfg, p, &ev);
-    MegaLayer &cpu = *cpu_layer, &gpu = *gpu_layer;
-    gpu.warmup();
-    for (const int T : k.tokens) {
-      SCOPED_TRACE("T = " + std::to_string(T));
-      HostInputs h = make_inputs(T, s.H, s.K, s.E, 700 + T);
-      DeviceInputs d(h);
-      auto run = [&](int persistent, int grid) {
-        PlanScope scope(gpu, [&](PlanOptions& q) {
-          q.tile_n = 160;
-          q.m64_persistent = persistent;
-          q.persistent_ctas = grid;
-        });
-        std::vector<uint16_t> got = forward_bits(gpu, d, h);
-        const ForwardPlan& plan = gpu.last_plan();
-        EXPECT_EQ(plan.fc1.kernel,
-                  persistent ? GemmKernel::kWgmmaM64Persistent : GemmKernel::kWgmmaM64)
-            << plan.to_string();
-        EXPECT_EQ(plan.fc2.kernel, plan.fc1.kernel) << plan.to_string();
-        if (grid > 0) EXPECT_EQ(plan.fc1.grid_ctas, grid) << plan.to_string();
-        EXPECT_EQ(plan.extended_epilogue, k.extended) << plan.to_string();
-        return got;
-      };
-      const std::vector<uint16_t> m64 = run(0, 0);
-      ASSERT_TRUE(any_nonzero(m64)) << "every output is zero";
-      std::string why;
-      EXPECT_LE(rel_l2(m64, cpu_bits(cpu, h), &why), 5e-3) << why;
-      EXPECT_TRUE(run(1, 0) == m64) << "the persistent m64 kernel differs from the m64 kernel";
-      if (T == 500) EXPECT_TRUE(run(1, 7) == m64) << "a grid of 7 persistent CTAs differs";
-      if (T != 500 || k.extended) continue;
-      expect_replays_equal_eager(
-          gpu, s, d, h, T, {500, 100, 5, 1},
-          [&](const ForwardInputs& f, const TensorView& out) {
-            PlanScope scope(gpu, [](PlanOptions& q) {
-              q.tile_n = 160;
-              q.m64_persistent = -1;  // the policy's
-            });
-            gpu.forward(f, out);
-          },
-          160);
     }
   }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
@@ -1512,7 +1424,7 @@ TEST(GpuLayer, Fp8PersistentGridSameBits) {
     }
     EXPECT_TRUE(def == first) << "the width lists differ";
     for (int ctas : {1, 2, 7, 61, 1 << 30}) {
-      PlanScope g(gpu, [&](PlanOptions& p) { p.persistent_ctas = ctas; });
+      PlanScope g(gpu, [&](PlanOptions& p) { p.fp8_grid_ctas = ctas; });
       EXPECT_TRUE(forward_bits(gpu, d, h) == def) << ctas << " CTAs differ from the default grid";
     }
   }
@@ -1804,7 +1716,7 @@ TEST(GpuLayer, SmallForSanitizer) {
     HostInputs h = make_inputs(T, s.H, s.K, s.E, 8);
     DeviceInputs d(h);
     const std::vector<uint16_t> ref = cpu_bits(*fp8.cpu, h);
-    PlanScope grid(*fp8.gpu, [](PlanOptions& o) { o.persistent_ctas = 2; });
+    PlanScope grid(*fp8.gpu, [](PlanOptions& o) { o.fp8_grid_ctas = 2; });
     const std::vector<uint16_t> got = forward_bits(*fp8.gpu, d, h);
     std::string why;
     const double err = rel_l2(got, ref, &why);

@@ -240,12 +240,8 @@ TEST(ForwardPlan, Bf16TileByMeanRows) {
   for (const int T : {193, 512, 4096}) {
     const ForwardPlan p = q(T);
     EXPECT_EQ(p.tile_n, 160) << T;
-    // Qwen3 mean rows = T / 16: the persistent kernel from 96 on.
-    const GemmKernel k = plan::kBf16M64Persistent && T / 16.0 >= plan::kBf16M64PersistentMinMeanRows
-                             ? GemmKernel::kWgmmaM64Persistent
-                             : GemmKernel::kWgmmaM64;
-    EXPECT_EQ(p.fc1.kernel, k) << T;
-    EXPECT_EQ(p.fc2.kernel, k) << T;
+    EXPECT_EQ(p.fc1.kernel, GemmKernel::kWgmmaM64) << T;
+    EXPECT_EQ(p.fc2.kernel, GemmKernel::kWgmmaM64) << T;
   }
   // DSV3 (I 2048; mean rows = T / 32): tile 8 up to 1 row, 16 up to 4, then 160.
   auto d = [](int T) { return make_forward_plan(dsv3(Recipe::kBf16, T), {}).tile_n; };
@@ -283,9 +279,7 @@ TEST(ForwardPlan, PrefillKernels) {
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 4096), {}).prepare_token_blocks, 4 * 132);
   EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 100), {}).prepare_token_blocks, 100);
   EXPECT_NE(p.to_string().find("prepare=q8x264/spread"), std::string::npos) << p.to_string();
-  PlanOptions m64;
-  m64.m64_persistent = 0;
-  const ForwardPlan b = make_forward_plan(dsv3(Recipe::kBf16, 4096), m64);
+  const ForwardPlan b = make_forward_plan(dsv3(Recipe::kBf16, 4096), {});
   EXPECT_EQ(b.tile_n, 160);
   EXPECT_EQ(b.fc1.kernel, GemmKernel::kWgmmaM64);
   EXPECT_EQ(b.fc1.grid_ctas, b.fc1.grid_tiles * 16);  // 64 halves of M-tiles, 4 per CTA
@@ -314,7 +308,7 @@ TEST(ForwardPlan, Fp8Path) {
   EXPECT_FALSE(make_forward_plan(in, {}).fc1.fp8_fine_widths);  // 12 M-tiles
   in.tokens = 1;
   PlanOptions o;
-  o.persistent_ctas = 3;
+  o.fp8_grid_ctas = 3;
   const ForwardPlan one = make_forward_plan(in, o);
   EXPECT_EQ(one.fc1.kernel, GemmKernel::kFp8);
   EXPECT_EQ(one.fc1.grid_ctas, 3);
@@ -414,69 +408,6 @@ TEST(ForwardPlan, M64SplitGrids) {
   EXPECT_EQ(off.fc1.grid_ctas, off.fc1.grid_tiles * groups);
 }
 
-// The bf16 recipe's persistent m64 kernel (m64_persistent): its tiles of 160 as (tile, group of
-// four half M-tiles) items over at most one CTA per SM (persistent_ctas: that many); the policy
-// from 96 mean rows per expert on; never for the 4-bit recipes (the option refused), the decode
-// tiles, the fp8 path or GEMMs of fewer than 11 K-chunks.
-TEST(ForwardPlan, M64PersistentGrids) {
-  PlanOptions o;
-  o.m64_persistent = 1;
-  const ForwardPlan p = make_forward_plan(qwen3(Recipe::kBf16, 4096), o);
-  ASSERT_EQ(p.tile_n, 160);
-  EXPECT_TRUE(p.m64_persistent);
-  EXPECT_FALSE(p.m64_split);
-  EXPECT_EQ(p.fc1.kernel, GemmKernel::kWgmmaM64Persistent);
-  EXPECT_EQ(p.fc2.kernel, GemmKernel::kWgmmaM64Persistent);
-  EXPECT_EQ(p.fc1.grid_tiles, max_tiles(4096 * 8, 128, 160));
-  EXPECT_EQ(p.fc1.grid_ctas, 132);  // one per SM
-  EXPECT_EQ(p.fc2.grid_ctas, 132);
-  EXPECT_NE(p.to_string().find(" m64_persistent "), std::string::npos) << p.to_string();
-  EXPECT_NE(p.to_string().find("fc1=wgmma_m64_persistent[tiles="), std::string::npos)
-      << p.to_string();
-  // Fewer items than SMs: one CTA per item (1 token, tile 160 forced: 8 tiles of one row x 6
-  // groups of fc1's 24 half M-tiles, x 8 groups of fc2's 32).
-  PlanOptions small_o = o;
-  small_o.tile_n = 160;
-  const ForwardPlan small = make_forward_plan(qwen3(Recipe::kBf16, 1), small_o);
-  EXPECT_EQ(small.fc1.kernel, GemmKernel::kWgmmaM64Persistent);
-  EXPECT_EQ(small.fc1.grid_ctas, 8 * 6);
-  EXPECT_EQ(small.fc2.grid_ctas, 8 * 8);
-  o.persistent_ctas = 7;
-  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 4096), o).fc1.grid_ctas, 7);
-  o.persistent_ctas = 0;
-  o.m64_persistent = 0;
-  const ForwardPlan off = make_forward_plan(qwen3(Recipe::kBf16, 4096), o);
-  EXPECT_FALSE(off.m64_persistent);
-  EXPECT_EQ(off.fc1.kernel, GemmKernel::kWgmmaM64);
-  EXPECT_EQ(off.fc1.grid_ctas,
-            off.fc1.grid_tiles * kern::m64_groups(Recipe::kBf16, off.fc1.mtiles));
-  EXPECT_EQ(off.to_string().find("m64_persistent"), std::string::npos) << off.to_string();
-  // Not on the decode tiles, not for 4-bit weights, not below 11 K-chunks (I = 640).
-  o.m64_persistent = 1;
-  EXPECT_FALSE(make_forward_plan(qwen3(Recipe::kBf16, 8), o).m64_persistent);  // tile 8
-  PlanInputs short_k = qwen3(Recipe::kBf16, 4096);
-  short_k.I = 640;
-  EXPECT_FALSE(make_forward_plan(short_k, o).m64_persistent);
-  short_k.I = 704;
-  EXPECT_TRUE(make_forward_plan(short_k, o).m64_persistent);
-  EXPECT_FALSE(make_forward_plan(qwen3(Recipe::kNvfp4, 4096), {}).m64_persistent);
-  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kNvfp4, 4096), {}).fc1.kernel, GemmKernel::kWgmmaM64);
-  ASSERT_EQ(plan_options_reasons(o, Recipe::kNvfp4).size(), 1u);
-  EXPECT_NE(plan_options_reasons(o, Recipe::kNvfp4)[0].find("plan_options.m64_persistent = 1"),
-            std::string::npos);
-  EXPECT_TRUE(plan_options_reasons(o, Recipe::kBf16).empty());
-  o.m64_persistent = 2;
-  EXPECT_EQ(plan_options_reasons(o, Recipe::kBf16).size(), 1u);
-  o.m64_persistent = 0;
-  EXPECT_TRUE(plan_options_reasons(o, Recipe::kNvfp4).empty());
-  // The policy: from 96 mean rows per expert on (Qwen3: 16 experts' worth of tokens per row).
-  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 4096), {}).m64_persistent,
-            plan::kBf16M64Persistent);
-  EXPECT_EQ(make_forward_plan(qwen3(Recipe::kBf16, 1536), {}).m64_persistent,
-            plan::kBf16M64Persistent);
-  EXPECT_FALSE(make_forward_plan(qwen3(Recipe::kBf16, 1520), {}).m64_persistent);
-}
-
 // The policy splits the tiles of 160 of a 4-bit recipe on one GPU up to 64 mean rows per
 // expert (kM64SplitMaxMeanRows).
 TEST(ForwardPlan, M64SplitPolicy) {
@@ -504,11 +435,10 @@ TEST(ForwardPlan, OptionsAreValidated) {
   o.tile16_row_split = 2;
   o.route_spread = -2;
   o.decode_first_wave = -1;
-  o.persistent_ctas = -1;
+  o.fp8_grid_ctas = -1;
   o.m64_split = 2;
-  o.m64_persistent = -2;
   const auto r = plan_options_reasons(o, Recipe::kNvfp4);
-  ASSERT_EQ(r.size(), 9u);
+  ASSERT_EQ(r.size(), 8u);
   EXPECT_NE(r[0].find("plan_options.tile_n = 12"), std::string::npos) << r[0];
   o = PlanOptions{};
   o.tile_n = 128;  // no kernel has tiles of 128

@@ -86,10 +86,6 @@ constexpr int kM64NarrowTileN = 64, kM64NarrowCtasPerSm = 3;
 constexpr int m64_warpgroups(Recipe r) { return r == Recipe::kBf16 ? 4 : 2; }
 constexpr int m64_ctas_per_sm(Recipe r) { return r == Recipe::kBf16 ? 1 : 2; }
 // CTAs of the m64 kernel per routing tile: groups of m64_warpgroups halves of M-tiles.
-// The bf16 recipe's persistent m64 kernel builds the next item's tables over an item's chunks
-// 0..7 (the top-k weights arrive by chunk 10's barrier, the B rows by chunk 8's, which the loads
-// of chunk `chunks - 2` need): the GEMMs need at least this many K-chunks for it.
-constexpr int kM64PersistentMinChunks = 11;
 constexpr int m64_groups(Recipe r, int mtiles) {
   return (2 * mtiles + m64_warpgroups(r) - 1) / m64_warpgroups(r);
 }
@@ -216,10 +212,9 @@ struct ForwardArgs {
   // the tensor memory accelerator.
   const void* h8_tmap = nullptr;
   uint8_t* href = nullptr;  // [T*K]
-  // [2]: a persistent GEMM kernel's (the fp8 kernel's, the bf16 recipe's persistent m64
-  // kernel's) next-item ticket and its count of CTAs done; zero at construction, and the last CTA
-  // of each launch zeroes both again.
-  int32_t* sched = nullptr;
+  // [2]: the fp8 kernel's next-item ticket and its count of CTAs done; zero at construction,
+  // and the last CTA of each launch zeroes both again.
+  int32_t* fp8_sched = nullptr;
 };
 
 // EP source side (W > 1): checks the ids (bad ones go to `error`) and quantizes x into

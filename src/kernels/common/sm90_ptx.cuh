@@ -22,10 +22,6 @@ __device__ __forceinline__ void cp_async16_sz(uint32_t smem, const void* gmem, u
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(src_size));
 }
-// One 4-byte word (the persistent m64 kernel's tables).
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem));
-}
 // The same to a generic shared-memory pointer; `pred` false fills the destination with zeros.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
   cp_async16_sz(smem_addr(smem), gmem, pred ? 16u : 0u);

@@ -6,7 +6,6 @@
 #include "kernels/common/launch.h"
 #include "kernels/gemm/decode/decode_launch.cuh"
 #include "kernels/gemm/sm90_gemm_device.cuh"
-#include "kernels/gemm/wgmma/sm90_m64_persistent.cuh"
 #include "kernels/gemm/wgmma/sm90_wgmma.cuh"
 #include "moe_ep/plan.h"
 
@@ -74,9 +73,6 @@ cudaError_t launch_gemm(const ForwardArgs& a, const GemmPlan& g, cudaStream_t s)
     case GemmKernel::kWgmmaM64Narrow:
       if constexpr (kFourBit) return launch_wgmma_m64_narrow<R, kFc1, kEpi>(a, g.grid_ctas, s);
       break;
-    case GemmKernel::kWgmmaM64Persistent:
-      if constexpr (!kFourBit) return launch_wgmma_m64_persistent<kFc1, kEpi>(a, g, s);
-      break;
     case GemmKernel::kFp8:
       break;
   }
@@ -112,8 +108,7 @@ cudaError_t set_gemm_attributes_for() {
   } else {
     return first_error({set_decode_attributes<R, kEpi>(),
                         set_max_smem(m64_kernel<R, true, kEpi>, kM64Bytes),
-                        set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes),
-                        set_m64_persistent_attributes<kEpi>()});
+                        set_max_smem(m64_kernel<R, false, kEpi>, kM64Bytes)});
   }
 }
 

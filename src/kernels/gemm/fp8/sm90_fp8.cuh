@@ -82,9 +82,9 @@ constexpr int fp8_ws_stages(int n) {
   return kFp8WsRing / fp8_ws_stage_bytes(n) < 8 ? kFp8WsRing / fp8_ws_stage_bytes(n) : 8;
 }
 constexpr int kFp8WsSmemBytes = kFp8WsRing + 1024;
-// One half's epilogue staging for tiles of up to n rows (m64_epilogue_bytes); both halves' sit at
-// the top of the ring.
-constexpr int fp8_epi_bytes(bool fc1, int n) { return m64_epilogue_bytes(fc1, n); }
+// One half's epilogue staging for tiles of up to n rows (m64_epilogue: fc1 kWg3XS fp32, fc2
+// kWg3YS bf16 per column); both halves' sit at the top of the ring.
+constexpr int fp8_epi_bytes(bool fc1, int n) { return fc1 ? n * kWg3XS * 4 : n * kWg3YS * 2; }
 static_assert(2 * fp8_epi_bytes(true, kFp8N) <= kFp8WsRing &&
                   2 * fp8_epi_bytes(false, kFp8N) <= kFp8WsRing &&
                   fp8_ws_stages(kFp8N) >= kFp8WsLag + 2,
@@ -355,7 +355,7 @@ __device__ __forceinline__ void fp8_ws_consume(const ForwardArgs& a, Fp8Shared& 
 
 // Grid: a CTA per SM (fp8_grid); items are (routing tile, M-tile), M-tile fastest.
 // A CTA starts with item blockIdx.x and takes each next one from a ticket counter
-// (ForwardArgs::sched, gridDim.x + its count): the CTAs that finish first take the next
+// (ForwardArgs::fp8_sched, gridDim.x + its count): the CTAs that finish first take the next
 // items, as the hardware's scheduler did for a grid of one CTA per item. The last CTA to finish
 // zeroes the counters for the next launch.
 template <bool kFc1>
@@ -372,9 +372,9 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
   // CTA's reset of both counters (every ticket was taken before its CTA's count).
   auto leave = [&] {
     __threadfence();
-    if (atomicAdd(a.sched + 1, 1) == min(int(gridDim.x), items) - 1) {
-      atomicExch(a.sched, 0);
-      atomicExch(a.sched + 1, 0);
+    if (atomicAdd(a.fp8_sched + 1, 1) == min(int(gridDim.x), items) - 1) {
+      atomicExch(a.fp8_sched, 0);
+      atomicExch(a.fp8_sched + 1, 0);
     }
   };
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(kFp8WsThreads, 1) sm90_moe_fp8_ws_kernel(const
         if (tid == 0) leave();
         return;
       }
-      if (tid == 0) ticket = int(gridDim.x) + atomicAdd(a.sched, 1);  // used next item
+      if (tid == 0) ticket = int(gridDim.x) + atomicAdd(a.fp8_sched, 1);  // used next item
       const int tile_idx = it / mtiles, mtile = it % mtiles;
       const TileInfo tile = a.tiles[tile_idx];
       if (tid == 0) {

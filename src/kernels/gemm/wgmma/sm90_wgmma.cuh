@@ -108,14 +108,8 @@ constexpr int kWg3Rows = 64;   // weight rows per CTA
 constexpr int kWg3Frags = 4;   // fragments per CTA, one per warp
 constexpr int kWg3HCols = 32;  // h columns per fc1 CTA
 // The epilogue's staging rows per token column (m64_epilogue; the fp8 kernel's too).
-constexpr int kWg3HS = kWg3HCols + 4;  // fc1 h row (fp32)
-constexpr int kWg3YS = kWg3Rows + 8;   // fc2 y row (bf16)
-// One warpgroup's epilogue staging for tiles of up to n rows (n a multiple of 8): fc1's gate / up
-// exchange (n / 8 column groups x 128 values per warp pair, two pairs) and then its h rows; fc2's
-// y rows.
-__host__ __device__ constexpr int m64_epilogue_bytes(bool fc1, int n) {
-  return fc1 ? (n * kWg3HS * 4 > n / 8 * 1024 ? n * kWg3HS * 4 : n / 8 * 1024) : n * kWg3YS * 2;
-}
+constexpr int kWg3XS = kWg3Rows + 4;  // fc1 exchange row (fp32)
+constexpr int kWg3YS = kWg3Rows + 8;  // fc2 y row (bf16)
 
 __device__ __forceinline__ void keep_alive4(const uint32_t (&r)[4]) {
   asm volatile("" ::"r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
@@ -163,10 +157,8 @@ struct Wgmma3Config {
     return kRingBytes / stage_bytes(n) < kMaxStages ? kRingBytes / stage_bytes(n) : kMaxStages;
   }
   // Each warpgroup's epilogue staging (m64_epilogue), side by side.
-  static constexpr int kEpiBytes = m64_epilogue_bytes(true, kMaxN) >
-                                           m64_epilogue_bytes(false, kMaxN)
-                                       ? m64_epilogue_bytes(true, kMaxN)
-                                       : m64_epilogue_bytes(false, kMaxN);
+  static constexpr int kEpiBytes =
+      kMaxN * kWg3XS * 4 > kMaxN* kWg3YS * 2 ? kMaxN* kWg3XS * 4 : kMaxN* kWg3YS * 2;
   static constexpr int kSmemBytes =
       (kRingBytes > kG * kEpiBytes ? kRingBytes : kG * kEpiBytes) + 1024;
   // kMinB CTAs fit an SM (228 KB, 1 KB reserved per CTA) and one CTA the 227 KB per-CTA limit.
@@ -179,17 +171,17 @@ struct Wgmma3Config {
 // columns' fold factors): acc[nf * 4 + i] is row warp * 16 + g + (i >> 1) * 8 of the half and
 // column nf * 8 + 2 t4 + (i & 1); `value(acc, col)` the fp32 the recipe stages (fc1: the gate or
 // up value before SwiGLU; fc2: y before its bf16 rounding). `tid` 0..127 is the thread in the
-// half's warpgroup, `smem` its staging area (m64_epilogue_bytes), `sync` a barrier over that
-// warpgroup. fc1 leaves h values in acc.
+// half's warpgroup, `smem` its staging area (kWg3XS fp32 or kWg3YS bf16 per column), `sync` a
+// barrier over that warpgroup.
 template <Recipe R, bool kFc1, int kNF, ExpertEpilogue kEpi = ExpertEpilogue::kSwiglu, class Value,
           class Sync>
 __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInfo& tile, int mtile,
-                                             int half, float (&acc)[kNF * 4], unsigned char* smem,
-                                             const float* tw_of, const int* pair_of, int tid,
-                                             Value value, Sync sync) {
+                                             int half, const float (&acc)[kNF * 4],
+                                             unsigned char* smem, const float* tw_of,
+                                             const int* pair_of, int tid, Value value, Sync sync) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int rows = tile.rows;
-  constexpr int kYS = kWg3YS;
+  constexpr int kXS = kWg3XS, kYS = kWg3YS;
   // f(col, r8, v): accumulator v of column col and row warp * 16 + g + r8 (r8 = 0 or 8), for
   // the columns of the tile's rows.
   auto each_acc = [&](auto f) {
@@ -201,51 +193,24 @@ __device__ __forceinline__ void m64_epilogue(const ForwardArgs& a, const TileInf
     }
   };
   if constexpr (kFc1) {
-    // Warp w holds fragment 4*half + w: the gate (w even) or up (w odd) rows of h columns
-    // (w >> 1) * 16 + g + r8, so a gate and an up value of one h column meet in the same lane
-    // of a warp pair. Each warp of a pair forms h for half the column groups (the gate warp the
-    // even ones, the up warp the odd ones) and hands the other warp its values of the other half
-    // through xs (per pair, column group and accumulator, 32 lanes side by side: no bank
-    // conflict); then the h values go to hs [col][kWg3HS] over xs for the row stores.
+    // Scaled gate/up values to xs [col][kXS]: gate of h column j (0..31) at j, up at 32 + j
+    // (warp w holds fragment 4*half + w: gate (w even) or up (w odd) of h columns
+    // (w >> 1) * 16 + 0..15), then h in place of the gate values.
     float* xs = reinterpret_cast<float*>(smem);
-    const int pw = warp >> 1, mine = warp & 1, groups = (rows + 7) >> 3;
-    auto slot = [&](int nf, int i) { return ((pw * groups + nf) * 4 + i) * 32 + lane; };
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;  // warp-uniform
-      if ((nf & 1) == mine) continue;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        xs[slot(nf, i)] = value(acc[nf * 4 + i], nf * 8 + 2 * t4 + (i & 1));
-    }
+    const int slot0 = (warp & 1) * kWg3HCols + (warp >> 1) * 16 + g;
+    each_acc([&](int col, int r8, float v) { xs[col * kXS + slot0 + r8] = value(v, col); });
     sync();
+    // Each thread reads the gate slot it overwrites, and nobody writes the up slots: no race.
     const int hcol0 = mtile * kFc1TileH + half * kWg3HCols;
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;
-      if ((nf & 1) != mine) continue;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nf * 8 + 2 * t4 + (i & 1);
-        const float own = value(acc[nf * 4 + i], col), other = xs[slot(nf, i)];
-        float hv = fc1_activation<kEpi>(a, tile.expert, hcol0 + pw * 16 + g + (i >> 1) * 8,
-                                        mine ? other : own, mine ? own : other);
-        if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
-        acc[nf * 4 + i] = hv;
-      }
+    for (int it = tid; it < rows * kWg3HCols; it += 128) {
+      const int col = it / kWg3HCols, j = it % kWg3HCols;
+      float* x = xs + col * kXS;
+      float hv = fc1_activation<kEpi>(a, tile.expert, hcol0 + j, x[j], x[kWg3HCols + j]);
+      if (a.weight_in_fc1) hv = fmt::mul_rn(hv, tw_of[col]);
+      x[j] = hv;
     }
     sync();
-    float* hs = xs;
-#pragma unroll
-    for (int nf = 0; nf < kNF; ++nf) {
-      if (nf * 8 >= rows) break;
-      if ((nf & 1) != mine) continue;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        hs[(nf * 8 + 2 * t4 + (i & 1)) * kWg3HS + pw * 16 + g + (i >> 1) * 8] = acc[nf * 4 + i];
-    }
-    sync();
-    store_h_rows<R, kWg3HCols, kWg3HS>(a, hs, tile, hcol0, tid, 128);
+    store_h_rows<R, kWg3HCols, kXS>(a, xs, tile, hcol0, tid, 128);
   } else {
     // y tile [col][kYS] bf16, then 16-byte row stores to y_rows[t*K+k] (or y_dst).
     uint16_t* ys = reinterpret_cast<uint16_t*>(smem);
